@@ -1,0 +1,1 @@
+"""Atomic, resumable checkpoints."""

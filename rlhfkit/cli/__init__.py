@@ -1,0 +1,1 @@
+"""Thin entry points: parse, validate, call a trainer."""

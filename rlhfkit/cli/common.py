@@ -1,0 +1,37 @@
+"""What every entry point shares: user errors as one line with exit code 2, and quiet library logs."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+
+from rlhfkit.errors import UserError
+
+
+def quiet_libraries() -> None:
+    """Keep the console for our progress bar and errors: silence chatty library loggers and warnings."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    for name in ("DeepSpeed", "deepspeed", "torch.distributed", "transformers"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None,
+            prog: str = "rlhfkit") -> int:
+    """Run `main`; a UserError becomes one line on stderr (rank 0 only) and exit code 2."""
+    try:
+        code = main(argv)
+    except UserError as e:
+        if os.environ.get("RANK", "0") == "0":
+            sys.stderr.write(f"{prog}: error: {e}\n")
+        return UserError.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{prog}: interrupted\n")
+        return 130
+    return int(code or 0)

@@ -1,0 +1,25 @@
+"""`python -m rlhfkit.cli.train_sft`: supervised fine-tuning (same flags as OpenRLHF's train_sft)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from rlhfkit.cli.common import quiet_libraries, run_cli
+from rlhfkit.config.base import parse_config
+from rlhfkit.config.sft import SFTConfig
+
+PROG = "rlhfkit.cli.train_sft"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    quiet_libraries()
+    cfg = parse_config(SFTConfig, argv, PROG, __doc__)
+    from rlhfkit.trainers.sft import run_sft
+
+    run_sft(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, prog=PROG))

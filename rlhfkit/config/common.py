@@ -1,0 +1,98 @@
+"""Config sections shared by every trainer: model, strategy, data, logging, checkpoints.
+
+Field names are the flags users already type for OpenRLHF (`--pretrain`, `--zero_stage`, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlhfkit.config.base import arg
+
+
+@dataclass
+class ModelArgs:
+    pretrain: str | None = arg(None, "Model to train: a local Hugging Face model directory, or a hub name "
+                                     "(fetched only when you name one and the hub is reachable).")
+    bf16: bool = arg(False, "Train and run the model in bfloat16 (fp32 master weights in the optimizer).")
+    attn_implementation: str = arg("sdpa", "Attention kernel.", choices=("sdpa", "eager", "flash_attention_2"))
+    flash_attn: bool = arg(False, "Use flash_attention_2 (the same as --attn_implementation flash_attention_2).")
+    gradient_checkpointing: bool = arg(False, "Recompute activations in the backward pass to save memory.")
+    gradient_checkpointing_use_reentrant: bool = arg(False, "Use the reentrant checkpointing variant.")
+    disable_fast_tokenizer: bool = arg(False, "Load the slow (Python) tokenizer.")
+    lora_rank: int = arg(0, "LoRA rank; 0 trains all weights.")
+    lora_alpha: int = arg(16, "LoRA alpha (scale = alpha / rank).")
+    lora_dropout: float = arg(0.0, "Dropout on the LoRA branch.")
+    target_modules: list[str] | None = arg(None, "Module names LoRA adapts (default: every linear layer).")
+    load_in_4bit: bool = arg(False, "Load the base model in 4 bit for QLoRA (needs bitsandbytes and a GPU).")
+
+
+@dataclass
+class StrategyArgs:
+    zero_stage: int = arg(2, "DeepSpeed ZeRO stage.", choices=(0, 1, 2, 3))
+    adam_offload: bool = arg(False, "Keep optimizer states on the CPU (DeepSpeed CPU Adam).")
+    train_batch_size: int = arg(128, "Global training batch size (samples per optimizer step, all ranks).")
+    micro_train_batch_size: int = arg(8, "Samples per forward/backward on one rank; gradient accumulation "
+                                         "= train_batch_size / (micro_train_batch_size x world size).")
+    max_norm: float = arg(1.0, "Gradient clipping norm.")
+    learning_rate: float = arg(5e-6, "Peak learning rate.")
+    lr_warmup_ratio: float = arg(0.03, "Fraction of the optimizer steps spent warming the learning rate up.")
+    lr_scheduler: str = arg("cosine_with_min_lr", "Learning-rate schedule after warmup (min lr = 0.1 x peak).",
+                            choices=("cosine_with_min_lr", "cosine", "linear", "constant_with_warmup", "constant"))
+    l2: float = arg(0.0, "Weight decay of AdamW.")
+    adam_betas: list[float] = arg(help="AdamW betas.", factory=lambda: [0.9, 0.95])
+    seed: int = arg(42, "Random seed (model init, data order, sampling).")
+    local_rank: int = arg(-1, "Set by the deepspeed launcher; leave unset.")
+    zpg: int = arg(1, "ZeRO++ hierarchical partition size (1 = off).")
+    overlap_comm: bool = arg(False, "Overlap gradient reduction with backward (DeepSpeed overlap_comm).")
+    grad_accum_dtype: str | None = arg(None, "Gradient accumulation dtype (fp32 or bf16); default follows DeepSpeed.")
+
+
+@dataclass
+class LoggingArgs:
+    logging_steps: int = arg(1, "Log metrics every N optimizer steps.")
+    eval_steps: int = arg(-1, "Evaluate every N optimizer steps; -1 evaluates once at the end of each epoch.")
+    use_wandb: str | None = arg(None, "Log to Weights & Biases: an API key, or 'offline' / 'true' to use the "
+                                      "environment's login (WANDB_MODE=offline works without a network).")
+    wandb_org: str | None = arg(None, "W&B entity.")
+    wandb_group: str | None = arg(None, "W&B group.")
+    wandb_project: str = arg("rlhfkit", "W&B project.")
+    wandb_run_name: str | None = arg(None, "W&B run name (default: the trainer name and a timestamp).")
+    use_tensorboard: str | None = arg(None, "Write TensorBoard event files under this directory.")
+    metrics_path: str | None = arg(None, "JSONL metrics file (default: <save_path>/metrics.jsonl).")
+    disable_progress_bar: bool = arg(False, "No console progress bar (metrics still go to the JSONL file).")
+
+
+@dataclass
+class CheckpointArgs:
+    save_path: str = arg("./ckpt", "Where the final Hugging Face model and tokenizer are saved.")
+    save_steps: int = arg(-1, "Save a resumable checkpoint every N optimizer steps (-1: never).")
+    ckpt_path: str = arg("./ckpt/checkpoints", "Directory of the resumable checkpoints.")
+    max_ckpt_num: int = arg(3, "Keep at most this many resumable checkpoints (oldest removed first).")
+    max_ckpt_mem: float = arg(1e8, "Accepted for OpenRLHF compatibility; checkpoints are pruned by count.")
+    load_checkpoint: bool = arg(False, "Resume from the newest checkpoint in --ckpt_path if there is one.")
+    use_ds_universal_ckpt: bool = arg(False, "Accepted for OpenRLHF compatibility (checkpoints are "
+                                             "resumable at the same ZeRO stage and world size).")
+
+
+@dataclass
+class DataArgs:
+    dataset: str | None = arg(None, "Training data: comma-separated local files (json, jsonl, parquet, csv, "
+                                    "arrow), saved `datasets` directories, or hub names. Append @split to "
+                                    "pick a split (data.jsonl@train).")
+    dataset_probs: str | None = arg(None, "Mixing probabilities for several datasets, e.g. 0.3,0.7.")
+    dataset_split: str = arg("train", "Split to read from datasets that have splits.")
+    eval_dataset: str | None = arg(None, "Evaluation data, in the same forms as --dataset.")
+    eval_split: str = arg("train", "Split of --eval_dataset to read.")
+    max_samples: int = arg(10**8, "Use at most this many training samples.")
+    max_len: int = arg(2048, "Truncate each tokenised sample to this many tokens.")
+    input_key: str = arg("input", "Record key of the prompt (or of the message list with --multiturn).")
+    output_key: str | None = arg(None, "Record key of the response.")
+    input_template: str | None = arg(None, "Template the prompt is put into; '{}' marks where, e.g. "
+                                           "$'User: {}\\nAssistant: '.")
+    apply_chat_template: bool = arg(False, "Format with the tokenizer's chat template.")
+    tokenizer_chat_template: str | None = arg(None, "A Jinja chat template that replaces the tokenizer's.")
+    multiturn: bool = arg(False, "Records are whole conversations; loss on every assistant turn.")
+    pretrain_mode: bool = arg(False, "Loss on every token (continued pretraining), not only the response.")
+    packing_samples: bool = arg(False, "Pack samples into one row; they do not attend to each other.")
+    dataloader_num_workers: int = arg(0, "Reserved; data is tokenised up front in the main process.")

@@ -1,0 +1,1 @@
+"""Training strategy (DeepSpeed ZeRO), process groups, Ray placement and weight sync."""

@@ -1,0 +1,232 @@
+"""DeepSpeed ZeRO 0-3 behind one small interface: prepare models, step, reduce, save and load.
+
+Batching rule (shared by every trainer): an optimizer step consumes `train_batch_size` samples in total; each
+rank runs micro-batches of `micro_train_batch_size`; DeepSpeed accumulates
+`train_batch_size / (micro_train_batch_size * world_size)` of them and averages gradients over ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from rlhfkit.config.common import StrategyArgs
+from rlhfkit.distributed.launch import init_distributed, world_size_from_env
+from rlhfkit.errors import UserError
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # silences DeepSpeed's accelerator probe warning
+
+
+def validate_batch_sizes(train_batch_size: int, micro_batch_size: int, world_size: int,
+                         names: tuple[str, str] = ("--train_batch_size", "--micro_train_batch_size")) -> int:
+    """Gradient accumulation steps, or a UserError when the global batch does not split evenly."""
+    if train_batch_size <= 0 or micro_batch_size <= 0:
+        raise UserError(f"{names[0]} and {names[1]} must be positive (got {train_batch_size}, {micro_batch_size})")
+    per_step = micro_batch_size * world_size
+    if train_batch_size % per_step:
+        raise UserError(f"{names[0]} {train_batch_size} is not divisible by {names[1]} {micro_batch_size} x "
+                        f"world size {world_size} = {per_step}; pick a multiple of {per_step}")
+    return train_batch_size // per_step
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+@dataclass
+class RngState:
+    """Every random generator a rank uses, for exact resume."""
+
+    python: Any
+    numpy: Any
+    torch: torch.Tensor
+
+    @staticmethod
+    def capture() -> RngState:
+        return RngState(random.getstate(), np.random.get_state(), torch.get_rng_state())
+
+    def restore(self) -> None:
+        random.setstate(self.python)
+        np.random.set_state(self.numpy)
+        torch.set_rng_state(self.torch)
+
+
+class DeepSpeedStrategy:
+    """Owns the process group and turns models into DeepSpeed engines."""
+
+    def __init__(self, args: StrategyArgs, bf16: bool = False, gradient_checkpointing: bool = False):
+        self.args = args
+        self.bf16 = bf16
+        self.gradient_checkpointing = gradient_checkpointing
+        self.accumulation_steps = validate_batch_sizes(args.train_batch_size, args.micro_train_batch_size,
+                                                       world_size_from_env())
+
+    # -- process group -------------------------------------------------------------------------------------
+    def setup_distributed(self) -> None:
+        init_distributed()
+        logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+        set_seed(self.args.seed)
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank() if dist.is_initialized() else 0
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size() if dist.is_initialized() else 1
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def device(self) -> torch.device:
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def barrier(self) -> None:
+        if dist.is_initialized():
+            dist.barrier()
+
+    def print(self, *args: Any) -> None:
+        if self.is_rank0:
+            print(*args, flush=True)
+
+    def all_reduce(self, value: float | torch.Tensor, op: str = "mean") -> float | torch.Tensor:
+        """Reduce a number or tensor over ranks (`mean`, `sum` or `max`)."""
+        is_number = not isinstance(value, torch.Tensor)
+        t = torch.as_tensor(value, dtype=torch.float64).clone() if is_number else value.detach().clone()
+        if self.world_size > 1:
+            reduce_op = {"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
+            device_t = t.to(self.device)
+            dist.all_reduce(device_t, op=reduce_op)
+            t = device_t.cpu()
+            if op == "mean":
+                t = t / self.world_size
+        return t.item() if is_number else t
+
+    # -- DeepSpeed configs -----------------------------------------------------------------------------------
+    def ds_config(self, train: bool = True) -> dict[str, Any]:
+        a = self.args
+        zero: dict[str, Any] = {
+            "stage": a.zero_stage,
+            "stage3_gather_16bit_weights_on_model_save": True,
+            "stage3_param_persistence_threshold": "auto" if False else 10_000,
+            "overlap_comm": a.overlap_comm,
+            "contiguous_gradients": True,
+            "reduce_bucket_size": 5e7,
+            "zero_hpz_partition_size": a.zpg,
+        }
+        if train and a.adam_offload:
+            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+        config: dict[str, Any] = {
+            "train_batch_size": a.train_batch_size,
+            "train_micro_batch_size_per_gpu": a.micro_train_batch_size,
+            "gradient_accumulation_steps": self.accumulation_steps,
+            "gradient_clipping": a.max_norm,
+            "zero_optimization": zero,
+            "bf16": {"enabled": self.bf16},
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+            "zero_allow_untested_optimizer": True,
+        }
+        if a.grad_accum_dtype:
+            config["data_types"] = {"grad_accum_dtype": a.grad_accum_dtype}
+        if not train:
+            config.pop("gradient_clipping")
+            zero.pop("zero_hpz_partition_size")
+        return config
+
+    # -- models ----------------------------------------------------------------------------------------------
+    def make_optimizer(self, model: nn.Module, learning_rate: float) -> torch.optim.Optimizer:
+        """AdamW with no decay on biases and norms. A client optimizer avoids DeepSpeed's fused-Adam compile;
+        with --adam_offload DeepSpeed's CPU Adam is required (it compiles once)."""
+        decay, no_decay = [], []
+        for name, p in model.named_parameters():
+            if not p.requires_grad:
+                continue
+            (no_decay if p.ndim < 2 or "norm" in name.lower() or name.endswith(".bias") else decay).append(p)
+        groups = [{"params": decay, "weight_decay": self.args.l2}, {"params": no_decay, "weight_decay": 0.0}]
+        betas = tuple(self.args.adam_betas)
+        if self.args.adam_offload:
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            return DeepSpeedCPUAdam(groups, lr=learning_rate, betas=betas, adamw_mode=True)
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas)
+
+    def make_scheduler(self, optimizer: torch.optim.Optimizer, num_update_steps: int) -> Any:
+        from transformers import get_scheduler
+
+        warmup = int(round(self.args.lr_warmup_ratio * num_update_steps))
+        kwargs = {"min_lr_rate": 0.1} if self.args.lr_scheduler == "cosine_with_min_lr" else {}
+        return get_scheduler(self.args.lr_scheduler, optimizer, num_warmup_steps=warmup,
+                             num_training_steps=max(num_update_steps, 1), scheduler_specific_kwargs=kwargs)
+
+    def prepare_train(self, model: nn.Module, learning_rate: float, num_update_steps: int) -> Any:
+        """A DeepSpeed engine that owns `model`, its AdamW optimizer and the LR schedule."""
+        import deepspeed
+
+        if self.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+        optimizer = self.make_optimizer(model, learning_rate)
+        scheduler = self.make_scheduler(optimizer, num_update_steps)
+        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                               config=self.ds_config(train=True), dist_init_required=False)
+        return engine
+
+    def prepare_eval(self, model: nn.Module) -> nn.Module:
+        """A frozen model for inference (reference / reward): a ZeRO-3 engine shards it, else plain module."""
+        model.requires_grad_(False)
+        model.eval()
+        if self.args.zero_stage == 3:
+            import deepspeed
+
+            engine, _, _, _ = deepspeed.initialize(model=model, config=self.ds_config(train=False),
+                                                   dist_init_required=False)
+            return engine
+        dtype = torch.bfloat16 if self.bf16 else torch.float32
+        return model.to(device=self.device, dtype=dtype)
+
+    @staticmethod
+    def unwrap(model: nn.Module) -> nn.Module:
+        return getattr(model, "module", model)
+
+    def full_state_dict(self, engine: nn.Module) -> dict[str, torch.Tensor] | None:
+        """All weights on rank 0 (gathered from ZeRO-3 shards), None on the other ranks."""
+        module = self.unwrap(engine)
+        if self.args.zero_stage == 3 and hasattr(engine, "_zero3_consolidated_16bit_state_dict"):
+            state = engine._zero3_consolidated_16bit_state_dict()
+            return state if self.is_rank0 else None
+        if not self.is_rank0:
+            return None
+        return {k: v.detach().cpu() for k, v in module.state_dict().items()}
+
+    def save_hf_model(self, engine: nn.Module, tokenizer: Any, path: str) -> None:
+        """Save a Hugging Face model directory that plain `from_pretrained` loads (LoRA merged)."""
+        from rlhfkit.models.lora import merged_for_saving
+
+        state = self.full_state_dict(engine)
+        if self.is_rank0:
+            module = self.unwrap(engine)
+            os.makedirs(path, exist_ok=True)
+            if hasattr(module, "peft_config"):
+                module.save_pretrained(os.path.join(path, "lora_adapter"), state_dict=state)
+                module = merged_for_saving(module)
+                state = None
+            module.save_pretrained(path, state_dict=state, safe_serialization=True)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(path)
+        self.barrier()

@@ -1,0 +1,12 @@
+"""The one exception type for user mistakes.
+
+A `UserError` means the input was wrong (a path, a flag, a record), not that rlhfkit is broken. The CLI entry
+points catch it, print its message as one line and exit with code 2, without a traceback. The message should say
+what is wrong, where, and how to fix it.
+"""
+
+
+class UserError(Exception):
+    """Bad user input: reported as one line on stderr with exit code 2."""
+
+    exit_code = 2

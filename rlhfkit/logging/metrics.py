@@ -1,0 +1,99 @@
+"""Metrics sinks: a JSONL file always, TensorBoard and Weights & Biases on request, and a console progress bar.
+
+Only rank 0 writes. Every record carries `step` and a wall-clock `time`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from rlhfkit.config.common import LoggingArgs
+
+
+def _clean(metrics: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for k, v in metrics.items():
+        if hasattr(v, "item"):
+            v = v.item()
+        if isinstance(v, (int, float)):
+            out[k] = float(v)
+    return out
+
+
+class MetricsLogger:
+    """Fan-out of metric dicts to every enabled sink."""
+
+    def __init__(self, args: LoggingArgs, run_dir: str, run_name: str, config: dict[str, Any],
+                 enabled: bool = True):
+        self.enabled = enabled
+        self.path = Path(args.metrics_path or os.path.join(run_dir, "metrics.jsonl"))
+        self._file = None
+        self._tb = None
+        self._wandb = None
+        if not enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a")
+        if args.use_tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=os.path.join(args.use_tensorboard, run_name))
+        if args.use_wandb:
+            self._wandb = _start_wandb(args, run_name, config, run_dir)
+
+    def log(self, step: int, metrics: dict[str, Any], prefix: str = "train") -> None:
+        if not self.enabled:
+            return
+        values = _clean(metrics)
+        record = {"step": step, "time": time.time(), **{f"{prefix}/{k}": v for k, v in values.items()}}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for k, v in values.items():
+                if math.isfinite(v):
+                    self._tb.add_scalar(f"{prefix}/{k}", v, step)
+        if self._wandb is not None:
+            self._wandb.log({f"{prefix}/{k}": v for k, v in values.items()}, step=step)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def _start_wandb(args: LoggingArgs, run_name: str, config: dict[str, Any], run_dir: str) -> Any:
+    import wandb
+
+    key = args.use_wandb
+    if key.lower() == "offline":
+        os.environ["WANDB_MODE"] = "offline"
+    elif key.lower() not in ("true", "1", "yes") and os.environ.get("WANDB_MODE") != "offline":
+        wandb.login(key=key, relogin=True)
+    return wandb.init(entity=args.wandb_org, project=args.wandb_project, group=args.wandb_group,
+                      name=args.wandb_run_name or run_name, config=config, dir=run_dir, reinit="finish_previous")
+
+
+class Progress:
+    """A tqdm bar over optimizer steps showing loss, lr and tokens/s; tqdm provides the ETA."""
+
+    def __init__(self, total: int, initial: int, desc: str, enabled: bool):
+        self.bar = tqdm(total=total, initial=initial, desc=desc, disable=not enabled, dynamic_ncols=True,
+                        unit="step")
+
+    def update(self, postfix: dict[str, Any]) -> None:
+        self.bar.set_postfix({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in postfix.items()},
+                             refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()

@@ -1,0 +1,82 @@
+"""Load causal LMs and tokenizers from a local directory (or a hub name the user gave), with clear errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from rlhfkit.errors import UserError
+
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+def check_model_path(path: str | None, flag: str = "--pretrain") -> str:
+    """Fail fast when `path` is neither a model directory nor something that looks like a hub name."""
+    if not path:
+        raise UserError(f"{flag} is required: a Hugging Face model directory (try `rlhfkit demo-assets` "
+                        "for a tiny offline one)")
+    p = Path(path).expanduser()
+    if p.exists():
+        if not p.is_dir() or not (p / "config.json").is_file():
+            raise UserError(f"{flag} {path}: not a model directory (no config.json); give a directory written "
+                            "by save_pretrained")
+        return str(p)
+    if _HUB_NAME.match(path) and not path.startswith((".", "/")):
+        return path
+    raise UserError(f"{flag} {path}: no such directory")
+
+
+def resolve_attn_implementation(attn_implementation: str, flash_attn: bool) -> str:
+    """`--flash_attn` is the seed's spelling of `--attn_implementation flash_attention_2`."""
+    impl = "flash_attention_2" if flash_attn else attn_implementation
+    if impl == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        raise UserError("--flash_attn / --attn_implementation flash_attention_2 needs the flash-attn package "
+                        "(GPU only); use --attn_implementation sdpa")
+    return impl
+
+
+def _from_pretrained(loader: Any, path: str, flag: str, **kwargs: Any) -> Any:
+    try:
+        return loader.from_pretrained(path, **kwargs)
+    except (OSError, ValueError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+        offline = " (no network here? only local directories load offline)" if not Path(path).exists() else ""
+        raise UserError(f"{flag} {path}: cannot load{offline}: {first}") from None
+
+
+def load_tokenizer(path: str, *, use_fast: bool = True, flag: str = "--pretrain",
+                   padding_side: str = "right") -> PreTrainedTokenizerBase:
+    """Load a tokenizer; give it a pad token (eos) if it has none."""
+    tok = _from_pretrained(AutoTokenizer, path, flag, use_fast=use_fast)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = padding_side
+    return tok
+
+
+def load_causal_lm(path: str, *, attn_implementation: str = "sdpa", dtype: torch.dtype = torch.float32,
+                   flag: str = "--pretrain") -> PreTrainedModel:
+    """Load a causal LM in `dtype` (training keeps fp32 master weights; DeepSpeed casts for bf16)."""
+    config = _from_pretrained(AutoConfig, path, flag)
+    if not getattr(config, "architectures", None) and getattr(config, "model_type", None) is None:
+        raise UserError(f"{flag} {path}: config.json names no model type")
+    model = _from_pretrained(AutoModelForCausalLM, path, flag, dtype=dtype,
+                             attn_implementation=attn_implementation)
+    return model
+
+
+def hf_offline_by_default() -> None:
+    """Never reach for a hub implicitly: a local path must not trigger a download attempt."""
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")

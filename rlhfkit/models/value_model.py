@@ -1,0 +1,96 @@
+"""Reward and critic models: a causal-LM backbone plus a linear head that reads one scalar per token.
+
+The model is a Transformers `AutoModelForSequenceClassification` with `num_labels=1` (its head is called
+`score` for Llama, Qwen2, Mistral, ...), so a saved reward model loads back with plain `from_pretrained` too.
+We do not use its pooled output: `token_values` runs the backbone and the head on every position, which the
+critic needs, and `sequence_rewards` reads the value at the last real token of each sample (padded or packed).
+Reward statistics for `--normalize_reward` are stored in the config as `reward_mean` / `reward_std`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrainedModel
+
+from rlhfkit.errors import UserError
+from rlhfkit.models.loading import _from_pretrained
+from rlhfkit.models.policy import attn_implementation_of, model_dtype, model_inputs
+
+
+def load_value_model(path: str, *, value_head_prefix: str = "score", attn_implementation: str = "sdpa",
+                     dtype: torch.dtype = torch.float32, flag: str = "--reward_pretrain") -> PreTrainedModel:
+    """Load a reward/critic model; a plain causal-LM checkpoint gets a freshly initialised head."""
+    config = _from_pretrained(AutoConfig, path, flag)
+    config.num_labels = 1
+    if config.pad_token_id is None:
+        config.pad_token_id = getattr(config, "eos_token_id", None)
+    model = _from_pretrained(AutoModelForSequenceClassification, path, flag, config=config, dtype=dtype,
+                             attn_implementation=attn_implementation)
+    head = getattr(model, value_head_prefix, None)
+    if not isinstance(head, nn.Linear):
+        raise UserError(f"{flag} {path}: the model has no linear head named {value_head_prefix!r} "
+                        "(--value_head_prefix)")
+    if not _head_was_loaded(path, value_head_prefix):
+        hidden = head.in_features
+        nn.init.normal_(head.weight, std=1.0 / (hidden + 1) ** 0.5)
+    model.config.value_head_prefix = value_head_prefix
+    return model
+
+
+def _head_was_loaded(path: str, prefix: str) -> bool:
+    """True when the checkpoint in `path` carries weights for the head (a trained RM or critic)."""
+    import json
+    import os
+
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            return any(k.startswith(prefix + ".") for k in json.load(f)["weight_map"])
+    single = os.path.join(path, "model.safetensors")
+    if os.path.isfile(single):
+        from safetensors import safe_open
+
+        with safe_open(single, "pt") as f:
+            return any(k.startswith(prefix + ".") for k in f.keys())
+    return False
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return getattr(model, "module", model)
+
+
+def token_values(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """One scalar per position, [rows, T], from the head applied to the last hidden states."""
+    inner = _unwrap(model)
+    prefix = getattr(inner.config, "value_head_prefix", "score")
+    backbone = getattr(inner, inner.base_model_prefix)
+    head = getattr(inner, prefix)
+    inputs = model_inputs(batch, attn_implementation_of(inner), model_dtype(inner))
+    hidden = backbone(**inputs, use_cache=False).last_hidden_state
+    return head(hidden).squeeze(-1).float()
+
+
+def last_token_index(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, column) of every sample's last real token, for padded (right padding) or packed batches."""
+    if "sample_ids" in batch:
+        ids = batch["sample_ids"][0]
+        n = int(ids.max()) + 1
+        positions = torch.arange(ids.shape[0], device=ids.device)
+        last = torch.stack([positions[ids == i].max() for i in range(n)])
+        return torch.zeros_like(last), last
+    lengths = batch["attention_mask"].long().sum(dim=1)
+    rows = torch.arange(lengths.shape[0], device=lengths.device)
+    return rows, lengths - 1
+
+
+def sequence_rewards(model: nn.Module, batch: dict[str, torch.Tensor], normalize: bool = False) -> torch.Tensor:
+    """The reward of each sample: the head's value at its last real token, optionally normalised."""
+    values = token_values(model, batch)
+    rows, cols = last_token_index(batch)
+    rewards = values[rows, cols]
+    if normalize:
+        config = _unwrap(model).config
+        mean, std = getattr(config, "reward_mean", 0.0), getattr(config, "reward_std", 1.0)
+        rewards = (rewards - mean) / max(std, 1e-8)
+    return rewards

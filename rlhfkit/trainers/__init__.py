@@ -1,0 +1,1 @@
+"""Training loops: sft, reward, dpo, kto, and one RL loop for every estimator."""

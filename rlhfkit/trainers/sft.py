@@ -1,0 +1,210 @@
+"""Supervised fine-tuning: next-token cross-entropy on response tokens.
+
+The loop is written out in full (nanoGPT style): for each global batch, every rank runs its micro-batches,
+DeepSpeed accumulates and steps; metrics are reduced over ranks and logged by rank 0.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlhfkit.algorithms.sft_loss import sft_loss
+from rlhfkit.checkpoint.ckpt import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlhfkit.config.common import CheckpointArgs, LoggingArgs
+from rlhfkit.data.sampler import global_batches, micro_batches_for_rank
+from rlhfkit.distributed.strategy import DeepSpeedStrategy
+from rlhfkit.logging.metrics import MetricsLogger, Progress
+from rlhfkit.models.policy import forward_logits
+
+Collate = Callable[[Sequence[Any]], dict[str, torch.Tensor]]
+
+
+@dataclass
+class LoopState:
+    """Where training is: restored on resume so the data order continues exactly."""
+
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    global_step: int = 0
+
+
+def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+
+
+class SFTTrainer:
+    def __init__(self, strategy: DeepSpeedStrategy, engine: Any, tokenizer: Any, train_samples: Sequence[Any],
+                 eval_samples: Sequence[Any] | None, collate: Collate, *, max_epochs: int, max_steps: int,
+                 logging_args: LoggingArgs, ckpt_args: CheckpointArgs, logger: MetricsLogger,
+                 aux_loss_coef: float = 0.0):
+        self.strategy = strategy
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.train_samples = train_samples
+        self.eval_samples = eval_samples
+        self.collate = collate
+        self.max_epochs = max_epochs
+        self.max_steps = max_steps
+        self.log_args = logging_args
+        self.ckpt_args = ckpt_args
+        self.logger = logger
+        self.aux_loss_coef = aux_loss_coef
+        self.args = strategy.args
+        self.state = LoopState()
+
+    def steps_per_epoch(self) -> int:
+        return len(self.train_samples) // self.args.train_batch_size
+
+    def total_steps(self) -> int:
+        return self.steps_per_epoch() * self.max_epochs
+
+    # -- one micro-batch ------------------------------------------------------------------------------------
+    def micro_step(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+        """Forward and backward one micro-batch; returns the (detached) loss and its token count."""
+        batch = to_device(batch, self.strategy.device)
+        logits = forward_logits(self.engine, batch)
+        loss = sft_loss(logits, batch["input_ids"], batch["loss_mask"])
+        self.engine.backward(loss)
+        self.engine.step()
+        return loss.detach().float(), int(batch["loss_mask"].sum())
+
+    # -- the loop -------------------------------------------------------------------------------------------
+    def fit(self) -> list[dict[str, float]]:
+        """Train; returns the per-step metrics (rank 0 also logs them)."""
+        if self.ckpt_args.load_checkpoint:
+            self.resume()
+        history: list[dict[str, float]] = []
+        total = self.total_steps() if self.max_steps < 0 else min(self.max_steps, self.total_steps())
+        bar = Progress(total, self.state.global_step, "sft", self.strategy.is_rank0 and
+                       not self.log_args.disable_progress_bar)
+        rank, world = self.strategy.rank, self.strategy.world_size
+        while self.state.epoch < self.max_epochs and self.state.global_step < total:
+            batches = global_batches(len(self.train_samples), self.args.train_batch_size, self.args.seed,
+                                     self.state.epoch)
+            while self.state.batch_in_epoch < len(batches) and self.state.global_step < total:
+                started = time.perf_counter()
+                losses, tokens = [], 0
+                micro = micro_batches_for_rank(batches[self.state.batch_in_epoch],
+                                               self.args.micro_train_batch_size, rank, world)
+                for indices in micro:
+                    loss, n = self.micro_step(self.collate([self.train_samples[i] for i in indices]))
+                    losses.append(loss)
+                    tokens += n
+                self.state.batch_in_epoch += 1
+                self.state.global_step += 1
+                elapsed = time.perf_counter() - started
+                metrics = {
+                    "loss": self.strategy.all_reduce(torch.stack(losses).mean().item()),
+                    "lr": self.engine.get_lr()[0],
+                    "tokens_per_s": self.strategy.all_reduce(tokens, "sum") / max(elapsed, 1e-9),
+                    "epoch": self.state.epoch,
+                }
+                history.append(metrics)
+                step = self.state.global_step
+                if step % self.log_args.logging_steps == 0:
+                    self.logger.log(step, metrics)
+                bar.update({"loss": metrics["loss"], "lr": metrics["lr"], "tok/s": int(metrics["tokens_per_s"])})
+                if self.log_args.eval_steps > 0 and step % self.log_args.eval_steps == 0:
+                    self.evaluate(step)
+                if self.ckpt_args.save_steps > 0 and step % self.ckpt_args.save_steps == 0:
+                    self.save_checkpoint()
+            if self.state.batch_in_epoch >= len(batches):
+                if self.log_args.eval_steps < 0:
+                    self.evaluate(self.state.global_step)
+                self.state.epoch += 1
+                self.state.batch_in_epoch = 0
+        bar.close()
+        return history
+
+    @torch.no_grad()
+    def evaluate(self, step: int) -> float | None:
+        """Token-level mean loss on the eval set, sharded over ranks."""
+        if not self.eval_samples:
+            return None
+        self.engine.eval()
+        rank, world = self.strategy.rank, self.strategy.world_size
+        total_loss = torch.zeros((), dtype=torch.float64)
+        total_tokens = 0
+        m = self.args.micro_train_batch_size
+        mine = list(range(rank, len(self.eval_samples), world))
+        for start in range(0, len(mine), m):
+            batch = to_device(self.collate([self.eval_samples[i] for i in mine[start:start + m]]),
+                              self.strategy.device)
+            logits = forward_logits(self.engine, batch)
+            n = int(batch["loss_mask"][:, 1:].sum())
+            if n:
+                total_loss += sft_loss(logits, batch["input_ids"], batch["loss_mask"]).double().cpu() * n
+                total_tokens += n
+        self.engine.train()
+        loss_sum = self.strategy.all_reduce(total_loss.item(), "sum")
+        token_sum = self.strategy.all_reduce(total_tokens, "sum")
+        eval_loss = loss_sum / max(token_sum, 1)
+        self.logger.log(step, {"loss": eval_loss, "ppl": math.exp(min(eval_loss, 50))}, prefix="eval")
+        return eval_loss
+
+    # -- checkpoints ----------------------------------------------------------------------------------------
+    def save_checkpoint(self) -> None:
+        save_checkpoint(self.strategy, self.ckpt_args.ckpt_path, self.state.global_step, {"model": self.engine},
+                        vars(self.state), self.ckpt_args.max_ckpt_num)
+
+    def resume(self) -> None:
+        path = latest_checkpoint(self.ckpt_args.ckpt_path)
+        if path is None:
+            self.strategy.print(f"no checkpoint in {self.ckpt_args.ckpt_path}; starting from scratch")
+            return
+        saved = load_checkpoint(self.strategy, path, {"model": self.engine})
+        self.state = LoopState(epoch=saved["epoch"], batch_in_epoch=saved["batch_in_epoch"],
+                               global_step=saved["global_step"])
+        self.strategy.print(f"resumed from {path} at step {self.state.global_step}")
+
+
+def run_sft(cfg: Any) -> SFTTrainer:
+    """Assemble and run SFT from an `SFTConfig`: data, model, strategy, trainer, final save."""
+    from rlhfkit.data.collate import pack_collate, pad_collate
+    from rlhfkit.data.readers import load_mixture
+    from rlhfkit.data.sft_dataset import SFTDataset
+    from rlhfkit.errors import UserError
+    from rlhfkit.trainers.setup import build_strategy, load_tokenizer_for, load_trainable_lm, make_logger
+
+    d = cfg.data
+    if not d.dataset:
+        raise UserError("--dataset is required: a local json/jsonl/parquet/csv/arrow file or dataset directory")
+    tokenizer = load_tokenizer_for(cfg.model)
+    strategy = build_strategy(cfg.model, cfg.strategy)
+
+    def tokenised(spec: str, probs: str | None, split: str, max_samples: int, flag: str) -> SFTDataset:
+        records = load_mixture(spec, probs, split, max_samples, cfg.strategy.seed, arg_name=flag)
+        return SFTDataset(records, tokenizer, max_len=d.max_len, input_key=d.input_key, output_key=d.output_key,
+                          input_template=d.input_template, apply_chat_template=d.apply_chat_template,
+                          tokenizer_chat_template=d.tokenizer_chat_template, multiturn=d.multiturn,
+                          pretrain_mode=d.pretrain_mode, source=spec)
+
+    train = tokenised(d.dataset, d.dataset_probs, d.dataset_split, d.max_samples, "--dataset")
+    evalset = tokenised(d.eval_dataset, None, d.eval_split, 10**9, "--eval_dataset") if d.eval_dataset else None
+    if len(train) < cfg.strategy.train_batch_size:
+        raise UserError(f"--dataset has {len(train)} usable samples, fewer than one --train_batch_size "
+                        f"({cfg.strategy.train_batch_size})")
+    pad_id = tokenizer.pad_token_id
+    collate: Collate = pack_collate if d.packing_samples else (lambda s: pad_collate(s, pad_id))
+    steps = (len(train) // cfg.strategy.train_batch_size) * cfg.train.max_epochs
+    model = load_trainable_lm(cfg.model)
+    engine = strategy.prepare_train(model, cfg.strategy.learning_rate, steps)
+    logger = make_logger(strategy, cfg.logging, cfg.checkpoint.save_path, "sft", cfg)
+    strategy.print(f"sft: {len(train)} samples, {steps} optimizer steps, world size {strategy.world_size}, "
+                   f"ZeRO-{cfg.strategy.zero_stage}, gradient accumulation {strategy.accumulation_steps}")
+    trainer = SFTTrainer(strategy, engine, tokenizer, train, evalset, collate, max_epochs=cfg.train.max_epochs,
+                         max_steps=cfg.train.max_steps, logging_args=cfg.logging, ckpt_args=cfg.checkpoint,
+                         logger=logger, aux_loss_coef=cfg.train.aux_loss_coef)
+    try:
+        trainer.fit()
+        strategy.save_hf_model(engine, tokenizer, cfg.checkpoint.save_path)
+    finally:
+        logger.close()
+    strategy.print(f"sft: model saved to {cfg.checkpoint.save_path}; metrics in {logger.path}")
+    return trainer

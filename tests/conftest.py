@@ -1,0 +1,23 @@
+"""Session-wide test settings: one thread per process, offline, loopback-only Ray."""
+
+from __future__ import annotations
+
+import os
+
+for key, value in {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "WANDB_MODE": "offline",
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}.items():
+    os.environ.setdefault(key, value)
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
