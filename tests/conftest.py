@@ -21,3 +21,14 @@ for key, value in {
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def demo_assets(tmp_path_factory):
+    """The embedded tokenizer, tiny model and task data, built once per test session."""
+    from rlhfkit.demo.assets import build_demo_assets
+
+    return build_demo_assets(tmp_path_factory.mktemp("demo_assets"), seed=0)
+

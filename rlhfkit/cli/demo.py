@@ -51,15 +51,16 @@ def run_sft_stage(assets, out: Path, steps: int, seed: int) -> str:
 
     batch = 32
     save = out / "sft"
+    n_train = sum(1 for _ in open(assets.sft_train))
+    epochs = -(-steps * batch // n_train)  # enough passes for `steps` optimizer steps
     cfg = parse_config(SFTConfig, [
         "--pretrain", str(assets.model_dir), "--dataset", str(assets.sft_train),
         "--eval_dataset", str(assets.sft_eval), "--input_key", "question", "--output_key", "response",
         "--input_template", DEMO_INPUT_TEMPLATE, "--max_len", "64", "--train_batch_size", str(batch),
-        "--micro_train_batch_size", str(batch), "--max_samples", str(steps * batch), "--max_epochs", "1",
+        "--micro_train_batch_size", str(batch), "--max_epochs", str(epochs), "--max_steps", str(steps),
         "--learning_rate", "1e-3", "--lr_warmup_ratio", "0.05", "--zero_stage", "0", "--seed", str(seed),
         "--save_path", str(save), "--logging_steps", "10", "--eval_steps", "-1", "--adam_betas", "0.9", "0.98",
     ], "demo")
-    cfg.data.max_samples = steps * batch
     run_sft(cfg)
     return str(save)
 

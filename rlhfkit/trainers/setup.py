@@ -22,12 +22,10 @@ from rlhfkit.models.loading import (
 from rlhfkit.models.lora import apply_lora
 
 
-def build_strategy(model_args: ModelArgs, strategy_args: StrategyArgs) -> DeepSpeedStrategy:
-    """Validate batch arithmetic (fails before anything starts), then join the process group."""
-    strategy = DeepSpeedStrategy(strategy_args, bf16=model_args.bf16,
-                                 gradient_checkpointing=model_args.gradient_checkpointing)
-    strategy.setup_distributed()
-    return strategy
+def make_strategy(model_args: ModelArgs, strategy_args: StrategyArgs) -> DeepSpeedStrategy:
+    """A strategy whose batch arithmetic is validated; call `setup_distributed()` once inputs are checked."""
+    return DeepSpeedStrategy(strategy_args, bf16=model_args.bf16,
+                             gradient_checkpointing=model_args.gradient_checkpointing)
 
 
 def load_tokenizer_for(model_args: ModelArgs, padding_side: str = "right") -> Any:
@@ -61,3 +59,10 @@ def make_logger(strategy: DeepSpeedStrategy, logging_args: LoggingArgs, save_pat
         with open(os.path.join(save_path, "rlhfkit_args.json"), "w") as f:
             json.dump(as_dict, f, indent=1, default=str)
     return MetricsLogger(logging_args, save_path, run_name(kind), as_dict, enabled=strategy.is_rank0)
+
+
+def build_strategy(model_args: ModelArgs, strategy_args: StrategyArgs) -> DeepSpeedStrategy:
+    """`make_strategy` and join the process group at once (when no input checks must come first)."""
+    strategy = make_strategy(model_args, strategy_args)
+    strategy.setup_distributed()
+    return strategy

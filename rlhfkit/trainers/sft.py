@@ -166,32 +166,29 @@ class SFTTrainer:
 
 def run_sft(cfg: Any) -> SFTTrainer:
     """Assemble and run SFT from an `SFTConfig`: data, model, strategy, trainer, final save."""
-    from rlhfkit.data.collate import pack_collate, pad_collate
+    from rlhfkit.data.collate import make_collate
     from rlhfkit.data.readers import load_mixture
     from rlhfkit.data.sft_dataset import SFTDataset
     from rlhfkit.errors import UserError
-    from rlhfkit.trainers.setup import build_strategy, load_tokenizer_for, load_trainable_lm, make_logger
+    from rlhfkit.trainers.setup import load_tokenizer_for, load_trainable_lm, make_logger, make_strategy
 
     d = cfg.data
     if not d.dataset:
         raise UserError("--dataset is required: a local json/jsonl/parquet/csv/arrow file or dataset directory")
+    strategy = make_strategy(cfg.model, cfg.strategy)  # validates batch arithmetic, joins no group yet
     tokenizer = load_tokenizer_for(cfg.model)
-    strategy = build_strategy(cfg.model, cfg.strategy)
 
     def tokenised(spec: str, probs: str | None, split: str, max_samples: int, flag: str) -> SFTDataset:
         records = load_mixture(spec, probs, split, max_samples, cfg.strategy.seed, arg_name=flag)
-        return SFTDataset(records, tokenizer, max_len=d.max_len, input_key=d.input_key, output_key=d.output_key,
-                          input_template=d.input_template, apply_chat_template=d.apply_chat_template,
-                          tokenizer_chat_template=d.tokenizer_chat_template, multiturn=d.multiturn,
-                          pretrain_mode=d.pretrain_mode, source=spec)
+        return SFTDataset.from_args(records, tokenizer, d)
 
     train = tokenised(d.dataset, d.dataset_probs, d.dataset_split, d.max_samples, "--dataset")
     evalset = tokenised(d.eval_dataset, None, d.eval_split, 10**9, "--eval_dataset") if d.eval_dataset else None
     if len(train) < cfg.strategy.train_batch_size:
         raise UserError(f"--dataset has {len(train)} usable samples, fewer than one --train_batch_size "
                         f"({cfg.strategy.train_batch_size})")
-    pad_id = tokenizer.pad_token_id
-    collate: Collate = pack_collate if d.packing_samples else (lambda s: pad_collate(s, pad_id))
+    strategy.setup_distributed()
+    collate: Collate = make_collate(tokenizer.pad_token_id, packing=d.packing_samples)
     steps = (len(train) // cfg.strategy.train_batch_size) * cfg.train.max_epochs
     model = load_trainable_lm(cfg.model)
     engine = strategy.prepare_train(model, cfg.strategy.learning_rate, steps)
