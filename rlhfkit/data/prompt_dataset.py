@@ -1,0 +1,45 @@
+"""RL prompts: records -> {"prompt": text ready for generation, "label": what the reward function checks}."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rlhfkit.data.templates import PromptFormatter, locate, require_field
+from rlhfkit.errors import UserError
+
+
+class PromptDataset:
+    """`dataset[i]` is {"prompt": str, "label": record[label_key] or None}.
+
+    The prompt is record[input_key] rendered with the chat template and its generation prompt
+    (`--apply_chat_template`; a string becomes one user message, a message list is used as is), or put into
+    `--input_template`, or taken as is. Tokenisation is left to the rollout engine.
+    """
+
+    def __init__(self, records: Sequence[Any], tokenizer: Any = None, *, input_key: str = "input",
+                 label_key: str | None = None, input_template: str | None = None,
+                 apply_chat_template: bool = False, tokenizer_chat_template: str | None = None):
+        format_prompt = PromptFormatter(tokenizer, input_template, apply_chat_template, tokenizer_chat_template)
+        self.samples: list[dict[str, Any]] = []
+        for i, record in enumerate(records):
+            where = locate(record, i)
+            prompt = format_prompt(require_field(record, input_key, where, "--input_key"), where)
+            label = require_field(record, label_key, where, "--label_key") if label_key is not None else None
+            self.samples.append({"prompt": prompt, "label": label})
+        if not self.samples:
+            raise UserError("no prompts: the prompt dataset is empty")
+
+    @classmethod
+    def from_args(cls, records: Sequence[Any], tokenizer: Any, data_args: Any) -> PromptDataset:
+        """Build from DataArgs (plus `label_key` when the config has one)."""
+        a = data_args
+        return cls(records, tokenizer, input_key=a.input_key, label_key=getattr(a, "label_key", None),
+                   input_template=a.input_template, apply_chat_template=a.apply_chat_template,
+                   tokenizer_chat_template=a.tokenizer_chat_template)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.samples[i]

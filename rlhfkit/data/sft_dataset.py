@@ -1,0 +1,177 @@
+"""SFT samples: records -> {"input_ids", "loss_mask"} with the loss on the response (and its eos) only.
+
+Four shapes of record, chosen by flags:
+- plain (default): prompt = `--input_template` applied to record[input_key]; response = record[output_key];
+  sample = [bos] + prompt + response + [eos], targets: response and eos;
+- `--apply_chat_template`: input_key holds a prompt string or a message list, output_key a response string or
+  message list (without --output_key, the last message of the input list is the response); the prompt is
+  rendered with the generation prompt, the response is what the full rendering adds (its end-of-turn included);
+- `--multiturn`: input_key holds the whole conversation; every assistant turn is a target (found by rendering
+  successive prefixes, see `templates.chat_segments`);
+- `--pretrain_mode`: the same text (prompt + response if --output_key is set), every token a target.
+Samples longer than `--max_len` are cut at the end; a sample left with no target token is dropped
+(`num_dropped`), and when every sample is dropped that is a UserError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from rlhfkit.data.templates import (
+    PromptFormatter,
+    as_messages,
+    chat_segments,
+    locate,
+    prompt_and_response,
+    render_chat,
+    require_field,
+)
+from rlhfkit.data.tokens import Piece, encode, first_target, join_pieces, sources_of, token_sample, with_bos, with_eos
+from rlhfkit.errors import UserError
+
+
+class SFTDataset:
+    """Tokenised SFT samples; `dataset[i]` is {"input_ids": LongTensor[L], "loss_mask": LongTensor[L]}."""
+
+    def __init__(self, records: Sequence[Any], tokenizer: Any, max_len: int, *, input_key: str = "input",
+                 output_key: str | None = None, input_template: str | None = None,
+                 apply_chat_template: bool = False, tokenizer_chat_template: str | None = None,
+                 multiturn: bool = False, pretrain_mode: bool = False):
+        if max_len < 2:
+            raise UserError(f"--max_len {max_len} must be at least 2 (a token and the one it predicts)")
+        self.tokenizer = tokenizer
+        self.max_len = max_len
+        self.input_key = input_key
+        self.output_key = output_key
+        self.multiturn = multiturn
+        self.pretrain_mode = pretrain_mode
+        self.chat = apply_chat_template or multiturn
+        self.format_prompt = PromptFormatter(tokenizer, input_template, self.chat, tokenizer_chat_template)
+        self.samples: list[dict[str, torch.Tensor]] = []
+        self._dropped_too_long = 0
+        self._dropped_no_target = 0
+        shortest_need: int | None = None
+        for i, record in enumerate(records):
+            where = locate(record, i)
+            ids, mask = join_pieces(self._pieces(record, where))
+            start = first_target(mask)
+            if start is None:
+                self._dropped_no_target += 1
+                continue
+            if start >= max_len:  # truncation from the end would cut every target token
+                self._dropped_too_long += 1
+                shortest_need = start + 1 if shortest_need is None else min(shortest_need, start + 1)
+                continue
+            self.samples.append(token_sample(ids[:max_len], mask[:max_len]))
+        if not self.samples:
+            self._raise_all_dropped(records, shortest_need)
+
+    @classmethod
+    def from_args(cls, records: Sequence[Any], tokenizer: Any, data_args: Any) -> SFTDataset:
+        """Build from a `rlhfkit.config.common.DataArgs`."""
+        a = data_args
+        return cls(records, tokenizer, a.max_len, input_key=a.input_key, output_key=a.output_key,
+                   input_template=a.input_template, apply_chat_template=a.apply_chat_template,
+                   tokenizer_chat_template=a.tokenizer_chat_template, multiturn=a.multiturn,
+                   pretrain_mode=a.pretrain_mode)
+
+    # -- sequence protocol ----------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return self.samples[i]
+
+    @property
+    def num_dropped(self) -> int:
+        """Records that gave no sample: every target cut off by --max_len, or nothing to train on."""
+        return self._dropped_too_long + self._dropped_no_target
+
+    @property
+    def num_dropped_too_long(self) -> int:
+        return self._dropped_too_long
+
+    # -- one record -----------------------------------------------------------------------------------------
+    def _pieces(self, record: Any, where: str) -> list[Piece]:
+        if self.multiturn:
+            pieces = self._multiturn_pieces(record, where)
+        elif self.pretrain_mode:
+            return self._pretrain_pieces(record, where)
+        elif self.chat:
+            pieces = self._chat_pieces(record, where)
+        else:
+            pieces = self._plain_pieces(record, where)
+        if self.pretrain_mode:  # multiturn text, every token a target
+            pieces = [(ids, True) for ids, _ in pieces]
+        return pieces
+
+    def _field(self, record: Any, key: str | None, flag: str, where: str) -> Any:
+        if key is None:
+            raise UserError(f"{flag} is required for SFT (the response field); or use --pretrain_mode, or "
+                            f"--apply_chat_template with message lists ending in the assistant reply ({where})")
+        return require_field(record, key, where, flag)
+
+    def _plain_pieces(self, record: Any, where: str) -> list[Piece]:
+        prompt = self.format_prompt(self._field(record, self.input_key, "--input_key", where), where)
+        response = self._field(record, self.output_key, "--output_key", where)
+        if not isinstance(response, str):
+            raise UserError(f"{where}: --output_key '{self.output_key}' holds a {type(response).__name__}, not "
+                            "text; for message lists pass --apply_chat_template")
+        return [(with_bos(self.tokenizer, encode(self.tokenizer, prompt)), False),
+                (with_eos(self.tokenizer, encode(self.tokenizer, response)), True)]
+
+    def _chat_pieces(self, record: Any, where: str) -> list[Piece]:
+        prompt_msgs = as_messages(self._field(record, self.input_key, "--input_key", where), "user", where,
+                                  "--input_key")
+        if self.output_key is None:
+            if len(prompt_msgs) < 2 or prompt_msgs[-1].get("role") != "assistant":
+                self._field(record, None, "--output_key", where)  # raises: no response anywhere
+            prompt_msgs, response_msgs = prompt_msgs[:-1], prompt_msgs[-1:]
+        else:
+            response_msgs = as_messages(self._field(record, self.output_key, "--output_key", where), "assistant",
+                                        where, "--output_key")
+        prompt, response = prompt_and_response(self.tokenizer, prompt_msgs, response_msgs, where)
+        return [(with_bos(self.tokenizer, encode(self.tokenizer, prompt)), False),
+                (with_eos(self.tokenizer, encode(self.tokenizer, response), anywhere=True), True)]
+
+    def _multiturn_pieces(self, record: Any, where: str) -> list[Piece]:
+        conversation = self._field(record, self.input_key, "--input_key", where)
+        if not isinstance(conversation, (list, tuple)):
+            raise UserError(f"{where}: --multiturn needs --input_key '{self.input_key}' to hold a list of "
+                            f"messages, not a {type(conversation).__name__}")
+        messages = as_messages(conversation, "user", where, "--input_key")
+        pieces: list[Piece] = []
+        for text, is_target in chat_segments(self.tokenizer, messages, where):
+            ids = encode(self.tokenizer, text)
+            pieces.append((with_eos(self.tokenizer, ids, anywhere=True) if is_target else ids, is_target))
+        if pieces:
+            pieces[0] = (with_bos(self.tokenizer, pieces[0][0]), pieces[0][1])
+        return pieces
+
+    def _pretrain_pieces(self, record: Any, where: str) -> list[Piece]:
+        value = self._field(record, self.input_key, "--input_key", where)
+        if self.chat:
+            messages = as_messages(value, "user", where, "--input_key")
+            if self.output_key is not None:
+                messages += as_messages(self._field(record, self.output_key, "--output_key", where), "assistant",
+                                        where, "--output_key")
+            text = render_chat(self.tokenizer, messages, False, where)
+            return [(with_bos(self.tokenizer, with_eos(self.tokenizer, encode(self.tokenizer, text), True)), True)]
+        text = self.format_prompt(value, where)
+        if self.output_key is not None:
+            response = self._field(record, self.output_key, "--output_key", where)
+            text += response if isinstance(response, str) else str(response)
+        return [(with_bos(self.tokenizer, with_eos(self.tokenizer, encode(self.tokenizer, text))), True)]
+
+    def _raise_all_dropped(self, records: Sequence[Any], shortest_need: int | None) -> None:
+        files = sources_of(records)
+        if not records:
+            raise UserError("no SFT records to tokenise (the dataset is empty)")
+        if shortest_need is not None:
+            raise UserError(f"--max_len {self.max_len} is too small for any sample in {files} "
+                            f"(shortest needs {shortest_need} tokens)")
+        raise UserError(f"no record in {files} has a response to train on (--multiturn puts the loss on "
+                        "assistant messages; none was found)")
