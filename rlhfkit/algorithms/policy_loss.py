@@ -1,0 +1,120 @@
+"""Actor and critic losses of the RL loop: the PPO clipped surrogate with its variants (asymmetric clip, dual
+clip, truncated importance sampling) and the clipped value loss. (The entropy bonus, `entropy_from_logits`, lives
+in logprobs.py and is re-exported here.)
+
+Token tensors are [B, T] aligned with the action mask. The `info` dicts hold detached 0-dim tensors (no
+host sync here: call .item() when logging).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlhfkit.algorithms.logprobs import entropy_from_logits as entropy_from_logits  # the PPO entropy bonus
+from rlhfkit.algorithms.masking import aggregate_loss, masked_mean
+from rlhfkit.errors import UserError
+
+MAX_LOG_RATIO = 20.0
+
+
+def _masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """x with masked positions replaced by 0 before any nonlinearity, so padding can't put NaN in a gradient."""
+    return torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def tis_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance-sampling weights min(exp(old_logp - rollout_logp), cap), detached.
+
+    The rollout engine (vLLM) and the trainer compute slightly different probabilities for the same tokens, so the
+    samples are off-policy for the trainer's old policy; Yao et al. 2025 ("Your Efficient RL Framework Secretly
+    Brings You Off-Policy RL Training") correct the policy gradient with this truncated ratio.
+    """
+    if cap <= 0:
+        raise UserError(f"the truncated importance-sampling cap must be > 0 (got {cap})")
+    log_ratio = old_logp.detach().float() - rollout_logp.detach().float()
+    return torch.exp(log_ratio).clamp(max=cap)
+
+
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
+                clip_eps_low: float = 0.2, clip_eps_high: float | None = None, dual_clip: float | None = None,
+                rollout_logp: torch.Tensor | None = None, tis_cap: float | None = None,
+                agg: str = "token_mean", num_tokens: int | float | torch.Tensor | None = None,
+                num_seqs: int | float | torch.Tensor | None = None, norm_len: int | None = None,
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO clipped surrogate loss (Schulman et al. 2017, "Proximal Policy Optimization Algorithms").
+
+    Per action token, with ratio = exp(logp - old_logp) (log ratio bounded to +-20) and A the advantage:
+        loss_t = -min(ratio * A, clip(ratio, 1 - clip_eps_low, 1 + clip_eps_high) * A)
+    - clip_eps_high (default: clip_eps_low) > clip_eps_low is DAPO's clip-higher (Yu et al. 2025).
+    - dual_clip = c > 1 (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep Reinforcement
+      Learning"): where A < 0 the loss is also bounded by c * |A|, i.e. loss_t = min(loss_t, -c * A), so a huge
+      ratio on a bad token cannot blow the step up.
+    - rollout_logp with tis_cap: the per-token loss is multiplied by tis_weights(old_logp, rollout_logp, tis_cap)
+      (truncated importance sampling, Yao et al. 2025).
+    The per-token loss is reduced by `aggregate_loss(agg, num_tokens=..., num_seqs=..., norm_len=...)`.
+    info: `clip_fraction` (tokens where the clipped term is the smaller one, i.e. no gradient), `dual_clip_fraction`
+    (with dual_clip), `approx_kl` (mean of (ratio - 1) - log ratio, the k3 estimate of KL(old || new)), `ratio_mean`
+    and `tis_weight_mean` (with TIS), all means over the action tokens of this batch.
+    """
+    clip_eps_high = clip_eps_low if clip_eps_high is None else clip_eps_high
+    if clip_eps_low < 0 or clip_eps_high < 0:
+        raise UserError(f"clip epsilons must be >= 0 (got low={clip_eps_low}, high={clip_eps_high})")
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise UserError(f"--dual_clip must be > 1 (got {dual_clip}): it bounds the loss of negative advantages "
+                        "by dual_clip * |A|")
+    if (rollout_logp is None) != (tis_cap is None):
+        raise UserError("truncated importance sampling needs both the rollout log-probs and a cap")
+    # exp(20) = 4.9e8 is beyond any meaningful ratio; the bound keeps float32 (and its gradient) finite.
+    log_ratio = _masked(logp - old_logp.detach(), mask).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    advantages = _masked(advantages.detach(), mask)
+    ratio = torch.exp(log_ratio)
+    surr_unclipped = ratio * advantages
+    surr_clipped = ratio.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high) * advantages
+    loss = -torch.min(surr_unclipped, surr_clipped)
+    info: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        info["clip_fraction"] = masked_mean((surr_clipped < surr_unclipped).float(), mask)
+    if dual_clip is not None:
+        bound = -dual_clip * advantages
+        dual_active = (advantages < 0) & (loss > bound)
+        loss = torch.where(advantages < 0, torch.min(loss, bound), loss)
+        info["dual_clip_fraction"] = masked_mean(dual_active.float(), mask)
+    if rollout_logp is not None:
+        weights = _masked(tis_weights(old_logp, rollout_logp, tis_cap), mask)
+        loss = loss * weights
+        info["tis_weight_mean"] = masked_mean(weights, mask)
+    with torch.no_grad():
+        info["approx_kl"] = masked_mean((ratio - 1.0) - log_ratio, mask)
+        info["ratio_mean"] = masked_mean(ratio, mask)
+    reduced = aggregate_loss(loss, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm_len=norm_len)
+    return reduced, {k: v.detach() for k, v in info.items()}
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,
+               value_clip: float | None = None, agg: str = "token_mean",
+               num_tokens: int | float | torch.Tensor | None = None,
+               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Critic loss 0.5 * (V - R)^2, optionally clipped as in PPO (Schulman et al. 2017; OpenAI baselines ppo2).
+
+    With value_clip = c: V_clip = old_V + clip(V - old_V, -c, c) and the per-token loss is
+    0.5 * max((V - R)^2, (V_clip - R)^2), so the critic cannot move far from its rollout-time prediction.
+    Reduced by `aggregate_loss(agg, num_tokens=...)`. info: `value_clip_fraction` (tokens where the clipped error
+    is the larger one) and `value_mean`.
+    """
+    values = _masked(values, mask)
+    returns = _masked(returns.detach(), mask)
+    unclipped = (values - returns) ** 2
+    info: dict[str, torch.Tensor] = {}
+    if value_clip is None:
+        per_token = 0.5 * unclipped
+    else:
+        if value_clip <= 0:
+            raise UserError(f"--value_clip must be > 0 (got {value_clip})")
+        old_values = _masked(old_values.detach(), mask)
+        clipped_values = old_values + (values - old_values).clamp(-value_clip, value_clip)
+        clipped = (clipped_values - returns) ** 2
+        per_token = 0.5 * torch.max(unclipped, clipped)
+        info["value_clip_fraction"] = masked_mean((clipped > unclipped).float(), mask).detach()
+    info["value_mean"] = masked_mean(values.detach(), mask)
+    return aggregate_loss(per_token, mask, agg, num_tokens=num_tokens), info
+

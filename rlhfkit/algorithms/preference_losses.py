@@ -1,0 +1,111 @@
+"""Losses on preference data: the pairwise reward-model loss, DPO and its variants (cDPO, IPO), the NLL term,
+and KTO.
+
+Inputs are per-sample tensors [B]: rewards from a reward head, or sequence log-probs, i.e. the sum of the
+per-token log-probs of the response tokens (`token_logprobs` summed under the loss mask), of the policy and of
+the frozen reference model. Losses are means over the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from rlhfkit.errors import UserError
+
+RM_LOSS_KINDS = ("sigmoid", "logexp")
+
+
+def pairwise_rm_loss(chosen_reward: torch.Tensor, rejected_reward: torch.Tensor,
+                     margin: torch.Tensor | float | None = None, kind: str = "sigmoid",
+                     reduction: str = "mean") -> torch.Tensor:
+    """Bradley-Terry loss of a reward model on (chosen, rejected) pairs (Ouyang et al. 2022, InstructGPT).
+
+    - `sigmoid`: -log sigmoid(r_c - r_r - margin)
+    - `logexp`:  log(1 + exp(r_r - r_c + margin))
+    The two are the same function written two ways (log(1 + e^-x) = -log sigmoid(x)); both are computed in the
+    overflow-free form. margin (per pair or scalar) asks the chosen reward to win by at least that much (Llama 2,
+    Touvron et al. 2023). reduction: `mean` (scalar) or `none` ([B]).
+    """
+    if kind not in RM_LOSS_KINDS:
+        raise UserError(f"unknown reward-model loss {kind!r}; choose one of {', '.join(RM_LOSS_KINDS)}")
+    difference = chosen_reward - rejected_reward
+    if margin is not None:
+        difference = difference - margin
+    losses = -F.logsigmoid(difference) if kind == "sigmoid" else F.softplus(-difference)
+    if reduction == "none":
+        return losses
+    if reduction != "mean":
+        raise UserError(f"unknown reduction {reduction!r}; choose mean or none")
+    return losses.mean()
+
+
+def dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Tensor,
+             ref_chosen_logps: torch.Tensor, ref_rejected_logps: torch.Tensor, beta: float,
+             label_smoothing: float = 0.0, ipo: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Direct Preference Optimization loss and its implicit rewards; returns (loss, chosen_rewards, rejected_rewards).
+
+    With h = (log pi(y_c) - log ref(y_c)) - (log pi(y_r) - log ref(y_r)), per pair:
+    - DPO (Rafailov et al. 2023): -log sigmoid(beta * h).
+    - cDPO (Mitchell 2023, "A note on DPO with noisy preferences"), label_smoothing = eps in [0, 0.5):
+      -(1 - eps) * log sigmoid(beta * h) - eps * log sigmoid(-beta * h).
+    - IPO (Azar et al. 2023, "A General Theoretical Paradigm to Understand Learning from Human Preferences"):
+      (h - 1 / (2 * beta))^2. h is built from whatever log-probs are passed; the IPO paper's practice is the mean
+      per-token log-prob of each response, pass those for it (sums give the same loss shape on a longer scale).
+    loss is the mean over pairs. chosen_rewards = beta * (log pi(y_c) - log ref(y_c)) and rejected_rewards likewise,
+    both [B] and detached (for accuracy and margin metrics).
+    """
+    if beta <= 0:
+        raise UserError(f"--beta must be > 0 (got {beta})")
+    if not 0.0 <= label_smoothing < 0.5:
+        raise UserError(f"--label_smoothing must be in [0, 0.5) (got {label_smoothing})")
+    if ipo and label_smoothing > 0:
+        raise UserError("--label_smoothing (cDPO) does not apply to IPO; drop one of the two flags")
+    chosen_log_ratio = policy_chosen_logps - ref_chosen_logps
+    rejected_log_ratio = policy_rejected_logps - ref_rejected_logps
+    h = chosen_log_ratio - rejected_log_ratio
+    if ipo:
+        losses = (h - 1.0 / (2.0 * beta)) ** 2
+    else:
+        losses = -(1.0 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)
+    return losses.mean(), (beta * chosen_log_ratio).detach(), (beta * rejected_log_ratio).detach()
+
+
+def nll_loss(chosen_logps_sum: torch.Tensor, chosen_num_tokens: torch.Tensor) -> torch.Tensor:
+    """Mean over samples of the per-token negative log-likelihood, -(sum of log-probs) / (number of tokens).
+
+    The SFT term on the chosen responses added to DPO (`--nll_loss_coef`; Pang et al. 2024, "Iterative Reasoning
+    Preference Optimization", RPO). chosen_num_tokens [B] counts the response tokens (floored at 1).
+    """
+    return (-chosen_logps_sum / chosen_num_tokens.clamp(min=1).to(chosen_logps_sum.dtype)).mean()
+
+
+def kto_kl_reference_point(policy_kl_logps: torch.Tensor, ref_kl_logps: torch.Tensor) -> torch.Tensor:
+    """The reference point z0 of KTO: mean(log pi(y'|x) - log ref(y'|x)) over mismatched pairs, clamped at 0,
+    detached (Ethayarajh et al. 2024, "KTO: Model Alignment as Prospect Theoretic Optimization").
+
+    The pairs (x, y') combine a prompt with the response of another sample of the batch, an estimate of
+    KL(pi || ref). In data-parallel training, average it over ranks before passing it to kto_loss.
+    """
+    return (policy_kl_logps - ref_kl_logps).mean().clamp(min=0).detach()
+
+
+def kto_loss(policy_logps: torch.Tensor, ref_logps: torch.Tensor, labels: torch.Tensor,
+             kl_ref_point: torch.Tensor | float, beta: float, desirable_weight: float = 1.0,
+             undesirable_weight: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kahneman-Tversky Optimization loss (Ethayarajh et al. 2024); returns (loss, rewards).
+
+    With r = log pi(y|x) - log ref(y|x) and z0 = kl_ref_point (detached, clamped at 0), per sample:
+        desirable   (label True):  desirable_weight   * (1 - sigmoid(beta * (r - z0)))
+        undesirable (label False): undesirable_weight * (1 - sigmoid(beta * (z0 - r)))
+    loss is the mean over all samples; rewards = beta * r, [B], detached (split them by label for metrics).
+    """
+    if beta <= 0:
+        raise UserError(f"--beta must be > 0 (got {beta})")
+    log_ratio = policy_logps - ref_logps
+    z0 = torch.as_tensor(kl_ref_point, dtype=log_ratio.dtype, device=log_ratio.device).detach().clamp(min=0)
+    desirable = labels.bool()
+    desirable_losses = desirable_weight * (1.0 - torch.sigmoid(beta * (log_ratio - z0)))
+    undesirable_losses = undesirable_weight * (1.0 - torch.sigmoid(beta * (z0 - log_ratio)))
+    losses = torch.where(desirable, desirable_losses, undesirable_losses)
+    return losses.mean(), (beta * log_ratio).detach()

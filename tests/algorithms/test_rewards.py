@@ -1,0 +1,59 @@
+"""Reward shaping against hand-computed numbers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlhfkit.algorithms.rewards import (
+    clip_rewards,
+    compute_token_rewards,
+    grouped,
+    informative_groups,
+    last_action_index,
+    length_penalty,
+    normalize_rewards,
+)
+from rlhfkit.errors import UserError
+
+
+def close(actual: torch.Tensor, expected, tol: float = 1e-9) -> None:
+    torch.testing.assert_close(actual, torch.as_tensor(expected, dtype=actual.dtype), atol=tol, rtol=0)
+
+
+def test_clip_and_normalize():
+    close(clip_rewards(torch.tensor([-12.0, 3.0, 15.0]), 10.0), [-10.0, 3.0, 10.0])
+    close(normalize_rewards(torch.tensor([1.0, 3.0]), mean=2.0, std=4.0), [-0.25, 0.25])  # (1-2)/4, (3-2)/4
+    with pytest.raises(UserError):
+        clip_rewards(torch.zeros(2), 0.0)
+
+
+def test_dapo_soft_overlong_penalty():
+    lengths = torch.tensor([10, 16, 18, 20, 25])
+    # max_len 20, buffer 4 -> free up to 16; (16 - L)/4 in (16, 20]; -1 beyond 20
+    close(length_penalty(lengths, max_len=20, buffer_len=4), [0.0, 0.0, -0.5, -1.0, -1.0])
+    close(length_penalty(lengths, max_len=20, buffer_len=4, penalty_factor=0.5), [0.0, 0.0, -0.25, -0.5, -0.5])
+    with pytest.raises(UserError, match="buffer"):
+        length_penalty(lengths, max_len=20, buffer_len=30)
+
+
+def test_token_rewards_reward_on_last_action_token_and_kl_everywhere():
+    final = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    kl = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.5, 9.0, 0.5, 9.0], [7.0, 7.0, 7.0, 7.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 0],   # right padding
+                         [1, 0, 1, 0],   # a hole (environment token) in the middle
+                         [0, 0, 0, 0]])  # no action at all
+    assert last_action_index(mask).tolist() == [2, 2, 0]
+    out = compute_token_rewards(final, kl, mask, kl_coef=0.1)
+    close(out, [[-0.01, -0.02, -0.03 + 1.0, 0.0],
+                [-0.05, 0.0, -0.05 + 2.0, 0.0],
+                [0.0, 0.0, 0.0, 0.0]])
+    close(compute_token_rewards(final, None, mask), [[0, 0, 1.0, 0], [0, 0, 2.0, 0], [0, 0, 0, 0]])
+
+
+def test_groups():
+    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0])
+    assert grouped(rewards, 4).shape == (2, 4)
+    assert informative_groups(rewards, 4).tolist() == [True, False]
+    with pytest.raises(UserError, match="n_samples_per_prompt=3"):
+        grouped(rewards, 3)
