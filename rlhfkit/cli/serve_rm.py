@@ -1,0 +1,53 @@
+"""`python -m rlhfkit.cli.serve_rm --reward_pretrain DIR --port N`: serve a reward model over HTTP.
+
+POST /get_reward {"query": [text, ...]} -> {"rewards": [float, ...]}; GET /health. Use it from PPO with
+`--remote_rm_url http://127.0.0.1:N/get_reward`. Binds 127.0.0.1 unless --host says otherwise; set --api_key (or
+RLHFKIT_RM_API_KEY) to require `Authorization: Bearer <key>`.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+
+from rlhfkit.cli.common import quiet_libraries, run_cli
+from rlhfkit.config.base import parse_config
+from rlhfkit.config.preference import ServeRMConfig
+
+PROG = "rlhfkit.cli.serve_rm"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    quiet_libraries()
+    cfg = parse_config(ServeRMConfig, argv, PROG, __doc__)
+    from rlhfkit.models.loading import resolve_attn_implementation
+    from rlhfkit.rollout.reward_server import RewardServer, load_scorer
+
+    attn = resolve_attn_implementation(cfg.attn_implementation, cfg.flash_attn)
+    scorer = load_scorer(cfg.reward_pretrain, value_head_prefix=cfg.value_head_prefix, max_len=cfg.max_len,
+                         normalize=cfg.normalize_reward, batch_size=cfg.batch_size, bf16=cfg.bf16,
+                         attn_implementation=attn, use_fast_tokenizer=not cfg.disable_fast_tokenizer)
+    server = RewardServer(scorer, host=cfg.host, port=cfg.port, api_key=cfg.api_key, batch_size=cfg.batch_size,
+                          batch_wait_ms=cfg.batch_wait_ms, max_body_bytes=cfg.max_body_bytes).start()
+    if not server.api_key and cfg.host not in ("127.0.0.1", "localhost", "::1"):
+        sys.stderr.write(f"{PROG}: warning: listening on {cfg.host} without --api_key; anyone who can reach "
+                         "this port can use the model\n")
+    print(f"reward server ready: {server.url} (normalize_reward={scorer.normalize}, "
+          f"auth={'bearer' if server.api_key else 'off'})", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    try:
+        while not stop.wait(0.5):  # until SIGTERM or Ctrl-C
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    print("reward server stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, prog=PROG))

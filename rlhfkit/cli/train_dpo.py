@@ -1,0 +1,25 @@
+"""`python -m rlhfkit.cli.train_dpo`: DPO / IPO / cDPO against a frozen reference (OpenRLHF's train_dpo flags)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from rlhfkit.cli.common import quiet_libraries, run_cli
+from rlhfkit.config.base import parse_config
+from rlhfkit.config.preference import DPOConfig
+
+PROG = "rlhfkit.cli.train_dpo"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    quiet_libraries()
+    cfg = parse_config(DPOConfig, argv, PROG, __doc__)
+    from rlhfkit.trainers.dpo import run_dpo
+
+    run_dpo(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, prog=PROG))

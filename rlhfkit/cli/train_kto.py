@@ -1,0 +1,25 @@
+"""`python -m rlhfkit.cli.train_kto`: KTO on unpaired labelled completions (same flags as OpenRLHF's train_kto)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from rlhfkit.cli.common import quiet_libraries, run_cli
+from rlhfkit.config.base import parse_config
+from rlhfkit.config.preference import KTOConfig
+
+PROG = "rlhfkit.cli.train_kto"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    quiet_libraries()
+    cfg = parse_config(KTOConfig, argv, PROG, __doc__)
+    from rlhfkit.trainers.kto import run_kto
+
+    run_kto(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, prog=PROG))

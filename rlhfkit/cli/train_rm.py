@@ -1,0 +1,25 @@
+"""`python -m rlhfkit.cli.train_rm`: reward-model training on preference pairs (same flags as OpenRLHF's train_rm)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from rlhfkit.cli.common import quiet_libraries, run_cli
+from rlhfkit.config.base import parse_config
+from rlhfkit.config.preference import RMConfig
+
+PROG = "rlhfkit.cli.train_rm"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    quiet_libraries()
+    cfg = parse_config(RMConfig, argv, PROG, __doc__)
+    from rlhfkit.trainers.reward import run_rm
+
+    run_rm(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, prog=PROG))

@@ -1,0 +1,321 @@
+"""An HTTP server for a trained reward model: `POST /get_reward {"query": [text, ...]}` -> `{"rewards": [...]}`.
+
+The protocol is OpenRLHF's remote reward model (`--remote_rm_url http://host:port/get_reward`); extra request keys
+(`prompts`, `labels`) are accepted and ignored. Standard library only (`http.server.ThreadingHTTPServer`):
+
+- Each request is handled on its own thread, which validates it and hands its queries to ONE batching worker.
+  The worker collects the queries of concurrent requests (up to --batch_size, waiting at most --batch_wait_ms
+  for more) and scores them in one forward pass, so the model is only ever used by one thread.
+- Binds 127.0.0.1 unless told otherwise. With an API key (`--api_key` or env RLHFKIT_RM_API_KEY) every request
+  but `GET /health` needs `Authorization: Bearer <key>` (compared in constant time).
+- Errors are JSON `{"error": ...}`: 400 bad JSON or types (query must be a non-empty list of strings), 401 missing
+  or wrong token, 404 unknown path, 411 no Content-Length, 413 body over --max_body_bytes, 503 scoring failed or
+  timed out. A bad request never stops the server.
+
+Scoring a text: bos + text + eos (added when missing), the last --max_len tokens kept, reward read at the last
+token (`sequence_rewards`), optionally normalised with the `reward_mean` / `reward_std` train_rm saved.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+import torch
+
+from rlhfkit.data.tokens import encode, with_bos, with_eos
+from rlhfkit.errors import UserError
+from rlhfkit.models.value_model import sequence_rewards
+
+API_KEY_ENV = "RLHFKIT_RM_API_KEY"
+REWARD_PATH = "/get_reward"
+HEALTH_PATH = "/health"
+
+
+class RewardScorer:
+    """Texts -> rewards with one reward model (not thread-safe: the server calls it from its worker only)."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, max_len: int = 2048, normalize: bool | None = None,
+                 batch_size: int = 16):
+        if max_len < 2:
+            raise UserError(f"--max_len {max_len} must be at least 2")
+        if batch_size < 1:
+            raise UserError(f"--batch_size {batch_size} must be at least 1")
+        config = model.config
+        self.normalize = bool(getattr(config, "normalize_reward", False)) if normalize is None else normalize
+        if self.normalize and not all(hasattr(config, k) for k in ("reward_mean", "reward_std")):
+            raise UserError("--normalize_reward: the model config has no reward_mean / reward_std (save it with "
+                            "rlhfkit.cli.train_rm, or drop the flag)")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.max_len = max_len
+        self.batch_size = batch_size
+        self.device = next(model.parameters()).device
+
+    def token_ids(self, text: str) -> list[int]:
+        ids = with_eos(self.tokenizer, with_bos(self.tokenizer, encode(self.tokenizer, text)))
+        return ids[-self.max_len:]
+
+    @torch.no_grad()
+    def score(self, texts: list[str]) -> list[float]:
+        rewards: list[float] = []
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        for start in range(0, len(texts), self.batch_size):
+            rows = [self.token_ids(t) for t in texts[start:start + self.batch_size]]
+            width = max(len(r) for r in rows)
+            input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+            attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+            for i, r in enumerate(rows):
+                input_ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+                attention_mask[i, :len(r)] = 1
+            batch = {"input_ids": input_ids.to(self.device), "attention_mask": attention_mask.to(self.device)}
+            rewards.extend(sequence_rewards(self.model, batch, normalize=self.normalize).float().cpu().tolist())
+        return rewards
+
+
+def load_scorer(path: str, *, value_head_prefix: str = "score", max_len: int = 2048, normalize: bool | None = None,
+                batch_size: int = 16, bf16: bool = False, attn_implementation: str = "sdpa",
+                use_fast_tokenizer: bool = True) -> RewardScorer:
+    """A RewardScorer for the reward model saved in `path` (on the GPU when there is one)."""
+    from rlhfkit.models.loading import check_model_path, load_tokenizer
+    from rlhfkit.models.value_model import load_value_model
+
+    path = check_model_path(path, "--reward_pretrain")
+    tokenizer = load_tokenizer(path, use_fast=use_fast_tokenizer, flag="--reward_pretrain")
+    model = load_value_model(path, value_head_prefix=value_head_prefix, attn_implementation=attn_implementation,
+                             dtype=torch.bfloat16 if bf16 else torch.float32, flag="--reward_pretrain")
+    model.requires_grad_(False)
+    if torch.cuda.is_available():
+        model = model.cuda()
+    return RewardScorer(model, tokenizer, max_len=max_len, normalize=normalize, batch_size=batch_size)
+
+
+@dataclass
+class _Job:
+    texts: list[str]
+    done: threading.Event = field(default_factory=threading.Event)
+    rewards: list[float] | None = None
+    error: str | None = None
+
+
+class _BatchingWorker:
+    """One thread that owns the model: it merges queued jobs into batches and scores them."""
+
+    def __init__(self, scorer: RewardScorer, batch_size: int, wait_s: float):
+        self.scorer = scorer
+        self.batch_size = batch_size
+        self.wait_s = wait_s
+        self.jobs: queue.Queue[_Job] = queue.Queue()
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="reward-batcher", daemon=True)
+        self.batches_run = 0
+
+    def _collect(self, first: _Job) -> list[_Job]:
+        jobs, count = [first], len(first.texts)
+        deadline = time.monotonic() + self.wait_s
+        while count < self.batch_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                job = self.jobs.get(timeout=remaining)
+            except queue.Empty:
+                break
+            jobs.append(job)
+            count += len(job.texts)
+        return jobs
+
+    def _run(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                first = self.jobs.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            jobs = self._collect(first)
+            try:
+                rewards = self.scorer.score([t for job in jobs for t in job.texts])
+            except Exception as e:  # noqa: BLE001 - report to the waiting requests, keep serving
+                for job in jobs:
+                    job.error = f"{type(e).__name__}: {e}"
+            else:
+                offset = 0
+                for job in jobs:
+                    job.rewards = rewards[offset:offset + len(job.texts)]
+                    offset += len(job.texts)
+            self.batches_run += 1
+            for job in jobs:
+                job.done.set()
+        while not self.jobs.empty():  # fail whatever arrived during shutdown
+            job = self.jobs.get_nowait()
+            job.error = "server is shutting down"
+            job.done.set()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "rlhfkit-reward-server"
+    timeout = 60  # seconds a client may take to send its request
+
+    @property
+    def owner(self) -> RewardServer:
+        return self.server.owner  # type: ignore[attr-defined]
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        if self.owner.verbose:
+            super().log_message(format, *args)
+
+    def _reply(self, code: int, payload: dict[str, Any], close: bool = False,
+               headers: dict[str, str] | None = None) -> None:
+        body = json.dumps(payload).encode("utf-8")
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        if close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _authorized(self) -> bool:
+        key = self.owner.api_key
+        if not key:
+            return True
+        given = self.headers.get("Authorization", "")
+        scheme, _, token = given.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        if urlsplit(self.path).path == HEALTH_PATH:
+            self._reply(200, {"status": "ok"})
+        else:
+            self._reply(404, {"error": f"unknown path {urlsplit(self.path).path}; POST {REWARD_PATH}"})
+
+    def do_POST(self) -> None:  # noqa: N802
+        path = urlsplit(self.path).path
+        if path != REWARD_PATH:  # the body is left unread: close the connection after answering
+            self._reply(404, {"error": f"unknown path {path}; POST {REWARD_PATH}"}, close=True)
+            return
+        if not self._authorized():
+            self._reply(401, {"error": "missing or wrong bearer token"}, close=True,
+                        headers={"WWW-Authenticate": "Bearer"})
+            return
+        body = self._read_body()
+        if body is None:
+            return
+        texts, problem = parse_request(body)
+        if problem:
+            self._reply(400, {"error": problem})
+            return
+        job = _Job(texts)
+        self.owner.worker.jobs.put(job)
+        if not job.done.wait(self.owner.request_timeout):
+            self._reply(503, {"error": "scoring timed out"})
+        elif job.error is not None:
+            self._reply(503, {"error": f"scoring failed: {job.error}"})
+        else:
+            self._reply(200, {"rewards": job.rewards})
+
+    def _read_body(self) -> bytes | None:
+        """The request body, or None after answering 411/400/413 (and closing the connection)."""
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower() or "Content-Length" not in self.headers:
+            self._reply(411, {"error": "send the JSON body with a Content-Length header"}, close=True)
+            return None
+        try:
+            length = int(self.headers["Content-Length"])
+        except ValueError:
+            length = -1
+        if length < 0:
+            self._reply(400, {"error": "bad Content-Length"}, close=True)
+            return None
+        if length > self.owner.max_body_bytes:
+            self._reply(413, {"error": f"body of {length} bytes is over the limit of {self.owner.max_body_bytes}"},
+                        close=True)
+            return None
+        return self.rfile.read(length)
+
+
+def parse_request(body: bytes) -> tuple[list[str], str | None]:
+    """(queries, None) for a valid body, else ([], what is wrong)."""
+    try:
+        payload = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        return [], f"body is not valid JSON ({e})"
+    if not isinstance(payload, dict) or "query" not in payload:
+        return [], 'expected a JSON object {"query": [text, ...]}'
+    texts = payload["query"]
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        return [], '"query" must be a non-empty list of strings'
+    return texts, None
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256  # the default (5) resets bursts of concurrent connections
+
+    def __init__(self, address: tuple[str, int], owner: RewardServer):
+        self.owner = owner
+        super().__init__(address, _Handler)
+
+
+class RewardServer:
+    """The reward server in-process: `RewardServer(scorer, port=0).start()`, `.url`, `.stop()` (or `with`)."""
+
+    def __init__(self, scorer: RewardScorer, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
+                 batch_size: int | None = None, batch_wait_ms: float = 5.0, max_body_bytes: int = 10 * 2**20,
+                 request_timeout: float = 300.0, verbose: bool = False):
+        if max_body_bytes < 1:
+            raise UserError(f"--max_body_bytes {max_body_bytes} must be positive")
+        self.scorer = scorer
+        self.host = host
+        self.port = port
+        self.api_key = api_key if api_key is not None else (os.environ.get(API_KEY_ENV) or None)
+        self.max_body_bytes = max_body_bytes
+        self.request_timeout = request_timeout
+        self.verbose = verbose
+        self.worker = _BatchingWorker(scorer, batch_size or scorer.batch_size, max(batch_wait_ms, 0.0) / 1000)
+        self.httpd: _HTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host = self.host if ":" not in self.host else f"[{self.host}]"
+        return f"http://{host}:{self.port}{REWARD_PATH}"
+
+    def start(self) -> RewardServer:
+        try:
+            self.httpd = _HTTPServer((self.host, self.port), self)
+        except OSError as e:
+            raise UserError(f"cannot listen on {self.host}:{self.port}: {e.strerror or e}") from None
+        self.port = self.httpd.server_address[1]
+        self.worker.thread.start()
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name="reward-http", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self.httpd is not None:
+            self.httpd.shutdown()
+            self.httpd.server_close()
+            self.httpd = None
+        self.worker.stopping.set()
+        if self.worker.thread.is_alive():
+            self.worker.thread.join(timeout=10)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> RewardServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
