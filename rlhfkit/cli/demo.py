@@ -23,7 +23,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__)
     p.add_argument("--out", default="runs/demo", help="output directory for assets, models, metrics, report")
     p.add_argument("--seed", type=int, default=0, help="seed for assets and training")
-    p.add_argument("--sft_steps", type=int, default=400, help="SFT optimizer steps")
+    p.add_argument("--sft_steps", type=int, default=800, help="SFT optimizer steps")
     p.add_argument("--eval_samples", type=int, default=200, help="held-out prompts for exact-match")
     return p.parse_args(argv)
 
