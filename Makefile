@@ -33,7 +33,7 @@ demo: install
 	$(PY) -m rlhfkit.cli.demo --out $(DEMO_OUT)
 
 test: install
-	$(PY) -m pytest -q -x --durations=15 tests
+	$(PY) -m pytest -q --durations=25 tests
 
 lint: install
 	$(VENV)/bin/ruff check rlhfkit tests bench examples
