@@ -159,6 +159,7 @@ class DeepSpeedStrategy:
                 continue
             (no_decay if p.ndim < 2 or "norm" in name.lower() or name.endswith(".bias") else decay).append(p)
         groups = [{"params": decay, "weight_decay": self.args.l2}, {"params": no_decay, "weight_decay": 0.0}]
+        groups = [g for g in groups if g["params"]]  # LoRA has no 1-D trainable parameters
         betas = tuple(self.args.adam_betas)
         if self.args.adam_offload:
             from deepspeed.ops.adam import DeepSpeedCPUAdam

@@ -1,0 +1,332 @@
+"""Config of `rlhfkit.cli.train_ppo` (and, next, `train_ppo_ray`): online RL with one loop for every estimator.
+
+Flag names are OpenRLHF's (`--advantage_estimator group_norm --n_samples_per_prompt 8 ...`). `validate_rl_config`
+fails fast, with one line, on settings that cannot run: batch sizes that do not divide, a group estimator with one
+sample per prompt, no reward source, a dual clip <= 1. The distributed flags (role placement, vLLM engines,
+colocation, sleep) are accepted and checked here; the single-process trainer runs every role in one process with
+the Transformers rollout engine, and `train_ppo_ray` acts on them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlhfkit.config.base import arg
+from rlhfkit.config.common import CheckpointArgs, LoggingArgs, ModelArgs, StrategyArgs
+from rlhfkit.errors import UserError
+
+ADVANTAGE_ESTIMATORS = ("gae", "reinforce", "reinforce_baseline", "group_norm", "dr_grpo", "rloo")
+GROUP_ESTIMATORS = ("reinforce_baseline", "group_norm", "dr_grpo", "rloo")
+LOSS_AGGREGATIONS = ("auto", "token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+
+
+@dataclass
+class RLModelArgs:
+    reward_pretrain: str | None = arg(None, "Reward model directory (a model trained by train_rm, read at the last "
+                                            "token); or use --remote_rm_url.")
+    critic_pretrain: str | None = arg(None, "Critic initialisation for --advantage_estimator gae (default: "
+                                            "--reward_pretrain, else --pretrain).")
+    remote_rm_url: str | None = arg(None, "Reward without a reward model: a Python file defining reward_func("
+                                          "queries, prompts, labels), or comma-separated HTTP reward servers "
+                                          "(http://host:port/get_reward).")
+    value_head_prefix: str = arg("score", "Attribute name of the linear value head of the reward model / critic.")
+    remote_rm_timeout: float = arg(60.0, "Seconds one HTTP reward request may take before it is retried.")
+    remote_rm_retries: int = arg(3, "Attempts per HTTP reward request before the run stops with an error.")
+
+
+@dataclass
+class RLDataArgs:
+    prompt_data: str | None = arg(None, "RL prompts: comma-separated local files (json, jsonl, parquet, csv, "
+                                        "arrow) or dataset directories; @split picks a split.")
+    prompt_data_probs: str | None = arg(None, "Mixing probabilities of several --prompt_data sources, e.g. 0.3,0.7.")
+    prompt_split: str = arg("train", "Split of --prompt_data to read.")
+    eval_dataset: str | None = arg(None, "Held-out prompts (with labels) for evaluation during training.")
+    eval_split: str = arg("train", "Split of --eval_dataset to read.")
+    max_samples: int = arg(10**8, "Use at most this many prompts.")
+    input_key: str = arg("input", "Record key of the prompt (a string, or a message list with "
+                                  "--apply_chat_template).")
+    label_key: str | None = arg(None, "Record key passed to the reward function as `labels` (e.g. the answer).")
+    input_template: str | None = arg(None, "Template the prompt is put into; '{}' marks where.")
+    apply_chat_template: bool = arg(False, "Format prompts with the tokenizer's chat template.")
+    tokenizer_chat_template: str | None = arg(None, "A Jinja chat template that replaces the tokenizer's.")
+    prompt_max_len: int = arg(1024, "Prompts longer than this many tokens keep their last prompt_max_len tokens.")
+    generate_max_len: int = arg(1024, "Most tokens generated per response.")
+    packing_samples: bool = arg(False, "Pack samples into one row for training (accepted; the single-process "
+                                       "trainer pads).")
+
+
+@dataclass
+class RolloutArgs:
+    n_samples_per_prompt: int = arg(1, "Responses sampled per prompt (a group, for the group estimators).")
+    rollout_batch_size: int = arg(1024, "Prompts per RL step; the step makes rollout_batch_size x "
+                                        "n_samples_per_prompt samples.")
+    micro_rollout_batch_size: int = arg(8, "Samples per forward pass when scoring (log-probs, values, rewards).")
+    num_episodes: int = arg(1, "Passes over the prompt data.")
+    max_epochs: int = arg(1, "Passes over each rollout batch when training on it.")
+    max_steps: int = arg(-1, "Stop after this many RL steps (-1: every episode); learning-rate schedules still "
+                             "span the whole run, so a later --load_checkpoint continues them.")
+    temperature: float = arg(1.0, "Sampling temperature (log-probs for training use the same temperature).")
+    top_p: float = arg(1.0, "Nucleus sampling: sample from the smallest token set with this much probability.")
+    top_k: int = arg(-1, "Sample from the k most likely tokens (-1: all).")
+    eval_temperature: float = arg(0.6, "Sampling temperature of evaluation; 0 decodes greedily.")
+    eval_n_samples_per_prompt: int = arg(4, "Responses per held-out prompt (pass@1 is their mean score).")
+    vllm_num_engines: int = arg(0, "vLLM rollout engines (train_ppo_ray); 0 uses the Transformers engine.")
+    vllm_tensor_parallel_size: int = arg(1, "GPUs per vLLM engine.")
+    vllm_gpu_memory_utilization: float = arg(0.9, "Fraction of GPU memory a vLLM engine may take.")
+    vllm_sync_backend: str = arg("nccl", "How actor weights reach the vLLM engines.", choices=("nccl", "gloo"))
+    vllm_enable_sleep: bool = arg(False, "Put vLLM engines to sleep between rollouts (frees GPU memory).")
+    enforce_eager: bool = arg(False, "Disable CUDA graphs in vLLM.")
+    enable_prefix_caching: bool = arg(False, "vLLM prefix caching (shares the prompt's KV cache between the n "
+                                             "samples of a prompt).")
+
+
+@dataclass
+class AlgorithmArgs:
+    advantage_estimator: str = arg("gae", "How advantages are estimated: gae (PPO with a critic), reinforce "
+                                          "(REINFORCE++), reinforce_baseline (REINFORCE++-baseline), group_norm "
+                                          "(GRPO), dr_grpo (Dr. GRPO), rloo.", choices=ADVANTAGE_ESTIMATORS)
+    gamma: float = arg(1.0, "Discount factor.")
+    lambd: float = arg(1.0, "GAE lambda.")
+    actor_learning_rate: float = arg(1e-6, "Peak learning rate of the actor.")
+    critic_learning_rate: float = arg(9e-6, "Peak learning rate of the critic.")
+    kl_estimator: str = arg("k1", "Per-token KL estimator (Schulman 2020).", choices=("k1", "k2", "k3"))
+    use_kl_loss: bool = arg(False, "KL to the reference as a loss term of the actor (GRPO) instead of a reward "
+                                   "penalty.")
+    init_kl_coef: float = arg(0.01, "KL coefficient (reward penalty, or the KL loss weight with --use_kl_loss); "
+                                    "0 with no KL loss skips the reference model.")
+    kl_target: float | None = arg(None, "Adapt the KL coefficient towards this KL (Ziegler et al. 2019).")
+    kl_horizon: float = arg(10000, "Horizon (in samples) of the adaptive KL controller.")
+    eps_clip: float = arg(0.2, "PPO clip range of the ratio.")
+    clip_eps_low: float | None = arg(None, "Lower clip range (default: --eps_clip).")
+    clip_eps_high: float | None = arg(None, "Upper clip range (default: --eps_clip; larger is DAPO's "
+                                            "clip-higher).")
+    dual_clip: float | None = arg(None, "Dual-clip constant c > 1 bounding the loss of negative advantages.")
+    value_clip: float | None = arg(0.5, "Clip range of the critic's value update (PPO value clipping).")
+    entropy_loss_coef: float = arg(0.0, "Weight of the entropy bonus in the actor loss.")
+    reward_clip_range: list[float] | None = arg(help="Clip rewards to [low, high] (one value c means [-c, c]).",
+                                                factory=lambda: [-10.0, 10.0])
+    normalize_reward: bool = arg(False, "Normalise reward-model rewards with the mean/std stored in the reward "
+                                        "model's config.")
+    no_advantage_std_norm: bool = arg(False, "Centre advantages without dividing by their standard deviation.")
+    policy_loss_agg: str = arg("auto", "How the per-token policy loss is reduced over an optimizer step: auto "
+                                       "(token_mean; seq_mean_token_sum_norm over --generate_max_len for "
+                                       "dr_grpo).", choices=LOSS_AGGREGATIONS)
+    enable_vllm_is_correction: bool = arg(False, "Truncated importance sampling: weight the policy loss by "
+                                                 "min(p_trainer / p_rollout, threshold) (Yao et al. 2025).")
+    vllm_is_truncated_threshold: float = arg(2.0, "Cap of the truncated importance-sampling weight.")
+    freezing_actor_steps: int = arg(-1, "Train only the critic for this many first steps (-1: never frozen).")
+
+
+@dataclass
+class ResourceArgs:
+    actor_num_nodes: int = arg(1, "Nodes of the actor role (train_ppo_ray).")
+    actor_num_gpus_per_node: int = arg(1, "Devices per node of the actor role.")
+    critic_num_nodes: int = arg(1, "Nodes of the critic role.")
+    critic_num_gpus_per_node: int = arg(1, "Devices per node of the critic role.")
+    ref_num_nodes: int = arg(1, "Nodes of the reference role.")
+    ref_num_gpus_per_node: int = arg(1, "Devices per node of the reference role.")
+    reward_num_nodes: int = arg(1, "Nodes of the reward-model role.")
+    reward_num_gpus_per_node: int = arg(1, "Devices per node of the reward-model role.")
+    colocate_actor_ref: bool = arg(False, "Put actor and reference on the same devices.")
+    colocate_critic_reward: bool = arg(False, "Put critic and reward model on the same devices.")
+    colocate_all_models: bool = arg(False, "Put every role and the vLLM engines on the actor's devices "
+                                           "(hybrid engine).")
+    ref_reward_offload: bool = arg(False, "Keep reference and reward model weights on the CPU between uses.")
+    deepspeed_enable_sleep: bool = arg(False, "Offload DeepSpeed states of a role between its calls.")
+
+
+@dataclass
+class RLSaveArgs:
+    save_hf_ckpt: bool = arg(False, "Also save the actor as a Hugging Face model inside every checkpoint.")
+    save_value_network: bool = arg(False, "Also save the critic to <save_path>_critic at the end.")
+
+
+@dataclass
+class PPOConfig:
+    model: ModelArgs = field(default_factory=ModelArgs)
+    rl_model: RLModelArgs = field(default_factory=RLModelArgs)
+    strategy: StrategyArgs = field(default_factory=StrategyArgs)
+    data: RLDataArgs = field(default_factory=RLDataArgs)
+    rollout: RolloutArgs = field(default_factory=RolloutArgs)
+    algo: AlgorithmArgs = field(default_factory=AlgorithmArgs)
+    resources: ResourceArgs = field(default_factory=ResourceArgs)
+    logging: LoggingArgs = field(default_factory=LoggingArgs)
+    checkpoint: CheckpointArgs = field(default_factory=CheckpointArgs)
+    save: RLSaveArgs = field(default_factory=RLSaveArgs)
+
+
+# -- derived settings ---------------------------------------------------------------------------------------
+def clip_range(cfg: PPOConfig) -> tuple[float, float]:
+    """(clip_eps_low, clip_eps_high), each defaulting to --eps_clip."""
+    a = cfg.algo
+    return (a.eps_clip if a.clip_eps_low is None else a.clip_eps_low,
+            a.eps_clip if a.clip_eps_high is None else a.clip_eps_high)
+
+
+def needs_reference(cfg: PPOConfig) -> bool:
+    """A reference model is needed for a KL penalty or a KL loss."""
+    return cfg.algo.init_kl_coef > 0 or cfg.algo.use_kl_loss
+
+
+def needs_critic(cfg: PPOConfig) -> bool:
+    return cfg.algo.advantage_estimator == "gae"
+
+
+def critic_path(cfg: PPOConfig) -> str | None:
+    """The critic's initialisation, OpenRLHF's default: --critic_pretrain, else --reward_pretrain, else --pretrain."""
+    return cfg.rl_model.critic_pretrain or cfg.rl_model.reward_pretrain or cfg.model.pretrain
+
+
+def loss_aggregation(cfg: PPOConfig) -> str:
+    if cfg.algo.policy_loss_agg != "auto":
+        return cfg.algo.policy_loss_agg
+    return "seq_mean_token_sum_norm" if cfg.algo.advantage_estimator == "dr_grpo" else "token_mean"
+
+
+def samples_per_rollout(cfg: PPOConfig) -> int:
+    return cfg.rollout.rollout_batch_size * cfg.rollout.n_samples_per_prompt
+
+
+def remote_reward_urls(cfg: PPOConfig) -> list[str]:
+    url = cfg.rl_model.remote_rm_url
+    return [u.strip() for u in url.split(",") if u.strip()] if url else []
+
+
+def is_http(url: str) -> bool:
+    return url.startswith(("http://", "https://"))
+
+
+# -- validation ---------------------------------------------------------------------------------------------
+def _positive(values: dict[str, float]) -> None:
+    for flag, value in values.items():
+        if value is None or value <= 0:
+            raise UserError(f"--{flag} must be positive (got {value})")
+
+
+def _validate_batches(cfg: PPOConfig) -> None:
+    r, s = cfg.rollout, cfg.strategy
+    _positive({"rollout_batch_size": r.rollout_batch_size, "micro_rollout_batch_size": r.micro_rollout_batch_size,
+               "n_samples_per_prompt": r.n_samples_per_prompt, "train_batch_size": s.train_batch_size,
+               "micro_train_batch_size": s.micro_train_batch_size, "num_episodes": r.num_episodes,
+               "max_epochs": r.max_epochs, "eval_n_samples_per_prompt": r.eval_n_samples_per_prompt,
+               "prompt_max_len": cfg.data.prompt_max_len, "generate_max_len": cfg.data.generate_max_len,
+               "max_samples": cfg.data.max_samples})
+    samples = samples_per_rollout(cfg)
+    if samples % s.train_batch_size:
+        raise UserError(f"--rollout_batch_size {r.rollout_batch_size} x --n_samples_per_prompt "
+                        f"{r.n_samples_per_prompt} = {samples} samples per step is not divisible by "
+                        f"--train_batch_size {s.train_batch_size}; make the samples a multiple of it")
+    actor_ranks = cfg.resources.actor_num_nodes * cfg.resources.actor_num_gpus_per_node
+    per_step = s.micro_train_batch_size * actor_ranks
+    if s.train_batch_size % per_step:
+        raise UserError(f"--train_batch_size {s.train_batch_size} is not divisible by --micro_train_batch_size "
+                        f"{s.micro_train_batch_size} x actor devices {actor_ranks} = {per_step}")
+    if samples % r.micro_rollout_batch_size:
+        raise UserError(f"{samples} samples per step (--rollout_batch_size x --n_samples_per_prompt) are not "
+                        f"divisible by --micro_rollout_batch_size {r.micro_rollout_batch_size}")
+
+
+def _validate_algorithm(cfg: PPOConfig) -> None:
+    a, r = cfg.algo, cfg.rollout
+    if a.advantage_estimator in GROUP_ESTIMATORS and r.n_samples_per_prompt < 2:
+        raise UserError(f"--advantage_estimator {a.advantage_estimator} compares the samples of one prompt and "
+                        f"needs --n_samples_per_prompt > 1 (got {r.n_samples_per_prompt})")
+    if a.dual_clip is not None and a.dual_clip <= 1.0:
+        raise UserError(f"--dual_clip must be > 1 (got {a.dual_clip})")
+    low, high = clip_range(cfg)
+    if low < 0 or high < 0:
+        raise UserError(f"clip ranges must be >= 0 (--eps_clip / --clip_eps_low / --clip_eps_high: {low}, {high})")
+    if not 0 <= a.gamma <= 1 or not 0 <= a.lambd <= 1:
+        raise UserError(f"--gamma and --lambd must be in [0, 1] (got {a.gamma}, {a.lambd})")
+    if a.init_kl_coef < 0:
+        raise UserError(f"--init_kl_coef must be >= 0 (got {a.init_kl_coef})")
+    if a.kl_target is not None and (a.kl_target <= 0 or a.kl_horizon <= 0):
+        raise UserError(f"--kl_target and --kl_horizon must be > 0 (got {a.kl_target}, {a.kl_horizon})")
+    if a.value_clip is not None and a.value_clip <= 0:
+        raise UserError(f"--value_clip must be > 0 (got {a.value_clip})")
+    if a.entropy_loss_coef < 0:
+        raise UserError(f"--entropy_loss_coef must be >= 0 (got {a.entropy_loss_coef})")
+    if a.enable_vllm_is_correction and a.vllm_is_truncated_threshold <= 0:
+        raise UserError(f"--vllm_is_truncated_threshold must be > 0 (got {a.vllm_is_truncated_threshold})")
+    if a.reward_clip_range is not None:
+        if len(a.reward_clip_range) not in (1, 2):
+            raise UserError(f"--reward_clip_range takes one or two numbers (got {a.reward_clip_range})")
+        low_r, high_r = reward_clip_bounds(cfg)
+        if not low_r < high_r:
+            raise UserError(f"--reward_clip_range {a.reward_clip_range}: low must be below high")
+    _positive({"actor_learning_rate": a.actor_learning_rate})
+    if needs_critic(cfg):
+        _positive({"critic_learning_rate": a.critic_learning_rate})
+    if not r.temperature > 0:
+        raise UserError(f"--temperature must be > 0 (got {r.temperature})")
+    if r.eval_temperature < 0:
+        raise UserError(f"--eval_temperature must be >= 0 (got {r.eval_temperature}; 0 is greedy)")
+    if not 0 < r.top_p <= 1:
+        raise UserError(f"--top_p must be in (0, 1] (got {r.top_p})")
+    if cfg.strategy.learning_rate != StrategyArgs.learning_rate:
+        raise UserError("--learning_rate does not apply to RL; use --actor_learning_rate and "
+                        "--critic_learning_rate")
+
+
+def reward_clip_bounds(cfg: PPOConfig) -> tuple[float, float] | None:
+    values = cfg.algo.reward_clip_range
+    if not values:
+        return None
+    if len(values) == 1:
+        return -abs(values[0]), abs(values[0])
+    return float(values[0]), float(values[1])
+
+
+def _validate_sources(cfg: PPOConfig) -> None:
+    m, d = cfg.rl_model, cfg.data
+    if not cfg.model.pretrain:
+        raise UserError("--pretrain is required: the policy to train (a Hugging Face model directory)")
+    if not d.prompt_data:
+        raise UserError("--prompt_data is required: the RL prompts (a local json/jsonl/parquet/csv file)")
+    urls = remote_reward_urls(cfg)
+    if not m.reward_pretrain and not urls:
+        raise UserError("no reward source: pass --reward_pretrain (a reward model) or --remote_rm_url (a Python "
+                        "file with reward_func, or http://host:port/get_reward)")
+    if m.reward_pretrain and urls:
+        raise UserError("pass either --reward_pretrain or --remote_rm_url, not both")
+    files = [u for u in urls if not is_http(u)]
+    if files and len(urls) > 1:
+        raise UserError(f"--remote_rm_url {m.remote_rm_url}: several sources must all be http(s) URLs; a reward "
+                        "function file stands alone")
+    for path in files:
+        p = Path(path).expanduser()
+        if p.suffix != ".py" or not p.is_file():
+            raise UserError(f"--remote_rm_url {path}: not an http(s) URL and not an existing .py file")
+    if needs_critic(cfg) and not critic_path(cfg):
+        raise UserError("--advantage_estimator gae needs a critic: pass --critic_pretrain")
+    if m.remote_rm_retries < 1 or m.remote_rm_timeout <= 0:
+        raise UserError("--remote_rm_retries must be >= 1 and --remote_rm_timeout > 0")
+
+
+def _validate_resources(cfg: PPOConfig) -> None:
+    res, r = cfg.resources, cfg.rollout
+    counts = {f.name: getattr(res, f.name) for f in dataclasses.fields(res) if f.name.endswith(("_nodes", "_node"))}
+    _positive(counts)
+    if r.vllm_num_engines < 0:
+        raise UserError(f"--vllm_num_engines must be >= 0 (got {r.vllm_num_engines})")
+    _positive({"vllm_tensor_parallel_size": r.vllm_tensor_parallel_size})
+    if not 0 < r.vllm_gpu_memory_utilization <= 1:
+        raise UserError(f"--vllm_gpu_memory_utilization must be in (0, 1] (got {r.vllm_gpu_memory_utilization})")
+    if res.colocate_all_models and r.vllm_num_engines > 0:
+        actor = res.actor_num_nodes * res.actor_num_gpus_per_node
+        engines = r.vllm_num_engines * r.vllm_tensor_parallel_size
+        if actor != engines:
+            raise UserError(f"--colocate_all_models needs actor devices (--actor_num_nodes x "
+                            f"--actor_num_gpus_per_node = {actor}) == --vllm_num_engines x "
+                            f"--vllm_tensor_parallel_size (= {engines})")
+
+
+def validate_rl_config(cfg: PPOConfig) -> PPOConfig:
+    """Fail fast (UserError, one line) on a config that cannot run; returns the config."""
+    _validate_sources(cfg)
+    _validate_batches(cfg)
+    _validate_algorithm(cfg)
+    _validate_resources(cfg)
+    return cfg

@@ -1,0 +1,188 @@
+"""Where the roles of an RL run go: placement groups, one bundle per device, and colocation by sharing bundles.
+
+A *pool* is one Ray placement group with one bundle per device (a GPU and `cpus_per_bundle` CPUs; on a machine
+without GPUs just `cpus_per_bundle` CPUs, so the same arithmetic runs in CPU tests). Every role (actor, critic,
+reference, reward, vLLM engines) is a *member* of exactly one pool; rank r of a member sits on bundle r. When k
+members share a pool (colocation) each of their ranks asks for 1/k of its bundle, so Ray admits them all on the
+same device and the role processes take turns on it (sleep modes free memory between turns).
+
+Which roles share a pool:
+- `--colocate_all_models` (hybrid engine): everything shares the actor's pool; the vLLM engines need exactly
+  one bundle per device of the actor (actor devices == engines x tensor parallel size).
+- `--colocate_actor_ref`: actor and reference share; `--colocate_critic_reward`: critic and reward share.
+- otherwise each role has a pool of its own.
+
+`plan_pools` is pure arithmetic (tested without Ray); `ResourcePlan.create` makes the placement groups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlhfkit.errors import UserError
+
+
+@dataclass(frozen=True)
+class RoleDemand:
+    """A role that needs devices: `ranks` processes, one device each (a vLLM engine needs `devices_per_rank`)."""
+
+    name: str
+    ranks: int
+    devices_per_rank: int = 1
+
+    @property
+    def devices(self) -> int:
+        return self.ranks * self.devices_per_rank
+
+
+@dataclass
+class Pool:
+    """One placement group: `bundles` devices shared by `members` (names of roles)."""
+
+    name: str
+    bundles: int
+    members: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one Ray actor of a role goes and how much of its bundle it asks for."""
+
+    pool: str
+    bundle_index: int
+    num_cpus: float
+    num_gpus: float
+    bundle_count: int = 1  # a tensor-parallel vLLM engine spans bundle_index .. bundle_index + bundle_count - 1
+
+
+def plan_pools(demands: list[RoleDemand], *, colocate_all: bool, colocate_actor_ref: bool,
+               colocate_critic_reward: bool) -> list[Pool]:
+    """Group the roles into pools (placement groups) following the colocation flags; UserError if impossible."""
+    by_name = {d.name: d for d in demands if d.ranks > 0}
+    pools: list[Pool] = []
+    placed: set[str] = set()
+
+    def share(pool_name: str, owner: str, guests: list[str], why: str) -> None:
+        owner_devices = by_name[owner].devices
+        pool = Pool(pool_name, owner_devices, [owner])
+        for guest in guests:
+            if guest not in by_name:
+                continue
+            if by_name[guest].devices > owner_devices:
+                raise UserError(f"{why}: {guest} needs {by_name[guest].devices} devices but the {owner} has "
+                                f"{owner_devices}; give the {guest} at most as many "
+                                f"(--{guest}_num_nodes x --{guest}_num_gpus_per_node)")
+            pool.members.append(guest)
+        placed.update(pool.members)
+        pools.append(pool)
+
+    if colocate_all:
+        if "vllm" in by_name and by_name["vllm"].devices != by_name["actor"].devices:
+            raise UserError(f"--colocate_all_models needs actor devices (--actor_num_nodes x "
+                            f"--actor_num_gpus_per_node = {by_name['actor'].devices}) == --vllm_num_engines x "
+                            f"--vllm_tensor_parallel_size (= {by_name['vllm'].devices})")
+        share("hybrid", "actor", ["ref", "critic", "reward", "vllm", "hf_engine"], "--colocate_all_models")
+    else:
+        if colocate_actor_ref and "ref" in by_name:
+            share("actor_ref", "actor", ["ref"], "--colocate_actor_ref")
+        if colocate_critic_reward and "critic" in by_name and "reward" in by_name:
+            share("critic_reward", "critic", ["reward"], "--colocate_critic_reward")
+    for name, demand in by_name.items():
+        if name not in placed:
+            pools.append(Pool(name, demand.devices, [name]))
+            placed.add(name)
+    return pools
+
+
+def plan_slots(demands: list[RoleDemand], pools: list[Pool], *, use_gpu: bool,
+               cpus_per_bundle: float) -> dict[str, list[Slot]]:
+    """The slot of every rank of every role: rank r of a member takes bundle r (times its devices per rank)."""
+    by_name = {d.name: d for d in demands}
+    slots: dict[str, list[Slot]] = {}
+    for pool in pools:
+        fraction = 1.0 / len(pool.members)
+        for member in pool.members:
+            demand = by_name[member]
+            per = demand.devices_per_rank
+            slots[member] = [Slot(pool.name, r * per, num_cpus=cpus_per_bundle * fraction,
+                                  num_gpus=fraction if use_gpu else 0.0, bundle_count=per)
+                             for r in range(demand.ranks)]
+    return slots
+
+
+def bundle(use_gpu: bool, cpus_per_bundle: float) -> dict[str, float]:
+    return {"GPU": 1.0, "CPU": cpus_per_bundle} if use_gpu else {"CPU": cpus_per_bundle}
+
+
+@dataclass
+class ResourcePlan:
+    """The placement groups of a run and the slot of every role's ranks."""
+
+    pools: list[Pool]
+    slots: dict[str, list[Slot]]
+    use_gpu: bool
+    cpus_per_bundle: float
+    groups: dict[str, Any] = field(default_factory=dict)  # pool name -> ray PlacementGroup
+
+    @classmethod
+    def make(cls, demands: list[RoleDemand], *, colocate_all: bool = False, colocate_actor_ref: bool = False,
+             colocate_critic_reward: bool = False, use_gpu: bool = False,
+             cpus_per_bundle: float = 1.0) -> ResourcePlan:
+        pools = plan_pools(demands, colocate_all=colocate_all, colocate_actor_ref=colocate_actor_ref,
+                           colocate_critic_reward=colocate_critic_reward)
+        slots = plan_slots(demands, pools, use_gpu=use_gpu, cpus_per_bundle=cpus_per_bundle)
+        return cls(pools, slots, use_gpu, cpus_per_bundle)
+
+    def total(self) -> dict[str, float]:
+        """Resources all pools reserve together."""
+        n = sum(p.bundles for p in self.pools)
+        out = {"CPU": n * self.cpus_per_bundle}
+        if self.use_gpu:
+            out["GPU"] = float(n)
+        return out
+
+    def describe(self) -> str:
+        parts = [f"{p.name}[{p.bundles} x {bundle(self.use_gpu, self.cpus_per_bundle)}: {'+'.join(p.members)}]"
+                 for p in self.pools]
+        return " ".join(parts)
+
+    def create(self, timeout_s: float = 120.0) -> ResourcePlan:
+        """Create every placement group and wait until Ray has reserved them (UserError if it cannot)."""
+        import ray
+        from ray.util.placement_group import placement_group
+
+        available = ray.cluster_resources()
+        for key, need in self.total().items():
+            if available.get(key, 0.0) + 1e-9 < need:
+                raise UserError(f"the Ray cluster has {available.get(key, 0.0):g} {key} but this run needs "
+                                f"{need:g} ({self.describe()}); add nodes, lower the *_num_gpus_per_node flags "
+                                "or colocate roles (--colocate_all_models)")
+        for pool in self.pools:
+            bundles = [bundle(self.use_gpu, self.cpus_per_bundle) for _ in range(pool.bundles)]
+            self.groups[pool.name] = placement_group(bundles, strategy="PACK", name="")
+        try:
+            ray.get([pg.ready() for pg in self.groups.values()], timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            self.remove()
+            raise UserError(f"Ray could not reserve the placement groups within {timeout_s:g} s "
+                            f"({self.describe()}); is the cluster busy?") from None
+        return self
+
+    def scheduling(self, slot: Slot) -> Any:
+        """The Ray scheduling strategy that pins an actor to its bundle."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return PlacementGroupSchedulingStrategy(placement_group=self.groups[slot.pool],
+                                                placement_group_bundle_index=slot.bundle_index,
+                                                placement_group_capture_child_tasks=True)
+
+    def remove(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for pg in self.groups.values():
+            try:
+                remove_placement_group(pg)
+            except Exception:  # noqa: BLE001 - best effort on shutdown
+                pass
+        self.groups.clear()

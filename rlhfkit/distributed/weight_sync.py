@@ -1,0 +1,268 @@
+"""Moving weights and states: actor -> rollout engines after every update, and DeepSpeed sleep between phases.
+
+Weight sync streams the actor's parameters one at a time: under ZeRO-3 each parameter is gathered from its
+shards with `deepspeed.zero.GatheredParameters` (all ranks take part, rank 0 keeps a CPU copy), so no actor rank
+holds more than one gathered parameter plus the buckets in flight. (The engines stage the whole set on the CPU
+before applying it, see below.) Rank 0 sends them by one of two transports:
+
+- object store (what `--vllm_sync_backend nccl` falls back to without GPUs, and the path for LoRA policies):
+  buckets of about `bucket_mb` MiB go through `ray.put` to every engine's `receive_weights`; at most two buckets
+  are in flight.
+- process-group broadcast (`--vllm_sync_backend gloo|nccl`): rank 0 and the engines form a side group with its
+  own TCP store (a `ProcessGroupGloo`/`ProcessGroupNCCL` made directly, so it never touches the default group of
+  either side: the actor's DeepSpeed world, or the world vLLM initialises inside its process) and every tensor
+  is broadcast from rank 0; the engines learn names, dtypes and shapes first (`weight_metas`). On CPU only gloo
+  exists; NCCL needs every member on a GPU.
+
+The engine applies what it received in one in-place reload when the stream ends (see `rlhfkit/rollout/vllm_engine.py`).
+
+DeepSpeed sleep (`--deepspeed_enable_sleep`): `offload_states(role)` moves every DeepSpeed engine a role holds to
+CPU memory (`engine.offload_states()`: parameters, gradients, optimizer states; ZeRO 1-3) and plain modules with
+`.to("cpu")`; `reload_states` brings them back. On a CPU-only machine the states already live in CPU memory: the
+same walk over the role runs, counts what it would move, and moves nothing (`SLEEP_STATS` records both).
+`--ref_reward_offload` uses the same calls for the reference and reward roles (plain modules below ZeRO-3; a
+ZeRO-3 inference engine stays sharded where it is).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+#: Per-process counters of the sleep path (tests read them through the role's Ray actors).
+SLEEP_STATS = {"offloads": 0, "reloads": 0, "bytes": 0, "moved": 0}
+_SIDE_GROUPS: dict[str, SideGroup] = {}
+
+
+# -- finding what a role holds ------------------------------------------------------------------------------------
+def _is_deepspeed_engine(obj: Any) -> bool:
+    try:
+        from deepspeed import DeepSpeedEngine
+    except ImportError:  # pragma: no cover - deepspeed is a dependency
+        return False
+    return isinstance(obj, DeepSpeedEngine)
+
+
+def role_modules(role: Any) -> list[nn.Module]:
+    """The models a role object holds (DeepSpeed engines or plain modules), found among its attributes."""
+    if isinstance(role, nn.Module):
+        return [role]
+    found: list[nn.Module] = []
+    for value in vars(role).values():
+        if isinstance(value, nn.Module) and all(value is not m for m in found):
+            found.append(value)
+    return found
+
+
+def policy_module(role: Any) -> nn.Module:
+    """The actor's model (a DeepSpeed engine or module) inside an actor role."""
+    getter = getattr(role, "policy_module", None)
+    if callable(getter):
+        return getter()
+    for name in ("engine", "model", "actor", "module", "policy"):
+        value = getattr(role, name, None)
+        if isinstance(value, nn.Module):
+            return value
+    modules = role_modules(role)
+    if len(modules) != 1:
+        raise RuntimeError(f"cannot tell which model of {type(role).__name__} is the policy ({len(modules)} found)")
+    return modules[0]
+
+
+def _zero_stage(module: nn.Module) -> int:
+    if _is_deepspeed_engine(module):
+        return int(module.zero_optimization_stage())
+    return 3 if any(hasattr(p, "ds_id") for p in module.parameters()) else 0
+
+
+def _state_bytes(module: nn.Module) -> int:
+    total = sum(p.numel() * p.element_size() for p in module.parameters())
+    opt = getattr(module, "optimizer", None)
+    state = getattr(getattr(opt, "optimizer", opt), "state", {}) or {}
+    for per_param in state.values():
+        for t in per_param.values() if isinstance(per_param, dict) else ():
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
+    return total
+
+
+# -- DeepSpeed sleep ----------------------------------------------------------------------------------------------
+def offload_states(role: Any) -> int:
+    """Move the role's model/optimizer states to CPU memory; returns the bytes concerned (see module docstring)."""
+    SLEEP_STATS["offloads"] += 1
+    total = 0
+    for module in role_modules(role):
+        size = _state_bytes(module)
+        total += size
+        on_accelerator = any(p.device.type != "cpu" for p in module.parameters())
+        if not on_accelerator:
+            continue  # CPU-only machine: already where offloading would put it
+        if _is_deepspeed_engine(module) and module.optimizer is not None and _zero_stage(module) > 0:
+            module.offload_states()
+        elif not _is_deepspeed_engine(module) or _zero_stage(module) == 0:
+            module.to("cpu")  # parameters only: a ZeRO-0 optimizer keeps its states where they are
+            module._rlhfkit_offloaded = True
+        else:
+            continue  # a ZeRO-3 inference engine: stays sharded (--ref_reward_offload moves plain modules only)
+        SLEEP_STATS["moved"] += size
+    SLEEP_STATS["bytes"] += total
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return total
+
+
+def reload_states(role: Any) -> None:
+    """Bring back what `offload_states` moved."""
+    SLEEP_STATS["reloads"] += 1
+    if not torch.cuda.is_available():
+        return
+    device = torch.device("cuda", torch.cuda.current_device())
+    for module in role_modules(role):
+        if getattr(module, "_rlhfkit_offloaded", False):
+            module.to(device)
+            module._rlhfkit_offloaded = False
+        elif _is_deepspeed_engine(module) and module.optimizer is not None and _zero_stage(module) > 0:
+            module.reload_states()
+
+
+# -- streaming the full weights ---------------------------------------------------------------------------------
+def iter_full_parameters(module: nn.Module, keep: bool = True) -> Iterator[tuple[str, torch.Tensor | None]]:
+    """(name, full tensor) for every parameter, one at a time; call on every rank (ZeRO-3 gathers are collective).
+
+    Names are Transformers names (the DeepSpeed engine's `module.` prefix removed). A rank with `keep` gets a CPU
+    copy made while the parameter is gathered; the others get None (they only take part in the gather).
+    """
+    inner = getattr(module, "module", module)
+    zero3 = _zero_stage(module) == 3
+    for name, param in inner.named_parameters():
+        if zero3 and hasattr(param, "ds_id"):
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
+                yield name, (param.data.detach().to("cpu", copy=True) if keep else None)
+        else:
+            yield name, (param.data.detach().to("cpu", copy=True) if keep else None)
+
+
+def _is_peft(module: nn.Module) -> bool:
+    return hasattr(getattr(module, "module", module), "peft_config")
+
+
+def policy_weights(role: Any, keep: bool) -> Iterator[tuple[str, torch.Tensor | None]]:
+    """The policy's weights as the engines load them, one at a time (call on every rank, see above).
+
+    A LoRA policy has no such parameters: the role's `state_dict()` (adapters merged, Transformers names) is
+    streamed instead, which holds the whole model on rank 0 for the duration of the sync."""
+    module = policy_module(role)
+    if _is_peft(module):
+        state = role.state_dict() or {}
+        yield from ((name, t if keep else None) for name, t in state.items())
+    else:
+        yield from iter_full_parameters(module, keep)
+
+
+def weight_metas(role: Any) -> list[tuple[str, str, tuple[int, ...]]] | None:
+    """(name, dtype name, full shape) of every policy parameter, without gathering (ZeRO-3 keeps `ds_shape`);
+    None for a LoRA policy, whose merged weights are only known after merging (object-store sync then)."""
+    if _is_peft(policy_module(role)):
+        return None
+    inner = getattr(policy_module(role), "module", policy_module(role))
+    metas = []
+    for name, p in inner.named_parameters():
+        shape = tuple(getattr(p, "ds_shape", p.shape))
+        metas.append((name, str(p.dtype).removeprefix("torch."), shape))
+    return metas
+
+
+def send_weights_object_store(role: Any, engines: list[Any], bucket_mb: float = 64.0) -> int:
+    """Run on every actor rank: stream the policy's weights to `engines` (Ray actor handles) in buckets."""
+    import ray
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    limit = int(bucket_mb * 2**20)
+    in_flight: list[list[Any]] = []
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = sent = 0
+
+    def flush() -> None:
+        nonlocal bucket, size
+        if bucket:
+            ref = ray.put(bucket)
+            in_flight.append([e.receive_weights.remote(ref) for e in engines])
+            if len(in_flight) > 2:
+                ray.get(in_flight.pop(0))
+        bucket, size = [], 0
+
+    for name, tensor in policy_weights(role, keep=rank == 0):
+        if tensor is None:
+            continue
+        bucket.append((name, tensor))
+        size += tensor.numel() * tensor.element_size()
+        sent += 1
+        if size >= limit:
+            flush()
+    if rank == 0:
+        flush()
+        for refs in in_flight:
+            ray.get(refs)
+    return sent
+
+
+# -- process-group broadcast --------------------------------------------------------------------------------------
+def make_side_group(master_addr: str, master_port: int, rank: int, world_size: int, backend: str = "gloo",
+                    key: str = "weight_sync", timeout_s: float = 300.0) -> SideGroup:
+    """A process group of its own (own TCP store), independent of the default group of this process."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.TCPStore(master_addr, master_port, world_size, rank == 0, timeout=timeout)
+    prefixed = dist.PrefixStore(key, store)
+    if backend == "nccl":
+        group = dist.ProcessGroupNCCL(prefixed, rank, world_size, dist.ProcessGroupNCCL.Options())
+    else:
+        group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+    side = SideGroup(group, backend, store)
+    _SIDE_GROUPS[key] = side
+    return side
+
+
+@dataclass
+class SideGroup:
+    """A process group made outside torch.distributed's default world, with the store that keeps it alive."""
+
+    group: Any
+    backend: str
+    store: Any
+
+
+def broadcast_tensor(side: SideGroup, tensor: torch.Tensor, src: int = 0) -> None:
+    side.group.broadcast(tensor, src).wait()
+
+
+def join_side_group_as_source(role: Any, master_addr: str, master_port: int, world_size: int,
+                              backend: str) -> bool:
+    """Run on actor rank 0: become rank 0 of the sync group (other actor ranks do nothing)."""
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return False
+    make_side_group(master_addr, master_port, 0, world_size, backend)
+    return True
+
+
+def send_weights_broadcast(role: Any, key: str = "weight_sync") -> int:
+    """Run on every actor rank: gather each parameter (collective) and broadcast it from rank 0 to the engines."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    group = _SIDE_GROUPS.get(key) if rank == 0 else None
+    if rank == 0 and group is None:
+        raise RuntimeError("the weight-sync group was not set up on actor rank 0")
+    sent = 0
+    for _, tensor in policy_weights(role, keep=rank == 0):
+        if tensor is not None:
+            if group.backend == "nccl":
+                tensor = tensor.to("cuda")
+            broadcast_tensor(group, tensor.contiguous(), src=0)
+            sent += 1
+    return sent

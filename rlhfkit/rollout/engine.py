@@ -1,0 +1,56 @@
+"""The interface every rollout engine implements (Transformers here, vLLM in `vllm_engine.py`).
+
+An engine turns token-id prompts into sampled responses with the log-probability of every sampled token. The RL
+loop calls only these methods and passes only plain Python lists and CPU tensors, so an engine can live in this
+process, in a Ray actor, or behind a group that spreads prompts over several engines.
+
+Log-probs convention (shared with the actor's training forward): the log-prob of a sampled token is
+`log_softmax(logits / temperature)[token]`, the temperature-scaled distribution *before* top-p / top-k truncation
+(vLLM's "processed" log-probs without the truncation). With temperature 1 it is the model's plain log-prob. A
+greedy call (temperature 0) reports the temperature-1 log-prob.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+FINISH_STOP = "stop"  # the response ended with an end-of-sequence (or stop) token, which it includes
+FINISH_LENGTH = "length"  # max_new_tokens was reached
+
+
+@dataclass
+class SampledSequence:
+    """One generated sample: prompt ids, response ids, the sampled tokens' log-probs and why it stopped."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # FINISH_STOP or FINISH_LENGTH
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the RL loop needs from a generation engine."""
+
+    def generate(self, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float = 1.0,
+                 top_p: float = 1.0, top_k: int = -1, seed: int | None = None,
+                 stop_token_ids: Sequence[int] | None = None,
+                 min_new_tokens: int = 0) -> list[SampledSequence]:
+        """One response per prompt, in prompt order (repeat a prompt for several samples)."""
+        ...
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor]) -> int:
+        """Replace the policy weights (Transformers parameter names); returns how many tensors were loaded."""
+        ...
+
+    def sleep(self) -> None:
+        """Release accelerator memory between rollouts (may do nothing)."""
+        ...
+
+    def wake(self) -> None:
+        """Undo `sleep` before the next `generate`."""
+        ...

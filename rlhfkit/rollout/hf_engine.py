@@ -1,0 +1,176 @@
+"""A rollout engine on plain Transformers: batched sampling with a KV cache, on CPU or one GPU.
+
+Why an own sampling loop instead of `model.generate`: it returns exactly what RL needs (the log-prob of each sampled
+token under the temperature-scaled distribution, see `rollout/engine.py`, and whether a response stopped or ran out
+of tokens), seeds sampling with a private `torch.Generator` (so a resumed run samples the same tokens), and it is
+no slower: on the demo model (1.5M parameters, one CPU thread) 128 prompts x 8 new tokens take 0.20 s here and
+0.22 s with `generate(do_sample=True, output_logits=True)` (best of 6; the medians are noisy on shared cores).
+
+Prompts are left-padded into one batch with explicit position ids (0 at each prompt's first real token), so a
+sample's positions are the same as in the right-padded teacher-forced forward of the trainer; the log-probs then
+match that forward to float rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from rlhfkit.rollout.engine import FINISH_LENGTH, FINISH_STOP, SampledSequence
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    """Every end-of-sequence id the model's generation config and the tokenizer know."""
+    ids: list[int] = []
+    gen = getattr(model, "generation_config", None)
+    for source in (getattr(gen, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if source is None:
+            continue
+        ids.extend(source if isinstance(source, (list, tuple)) else [source])
+    return sorted(set(int(i) for i in ids))
+
+
+def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float, top_k: int,
+                  generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row of logits [B, V]; returns (tokens [B], log-probs [B]).
+
+    The log-prob is taken from log_softmax(logits / temperature) before top-k / top-p filtering (the engine
+    convention). temperature 0 is greedy and reports the temperature-1 log-prob.
+    """
+    logits = logits.float()
+    if temperature == 0:
+        tokens = logits.argmax(dim=-1)
+        return tokens, torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+    scaled = logits / temperature
+    logp = torch.log_softmax(scaled, dim=-1)
+    filtered = scaled
+    if 0 < top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, top_k, dim=-1).values[:, -1:]
+        filtered = filtered.masked_fill(filtered < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(filtered, dim=-1, descending=True)
+        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        # Drop a token when the tokens before it already hold top_p of the mass (the first is always kept).
+        drop_sorted = (cumulative - torch.softmax(sorted_logits, dim=-1)) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        filtered = filtered.masked_fill(drop, float("-inf"))
+    probs = torch.softmax(filtered, dim=-1)
+    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+class HFRolloutEngine:
+    """`RolloutEngine` over a Transformers causal LM held by this object (its own copy of the policy)."""
+
+    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 256,
+                 device: torch.device | str | None = None):
+        self.model = model.eval().requires_grad_(False)
+        if device is not None:
+            self.model.to(device)
+        self.device = next(self.model.parameters()).device
+        self.tokenizer = tokenizer
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self.max_batch_size = max_batch_size
+
+    @classmethod
+    def from_pretrained(cls, path: str, tokenizer: Any, *, dtype: torch.dtype = torch.float32,
+                        attn_implementation: str = "sdpa", flag: str = "--pretrain", **kwargs: Any) -> HFRolloutEngine:
+        from rlhfkit.models.loading import load_causal_lm
+
+        model = load_causal_lm(path, attn_implementation=attn_implementation, dtype=dtype, flag=flag)
+        return cls(model, tokenizer, **kwargs)
+
+    # -- generation -----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float = 1.0,
+                 top_p: float = 1.0, top_k: int = -1, seed: int | None = None,
+                 stop_token_ids: Sequence[int] | None = None, min_new_tokens: int = 0) -> list[SampledSequence]:
+        """One sampled response per prompt, in order; stops at an eos / stop token or after max_new_tokens."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1 (got {max_new_tokens})")
+        if any(len(p) == 0 for p in prompt_ids):
+            raise ValueError("every prompt needs at least one token")
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(int(seed))
+        stops = sorted(set(self.eos_ids) | set(int(i) for i in (stop_token_ids or ())))
+        out: list[SampledSequence] = []
+        for start in range(0, len(prompt_ids), self.max_batch_size):
+            chunk = [list(map(int, p)) for p in prompt_ids[start:start + self.max_batch_size]]
+            out.extend(self._generate_batch(chunk, max_new_tokens, temperature, top_p, top_k, generator, stops,
+                                            min_new_tokens))
+        return out
+
+    def _generate_batch(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
+                        top_k: int, generator: torch.Generator | None, stops: list[int],
+                        min_new_tokens: int) -> list[SampledSequence]:
+        from transformers import DynamicCache
+
+        batch, width = len(prompts), max(len(p) for p in prompts)
+        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((batch, width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            attention_mask[i, width - len(p):] = 1
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
+        next_position = attention_mask.sum(dim=-1)
+        stop_ids = torch.tensor(stops, dtype=torch.long, device=self.device)
+        cache = DynamicCache(config=self.model.config)
+        logits = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        done = torch.zeros(batch, dtype=torch.bool, device=self.device)
+        stopped = torch.zeros_like(done)
+        tokens, logprobs = [], []
+        for step in range(max_new_tokens):
+            if step < min_new_tokens and stops:
+                logits = logits.clone()
+                logits[:, stop_ids] = float("-inf")
+            token, logp = sample_tokens(logits, temperature, top_p, top_k, generator)
+            token = torch.where(done, torch.full_like(token, self.pad_id), token)
+            tokens.append(token)
+            logprobs.append(logp)
+            hit_stop = torch.isin(token, stop_ids) & ~done
+            stopped |= hit_stop
+            done |= hit_stop
+            if bool(done.all()) or step == max_new_tokens - 1:
+                break
+            attention_mask = torch.cat([attention_mask, (~done).long()[:, None]], dim=-1)
+            logits = self.model(input_ids=token[:, None], attention_mask=attention_mask,
+                                position_ids=next_position[:, None], past_key_values=cache,
+                                use_cache=True).logits[:, -1]
+            next_position = next_position + 1
+        token_rows = torch.stack(tokens, dim=1).tolist()
+        logp_rows = torch.stack(logprobs, dim=1).float().tolist()
+        samples = []
+        for i, prompt in enumerate(prompts):
+            ids, lps = token_rows[i], logp_rows[i]
+            if stopped[i]:
+                end = next(j for j, t in enumerate(ids) if t in stops) + 1
+                samples.append(SampledSequence(prompt, ids[:end], lps[:end], FINISH_STOP))
+            else:
+                samples.append(SampledSequence(prompt, ids, lps, FINISH_LENGTH))
+        return samples
+
+    # -- weights --------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def update_weights(self, state_dict: dict[str, torch.Tensor]) -> int:
+        """Copy new weights (Transformers names) into the engine's model in place; returns the count."""
+        own = self.model.state_dict()
+        unknown = [name for name in state_dict if name not in own]
+        if unknown:
+            raise ValueError(f"update_weights: the engine's model has no parameter(s) {unknown[:5]}")
+        for name, tensor in state_dict.items():
+            own[name].copy_(tensor.to(device=own[name].device, dtype=own[name].dtype))
+        return len(state_dict)
+
+    load_state_dict = update_weights
+
+    def sleep(self) -> None:
+        """Nothing to release: the Transformers engine keeps no KV cache between calls."""
+
+    def wake(self) -> None:
+        """See `sleep`."""

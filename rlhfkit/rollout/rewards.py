@@ -1,0 +1,215 @@
+"""Reward sources without a reward model: a local Python reward function, or HTTP reward servers.
+
+Both are selected with `--remote_rm_url` (OpenRLHF's flag) and score text:
+- a file `path/to/reward.py` defining `reward_func(queries, prompts, labels)`; queries are prompt + response
+  texts, prompts the formatted prompts, labels the `--label_key` values (None without one). It returns the
+  rewards (a tensor, list or array with one number per query) or a dict {"rewards", "scores" (optional, in [0, 1]
+  by convention, used for pass@1), "extra_logs" (optional, name -> number or per-sample values, logged as means)};
+- comma-separated `http(s)://host:port/get_reward` URLs: each batch is split into contiguous chunks, one per server,
+  posted in parallel threads as {"query": [...], "prompts": [...], "labels": [...]}; each server answers
+  {"rewards": [...]} (optionally "scores" and "extra_logs"). Requests time out and are retried (server errors
+  5xx and network errors; a 4xx answer is final). With RLHFKIT_RM_API_KEY set, requests carry
+  `Authorization: Bearer <key>` (`rlhfkit serve_rm --api_key`).
+
+Every source has the method of the reward role: `score(batch) -> {"rewards": [B], "scores": [B], "extra_logs"}`
+where batch holds "queries", "prompts" and "labels" lists (and token tensors a reward model would use). A reward
+that is missing, of the wrong length, not a number, NaN or infinite is a UserError naming the source.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlhfkit.errors import UserError
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
+def _as_vector(value: Any, n: int, what: str, where: str) -> torch.Tensor:
+    """A float32 [n] tensor from a tensor / list / array / number sequence, checked for length and finiteness."""
+    try:
+        if isinstance(value, torch.Tensor):
+            vector = value.detach().to("cpu", torch.float32).reshape(-1)
+        else:
+            vector = torch.as_tensor(value, dtype=torch.float32).reshape(-1)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise UserError(f"{where}: {what} must be numbers, one per query, got {type(value).__name__} "
+                        f"({_first_line(e)})") from None
+    if vector.numel() != n:
+        raise UserError(f"{where}: returned {vector.numel()} {what} for {n} queries; return exactly one per query")
+    bad = (~torch.isfinite(vector)).nonzero()
+    if bad.numel():
+        i = int(bad[0])
+        raise UserError(f"{where}: {what} {vector[i].item()} for query {i} is not a finite number "
+                        f"({bad.numel()} of {n} are NaN or infinite)")
+    return vector
+
+
+def _log_value(value: Any) -> float | None:
+    """The mean of a logged value (number, tensor or list of numbers); None when it is not numeric."""
+    try:
+        t = torch.as_tensor(value.detach().cpu() if isinstance(value, torch.Tensor) else value, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return float(t.mean()) if t.numel() else None
+
+
+def parse_reward_output(output: Any, n: int, where: str) -> dict[str, Any]:
+    """Turn what a reward function or server returned into {"rewards", "scores", "extra_logs"}."""
+    if isinstance(output, dict):
+        if "rewards" not in output:
+            raise UserError(f"{where}: the returned dict has no 'rewards' (keys: {', '.join(map(str, output))})")
+        rewards = _as_vector(output["rewards"], n, "rewards", where)
+        scores = _as_vector(output["scores"], n, "scores", where) if output.get("scores") is not None \
+            else rewards.clone()
+        extra = output.get("extra_logs") or {}
+        if not isinstance(extra, dict):
+            raise UserError(f"{where}: 'extra_logs' must be a dict of name -> number, got {type(extra).__name__}")
+        logs = {str(k): v for k, v in ((k, _log_value(v)) for k, v in extra.items()) if v is not None}
+        return {"rewards": rewards, "scores": scores, "extra_logs": logs}
+    if output is None:
+        raise UserError(f"{where}: returned None; return the rewards (one number per query) or a dict with "
+                        "'rewards'")
+    rewards = _as_vector(output, n, "rewards", where)
+    return {"rewards": rewards, "scores": rewards.clone(), "extra_logs": {}}
+
+
+def _text_inputs(batch: dict[str, Any]) -> tuple[list[str], list[str], list[Any]]:
+    queries = list(batch["queries"])
+    prompts = list(batch.get("prompts") or [""] * len(queries))
+    labels = batch.get("labels")
+    labels = list(labels) if labels is not None else [None] * len(queries)
+    return queries, prompts, labels
+
+
+class RewardFunction:
+    """`reward_func(queries, prompts, labels)` loaded from a Python file (`--remote_rm_url path.py`)."""
+
+    def __init__(self, path: str):
+        self.path = str(Path(path).expanduser())
+        self.where = f"reward function {self.path}"
+        if not Path(self.path).is_file():
+            raise UserError(f"--remote_rm_url {path}: no such file")
+        module_name = f"rlhfkit_reward_func_{abs(hash(self.path))}"
+        spec = importlib.util.spec_from_file_location(module_name, self.path)
+        if spec is None or spec.loader is None:
+            raise UserError(f"--remote_rm_url {path}: not a Python file that can be imported")
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:  # noqa: BLE001 - any failure while importing is the user's file
+            raise UserError(f"{self.where}: importing it failed ({_first_line(e)})") from e
+        fn = getattr(module, "reward_func", None)
+        if not callable(fn):
+            raise UserError(f"{self.where}: defines no function reward_func(queries, prompts, labels)")
+        self.fn = fn
+
+    def score(self, batch: dict[str, Any]) -> dict[str, Any]:
+        queries, prompts, labels = _text_inputs(batch)
+        try:
+            output = self.fn(queries, prompts, labels)
+        except Exception as e:  # noqa: BLE001 - the user's code failed; say where, keep the cause
+            raise UserError(f"{self.where}: reward_func raised {_first_line(e)}") from e
+        return parse_reward_output(output, len(queries), self.where)
+
+
+#: Environment variable with the API key of reward servers started with one (`serve_rm --api_key`).
+API_KEY_ENV = "RLHFKIT_RM_API_KEY"
+
+
+def _post_json(url: str, payload: dict[str, Any], timeout: float) -> Any:
+    data = json.dumps(payload, default=str).encode("utf-8")
+    headers = {"Content-Type": "application/json"}
+    if os.environ.get(API_KEY_ENV):
+        headers["Authorization"] = f"Bearer {os.environ[API_KEY_ENV]}"
+    request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read().decode("utf-8"))
+
+
+def _http_error(e: urllib.error.HTTPError) -> str:
+    """`HTTP 401: <the server's {"error": ...} message>`."""
+    try:
+        detail = json.loads(e.read().decode("utf-8")).get("error", "")
+    except Exception:  # noqa: BLE001 - the body is optional decoration
+        detail = ""
+    return f"HTTP {e.code}: {detail or e.reason}"
+
+
+class HTTPRewardClient:
+    """Reward servers at one or more URLs; a batch is split over them and posted in parallel."""
+
+    def __init__(self, urls: Sequence[str], timeout: float = 60.0, retries: int = 3, backoff: float = 0.5):
+        if not urls:
+            raise UserError("--remote_rm_url: no reward server URL given")
+        self.urls = list(urls)
+        self.timeout = timeout
+        self.retries = max(1, retries)
+        self.backoff = backoff
+        self._pool = ThreadPoolExecutor(max_workers=len(self.urls), thread_name_prefix="reward-http")
+
+    def _request(self, url: str, payload: dict[str, Any]) -> Any:
+        last_text = "unknown error"
+        for attempt in range(self.retries):
+            try:
+                return _post_json(url, payload, self.timeout)
+            except urllib.error.HTTPError as e:
+                last_text = _http_error(e)
+                if e.code < 500:  # the server understood and refused: retrying will not help
+                    break
+            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
+                last_text = _first_line(e)
+            except ValueError as e:  # not JSON
+                raise UserError(f"reward server {url}: the answer is not JSON ({_first_line(e)})") from None
+            if attempt + 1 < self.retries:
+                time.sleep(self.backoff * (2 ** attempt))
+        raise UserError(f"reward server {url}: no valid answer after {attempt + 1} attempt(s) ({last_text})")
+
+    def score(self, batch: dict[str, Any]) -> dict[str, Any]:
+        queries, prompts, labels = _text_inputs(batch)
+        n = len(queries)
+        if n == 0:
+            return {"rewards": torch.zeros(0), "scores": torch.zeros(0), "extra_logs": {}}
+        parts = min(len(self.urls), n)
+        bounds = [round(i * n / parts) for i in range(parts + 1)]
+        jobs = []
+        for i in range(parts):
+            lo, hi = bounds[i], bounds[i + 1]
+            payload = {"query": queries[lo:hi], "prompts": prompts[lo:hi], "labels": labels[lo:hi]}
+            jobs.append((self.urls[i], hi - lo, self._pool.submit(self._request, self.urls[i], payload)))
+        results = [parse_reward_output(job.result(), size, f"reward server {url}") for url, size, job in jobs]
+        logs: dict[str, float] = {}
+        for key in {k for r in results for k in r["extra_logs"]}:
+            values = [(r["extra_logs"][key], len(r["rewards"])) for r in results if key in r["extra_logs"]]
+            logs[key] = sum(v * w for v, w in values) / max(sum(w for _, w in values), 1)
+        return {"rewards": torch.cat([r["rewards"] for r in results]),
+                "scores": torch.cat([r["scores"] for r in results]), "extra_logs": logs}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+
+
+def make_remote_reward(urls: Sequence[str], timeout: float = 60.0,
+                       retries: int = 3) -> RewardFunction | HTTPRewardClient:
+    """The text reward source named by `--remote_rm_url`: a reward function file or HTTP servers."""
+    urls = [u for u in urls if u]
+    if len(urls) == 1 and not urls[0].startswith(("http://", "https://")):
+        return RewardFunction(urls[0])
+    bad = [u for u in urls if not u.startswith(("http://", "https://"))]
+    if bad:
+        raise UserError(f"--remote_rm_url: {bad[0]} is not an http(s) URL; a reward function file stands alone")
+    return HTTPRewardClient(urls, timeout=timeout, retries=retries)

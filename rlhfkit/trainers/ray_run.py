@@ -1,0 +1,335 @@
+"""`run_ppo_ray(cfg)`: the RL run with every role a Ray actor group and the rollout engines Ray actors.
+
+Same loop as `train_ppo` (`rl_loop.RLTrainer`); only the role handles differ: `RayActorGroup`s wrapping the
+local roles of `roles.py` (one object per rank, their own torch.distributed world each) and a
+`RolloutEngineGroup` over vLLM engines (`--vllm_num_engines N`) or one Transformers engine (`0`). The only
+method the Ray run replaces is `sync_weights`: weights stream from the actor's rank 0 straight to the engines
+(`RolloutEngineGroup.sync_from`) instead of passing through the driver as one state dict.
+
+Everything a user can get wrong is checked before Ray starts (`prepare_ray_run`): the RL config, the placement
+arithmetic (colocation, hybrid engine), the engine settings, the model paths, the prompts and the reward source.
+Ray: a running cluster when RAY_ADDRESS is set (`ray job submit` sets it), else a local one started here.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference, samples_per_rollout, validate_rl_config
+from rlhfkit.distributed.placement import ResourcePlan, RoleDemand
+from rlhfkit.errors import UserError
+from rlhfkit.rollout.vllm_engine import StagedWeights, apply_env, check_vllm_args
+from rlhfkit.trainers.rl_loop import RLTrainer
+
+#: How each role method is dispatched over a group's ranks (roles.py's docstring); the rest broadcast.
+SPLIT_METHODS = {"log_probs": "split", "values": "split", "score": "split"}
+
+
+def _ranks(cfg: PPOConfig, role: str) -> int:
+    r = cfg.resources
+    return getattr(r, f"{role}_num_nodes") * getattr(r, f"{role}_num_gpus_per_node")
+
+
+def role_demands(cfg: PPOConfig) -> list[RoleDemand]:
+    """The devices each role of this run needs (vllm: engines x tensor parallel; Transformers engine: one)."""
+    demands = [RoleDemand("actor", _ranks(cfg, "actor"))]
+    if needs_reference(cfg):
+        demands.append(RoleDemand("ref", _ranks(cfg, "ref")))
+    if needs_critic(cfg):
+        demands.append(RoleDemand("critic", _ranks(cfg, "critic")))
+    if cfg.rl_model.reward_pretrain:
+        demands.append(RoleDemand("reward", _ranks(cfg, "reward")))
+    r = cfg.rollout
+    if r.vllm_num_engines > 0:
+        demands.append(RoleDemand("vllm", r.vllm_num_engines, r.vllm_tensor_parallel_size))
+    else:
+        demands.append(RoleDemand("hf_engine", 1))
+    return demands
+
+
+def local_gpus() -> bool:
+    return torch.cuda.is_available()
+
+
+def sync_backend(cfg: PPOConfig, use_gpu: bool) -> str:
+    """nccl needs GPUs on both sides; without them weights go through the object store (gloo broadcast on ask)."""
+    backend = cfg.rollout.vllm_sync_backend
+    if backend == "nccl" and not use_gpu:
+        return "object"
+    return backend
+
+
+@dataclass
+class RayRunPlan:
+    """Everything decided before Ray starts."""
+
+    plan: ResourcePlan
+    use_gpu: bool
+    sync_backend: str
+    tokenizer: Any = None
+    prompts: Any = None
+    eval_prompts: Any = None
+    text_reward: Any = None
+    num_update_steps: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def check_ray_config(cfg: PPOConfig, use_gpu: bool | None = None, cpus_per_bundle: float = 1.0) -> RayRunPlan:
+    """Config checks that need no data and no Ray: RL config, placement, engines, batch splits. UserError."""
+    from rlhfkit.models.loading import check_model_path
+
+    validate_rl_config(cfg)
+    use_gpu = local_gpus() if use_gpu is None else use_gpu
+    r, res = cfg.rollout, cfg.resources
+    # A job on a running cluster may be driven from a node without GPUs: its GPUs are only known once connected.
+    check_vllm_args(r.vllm_num_engines, r.vllm_tensor_parallel_size, use_gpu or bool(os.environ.get("RAY_ADDRESS")))
+    demands = role_demands(cfg)
+    plan = ResourcePlan.make(demands, colocate_all=res.colocate_all_models, colocate_actor_ref=res.colocate_actor_ref,
+                             colocate_critic_reward=res.colocate_critic_reward, use_gpu=use_gpu,
+                             cpus_per_bundle=cpus_per_bundle)
+    samples = samples_per_rollout(cfg)
+    s = cfg.strategy
+    for d in demands:
+        if d.name in ("vllm", "hf_engine"):
+            continue
+        flags = f"--{d.name}_num_nodes x --{d.name}_num_gpus_per_node"
+        if samples % d.ranks:
+            raise UserError(f"{samples} samples per step (--rollout_batch_size x --n_samples_per_prompt) do not "
+                            f"split evenly over the {d.ranks} {d.name} ranks ({flags}); use a multiple of {d.ranks}")
+        if s.train_batch_size % (s.micro_train_batch_size * d.ranks):  # every role's DeepSpeed config checks it
+            raise UserError(f"--train_batch_size {s.train_batch_size} is not divisible by --micro_train_batch_size "
+                            f"{s.micro_train_batch_size} x {d.name} ranks {d.ranks} ({flags})")
+    if cfg.model.lora_rank > 0 and cfg.resources.deepspeed_enable_sleep and use_gpu:
+        raise UserError("--deepspeed_enable_sleep with --lora_rank is not supported; drop one of them")
+    check_model_path(cfg.model.pretrain)
+    if cfg.rl_model.reward_pretrain:
+        check_model_path(cfg.rl_model.reward_pretrain, "--reward_pretrain")
+    if needs_critic(cfg) and cfg.rl_model.critic_pretrain:
+        check_model_path(cfg.rl_model.critic_pretrain, "--critic_pretrain")
+    run = RayRunPlan(plan, use_gpu, sync_backend(cfg, use_gpu))
+    if run.sync_backend != r.vllm_sync_backend:
+        run.notes.append(f"--vllm_sync_backend {r.vllm_sync_backend} needs GPUs; weights go through the Ray "
+                         "object store instead")
+    if r.vllm_enable_sleep and not use_gpu:
+        run.notes.append("--vllm_enable_sleep: vLLM has no sleep mode on CPU; engines only drop their prefix cache")
+    return run
+
+
+def prepare_ray_run(cfg: PPOConfig, use_gpu: bool | None = None, cpus_per_bundle: float = 1.0) -> RayRunPlan:
+    """`check_ray_config` plus the tokenizer, the prompts and the text reward source (still no Ray)."""
+    from rlhfkit.trainers.rl_run import load_prompts, make_text_reward, num_update_steps
+    from rlhfkit.trainers.setup import load_tokenizer_for
+
+    run = check_ray_config(cfg, use_gpu, cpus_per_bundle)
+    run.tokenizer = load_tokenizer_for(cfg.model)
+    run.prompts, run.eval_prompts = load_prompts(cfg, run.tokenizer)
+    run.text_reward = make_text_reward(cfg) if not cfg.rl_model.reward_pretrain else None
+    run.num_update_steps = num_update_steps(cfg, len(run.prompts))
+    return run
+
+
+# -- pieces of the Ray run ----------------------------------------------------------------------------------------
+class DriverStrategy:
+    """What the loop and the checkpoint code need from a strategy, in the driver (a world of one, no group)."""
+
+    rank, world_size, is_rank0 = 0, 1, True
+
+    def barrier(self) -> None:
+        """Role groups synchronise inside their own calls; the driver has nobody to wait for."""
+
+    def print(self, *args: Any) -> None:
+        print(*args, flush=True)
+
+
+class HFEngineActor(StagedWeights):
+    """The Transformers rollout engine as a Ray actor (`--vllm_num_engines 0`), with staged weight updates."""
+
+    def __init__(self, cfg: PPOConfig, env: dict[str, str] | None = None):
+        from rlhfkit.models.loading import resolve_attn_implementation
+        from rlhfkit.rollout.hf_engine import HFRolloutEngine
+        from rlhfkit.trainers.setup import load_tokenizer_for
+
+        apply_env(env or {})
+        device = torch.device("cuda") if torch.cuda.is_available() else None
+        dtype = torch.bfloat16 if cfg.model.bf16 else torch.float32
+        self.engine = HFRolloutEngine.from_pretrained(
+            cfg.model.pretrain, load_tokenizer_for(cfg.model), dtype=dtype,
+            attn_implementation=resolve_attn_implementation(cfg.model.attn_implementation, cfg.model.flash_attn),
+            max_batch_size=max(cfg.rollout.micro_rollout_batch_size, 256), device=device)
+        self._staged = []
+
+    def generate(self, prompt_ids: Any, *, seed: int | None = None, seed_offset: int = 0, **sampling: Any) -> Any:
+        return self.engine.generate(prompt_ids, seed=None if seed is None else seed + seed_offset, **sampling)
+
+    def _apply(self, staged: list[tuple[str, torch.Tensor]]) -> int:
+        return self.engine.update_weights(dict(staged))
+
+    def sleep(self) -> None:
+        self.engine.sleep()
+
+    def wake(self) -> None:
+        self.engine.wake()
+
+    def info(self) -> dict[str, Any]:
+        return {"kind": "transformers", "pid": os.getpid(), "asleep": False, "sleep_supported": False}
+
+
+class RayRLTrainer(RLTrainer):
+    """`RLTrainer` unchanged but for the weight sync path; `after_sync` callbacks run after every sync."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.after_sync: list[Any] = []
+        self.sync_seconds: list[float] = []
+
+    def sync_weights(self) -> None:
+        started = time.perf_counter()
+        self.roles.engine.sync_from(self.roles.actor)
+        self.sync_seconds.append(time.perf_counter() - started)
+        for callback in self.after_sync:
+            callback(self)
+
+
+def connect_ray(min_cpus: float) -> bool:
+    """Join the cluster named by RAY_ADDRESS, or start a local one; True when this call started Ray."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    for key, value in {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}.items():
+        os.environ.setdefault(key, value)
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address="auto", logging_level="ERROR")
+    else:  # logical CPUs: roles mostly take turns, so a small machine may host more bundles than cores
+        ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(min_cpus)), include_dashboard=False,
+                 logging_level="ERROR")
+    return True
+
+
+def _unwrap_user_error(e: BaseException) -> BaseException:
+    cause = getattr(e, "cause", None)
+    return UserError(str(cause)) if isinstance(cause, UserError) else e
+
+
+@dataclass
+class RayRoles:
+    """The Ray objects of a run, so they can be torn down whatever happens."""
+
+    plan: ResourcePlan
+    groups: dict[str, Any] = field(default_factory=dict)
+    engine: Any = None
+
+    def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+        for group in self.groups.values():
+            group.kill()
+        self.plan.remove()
+
+
+def build_ray_roles(cfg: PPOConfig, run: RayRunPlan) -> tuple[Any, RayRoles]:
+    """Placement groups, role groups and engines; returns (RoleHandles, RayRoles)."""
+    from rlhfkit.distributed.ray_groups import RayActorGroup
+    from rlhfkit.rollout.vllm_engine import (
+        RolloutEngineGroup,
+        VLLMEngineArgs,
+        create_engine_actors,
+        create_vllm_engines,
+    )
+    from rlhfkit.trainers.rl_loop import RoleHandles
+    from rlhfkit.trainers.roles import ActorRole, CriticRole, ReferenceRole, RewardModelRole
+
+    plan, res, r = run.plan, cfg.resources, cfg.rollout
+    ray_roles = RayRoles(plan.create())
+    try:
+        slots = plan.slots
+        sleep, offload = res.deepspeed_enable_sleep, res.ref_reward_offload
+        specs = {"actor": (ActorRole, (cfg, run.num_update_steps), sleep),
+                 "critic": (CriticRole, (cfg, run.num_update_steps), sleep),
+                 "ref": (ReferenceRole, (cfg,), offload), "reward": (RewardModelRole, (cfg,), offload)}
+        for name, (cls, args, between_calls) in specs.items():
+            if name in slots:
+                ray_roles.groups[name] = RayActorGroup(name, cls, plan, slots[name], init_args=args,
+                                                       dispatch=SPLIT_METHODS, offload_between_calls=between_calls,
+                                                       wait=False)
+        if "vllm" in slots:
+            from transformers import AutoConfig
+
+            limit = getattr(AutoConfig.from_pretrained(cfg.model.pretrain), "max_position_embeddings", None) or 10**9
+            base = VLLMEngineArgs(
+                model=cfg.model.pretrain, tensor_parallel_size=r.vllm_tensor_parallel_size,
+                gpu_memory_utilization=r.vllm_gpu_memory_utilization, enforce_eager=r.enforce_eager or not run.use_gpu,
+                enable_prefix_caching=r.enable_prefix_caching, dtype="bfloat16" if cfg.model.bf16 else "float32",
+                seed=cfg.strategy.seed, enable_sleep=r.vllm_enable_sleep,
+                max_model_len=min(cfg.data.prompt_max_len + cfg.data.generate_max_len + 1, limit))
+            actors = create_vllm_engines(plan, slots["vllm"], base, wait=False)
+        else:
+            actors = create_engine_actors(HFEngineActor, plan, slots["hf_engine"], lambda i: cfg, wait=False)
+        ray_roles.engine = RolloutEngineGroup(actors, sync_backend=run.sync_backend)
+        for group in ray_roles.groups.values():  # every role and engine started above loads in parallel
+            group.ready()
+        ray_roles.engine.info()
+    except BaseException:
+        ray_roles.shutdown()
+        raise
+    groups = ray_roles.groups
+    handles = RoleHandles(actor=groups["actor"], engine=ray_roles.engine,
+                          reward=groups.get("reward", run.text_reward), ref=groups.get("ref"),
+                          critic=groups.get("critic"))
+    return handles, ray_roles
+
+
+def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None, after_sync: list[Any] | None = None,
+                save: bool = True) -> RayRLTrainer:
+    """Validate, start (or join) Ray, build the role groups and engines, run the RL loop, save, tear down."""
+    from rlhfkit.trainers.setup import make_logger
+
+    cpus = cpus_per_bundle or float(os.environ.get("RLHFKIT_RAY_CPUS_PER_BUNDLE", "1"))
+    run = prepare_ray_run(cfg, cpus_per_bundle=cpus)
+    strategy = DriverStrategy()
+    for note in run.notes:
+        strategy.print(f"train_ppo_ray: {note}")
+    started_ray = connect_ray(run.plan.total()["CPU"])
+    ray_roles = None
+    logger = None
+    try:
+        import ray
+
+        cluster_gpus = ray.cluster_resources().get("GPU", 0) > 0
+        if cluster_gpus != run.use_gpu:  # e.g. a driver without GPUs on a GPU cluster: bundles follow the cluster
+            replanned = check_ray_config(cfg, cluster_gpus, cpus)
+            run.plan, run.use_gpu, run.sync_backend = replanned.plan, cluster_gpus, replanned.sync_backend
+
+        started = time.perf_counter()
+        try:
+            roles, ray_roles = build_ray_roles(cfg, run)
+        except ray.exceptions.RayTaskError as e:
+            raise _unwrap_user_error(e) from None
+        strategy.print(f"train_ppo_ray: placement {run.plan.describe()}; roles and engines up in "
+                       f"{time.perf_counter() - started:.1f} s; weight sync: {run.sync_backend}")
+        logger = make_logger(strategy, cfg.logging, cfg.checkpoint.save_path, "ppo_ray", cfg)
+        trainer = RayRLTrainer(cfg, roles, run.tokenizer, run.prompts, run.eval_prompts, logger, strategy)
+        trainer.after_sync.extend(after_sync or [])
+        trainer.fit()
+        if save:
+            trainer.save_final()
+        strategy.print(f"{cfg.algo.advantage_estimator}: model saved to {cfg.checkpoint.save_path}; metrics in "
+                       f"{logger.path}")
+        return trainer
+    finally:
+        if logger is not None:
+            logger.close()
+        if ray_roles is not None:
+            ray_roles.shutdown()
+        if hasattr(run.text_reward, "close"):
+            run.text_reward.close()
+        if started_ray:
+            import ray
+
+            ray.shutdown()

@@ -1,0 +1,285 @@
+"""The RL loop: one loop for PPO, REINFORCE++, REINFORCE++-baseline, GRPO, Dr. GRPO and RLOO.
+
+One step, as data (DESIGN.md, "The roles of an RL step"):
+    rollout_batch_size prompts, each repeated n_samples_per_prompt times (a prompt's samples adjacent)
+    -> engine.generate (responses, rollout log-probs)
+    -> scoring: reward.score, ref.log_probs, critic.values, actor.log_probs (old policy)
+    -> reward clipping, per-token KL, compute_advantages(--advantage_estimator)   (rlhfkit.algorithms)
+    -> critic.train, actor.train (replay buffer of micro-batches inside each role)
+    -> engine.update_weights(actor.state_dict())
+    -> metrics, evaluation, checkpoint
+The estimators differ only inside `compute_advantages` (and Dr. GRPO's loss aggregation, in the actor). The loop
+holds role *handles* (`RoleHandles`) and calls only their methods with CPU tensors, lists and dicts: local objects
+here, Ray actor groups with the same methods when distributed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from rlhfkit.algorithms.advantages import compute_advantages
+from rlhfkit.algorithms.kl import compute_approx_kl, make_kl_controller
+from rlhfkit.algorithms.masking import masked_mean
+from rlhfkit.checkpoint.ckpt import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlhfkit.config.rl import PPOConfig, reward_clip_bounds
+from rlhfkit.data.sampler import global_batches
+from rlhfkit.data.tokens import encode, with_bos
+from rlhfkit.logging.metrics import MetricsLogger, Progress
+from rlhfkit.trainers.experience import Experience, experience_from_samples
+
+
+@dataclass
+class RoleHandles:
+    """What the loop drives. Each is a local role object or a Ray actor group with the same methods."""
+
+    actor: Any  # log_probs, train, state_dict, save_hf_model, save_checkpoint, load_checkpoint
+    engine: Any  # RolloutEngine: generate, update_weights, sleep, wake
+    reward: Any  # score
+    ref: Any | None = None  # log_probs
+    critic: Any | None = None  # values, train, save_hf_model, save_checkpoint, load_checkpoint
+
+
+@dataclass
+class RLState:
+    """Where training is; saved in checkpoints so a resumed run continues the same data order."""
+
+    episode: int = 0
+    batch_in_episode: int = 0
+    global_step: int = 0
+    kl_coef: float = 0.0
+
+
+def _mean(t: torch.Tensor) -> float:
+    return float(t.float().mean()) if t.numel() else 0.0
+
+
+def _std(t: torch.Tensor) -> float:
+    return float(t.float().std(unbiased=False)) if t.numel() > 1 else 0.0
+
+
+class RLTrainer:
+    def __init__(self, cfg: PPOConfig, roles: RoleHandles, tokenizer: Any, prompts: Sequence[dict],
+                 eval_prompts: Sequence[dict] | None, logger: MetricsLogger, strategy: Any):
+        self.cfg = cfg
+        self.roles = roles
+        self.tokenizer = tokenizer
+        self.prompts = prompts
+        self.eval_prompts = eval_prompts
+        self.logger = logger
+        self.strategy = strategy  # rank / barrier / RNG capture for checkpoints (the driver's)
+        a = cfg.algo
+        self.kl_ctl = make_kl_controller(a.init_kl_coef, a.kl_target, a.kl_horizon)
+        self.state = RLState(kl_coef=self.kl_ctl.value)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self._prompt_ids: dict[tuple[int, int], list[int]] = {}
+        self._last_eval_step = -1
+
+    # -- sizes ----------------------------------------------------------------------------------------------
+    def steps_per_episode(self) -> int:
+        return len(self.prompts) // self.cfg.rollout.rollout_batch_size
+
+    def total_steps(self) -> int:
+        """RL steps this run trains (--max_steps caps the --num_episodes passes)."""
+        steps = self.steps_per_episode() * self.cfg.rollout.num_episodes
+        return steps if self.cfg.rollout.max_steps < 0 else min(steps, self.cfg.rollout.max_steps)
+
+    # -- prompts --------------------------------------------------------------------------------------------
+    def prompt_ids(self, dataset: Sequence[dict], index: int, key: int = 0) -> list[int]:
+        """Token ids of a prompt: bos + prompt text, left-truncated to --prompt_max_len (cached)."""
+        cached = self._prompt_ids.get((key, index))
+        if cached is None:
+            ids = with_bos(self.tokenizer, encode(self.tokenizer, dataset[index]["prompt"]))
+            cached = ids[-self.cfg.data.prompt_max_len:]
+            self._prompt_ids[(key, index)] = cached
+        return cached
+
+    def sample(self, dataset: Sequence[dict], indices: Sequence[int], n: int, temperature: float, seed: int,
+               key: int = 0) -> tuple[Experience, dict[str, list]]:
+        """Generate n responses per prompt (adjacent) and pad them into an Experience plus the texts."""
+        r = self.cfg.rollout
+        ids, prompts, labels = [], [], []
+        for i in indices:
+            record = dataset[i]
+            for _ in range(n):
+                ids.append(self.prompt_ids(dataset, i, key))
+                prompts.append(record["prompt"])
+                labels.append(record.get("label"))
+        self.roles.engine.wake()
+        samples = self.roles.engine.generate(ids, max_new_tokens=self.cfg.data.generate_max_len,
+                                             temperature=temperature, top_p=r.top_p if temperature > 0 else 1.0,
+                                             top_k=r.top_k if temperature > 0 else -1, seed=seed)
+        self.roles.engine.sleep()
+        experience = experience_from_samples(samples, self.pad_id)
+        responses = self.tokenizer.batch_decode([s.response_ids for s in samples], skip_special_tokens=False)
+        queries = [p + resp for p, resp in zip(prompts, responses)]
+        return experience, {"queries": queries, "prompts": prompts, "labels": labels}
+
+    def score(self, experience: Experience, texts: dict[str, list]) -> dict[str, Any]:
+        out = self.roles.reward.score({**experience.to_dict(), **texts})
+        return {"rewards": torch.as_tensor(out["rewards"]).float().reshape(-1),
+                "scores": torch.as_tensor(out.get("scores", out["rewards"])).float().reshape(-1),
+                "extra_logs": dict(out.get("extra_logs") or {})}
+
+    # -- one step -------------------------------------------------------------------------------------------
+    def make_experience(self, indices: Sequence[int]) -> tuple[Experience, dict[str, float]]:
+        """Rollout and scoring of one batch of prompts, with advantages and returns computed."""
+        cfg, a, n = self.cfg, self.cfg.algo, self.cfg.rollout.n_samples_per_prompt
+        timings: dict[str, float] = {}
+        started = time.perf_counter()
+        exp, texts = self.sample(self.prompts, indices, n, cfg.rollout.temperature,
+                                 seed=cfg.strategy.seed * 1_000_003 + self.state.global_step)
+        timings["time/generate_s"] = time.perf_counter() - started
+        started = time.perf_counter()
+        reward = self.score(exp, texts)
+        batch = exp.to_dict()
+        exp.base_action_log_probs = self.roles.ref.log_probs(batch) if self.roles.ref is not None else None
+        exp.values = self.roles.critic.values(batch) if self.roles.critic is not None else None
+        exp.action_log_probs = self.roles.actor.log_probs(batch)
+        timings["time/score_s"] = time.perf_counter() - started
+
+        mask = exp.action_mask
+        raw = reward["rewards"]
+        bounds = reward_clip_bounds(cfg)
+        exp.rewards = raw.clamp(*bounds) if bounds else raw.clone()
+        exp.info.update(reward=raw, score=reward["scores"])
+        if exp.base_action_log_probs is not None:
+            exp.kl = compute_approx_kl(exp.action_log_probs, exp.base_action_log_probs, a.kl_estimator, mask)
+        exp.advantages, exp.returns = compute_advantages(
+            a.advantage_estimator, rewards=exp.rewards, action_mask=mask,
+            token_kl=exp.kl if a.init_kl_coef > 0 else None, values=exp.values, n_samples_per_prompt=n,
+            gamma=a.gamma, lambd=a.lambd, kl_coef=self.kl_ctl.value, use_kl_loss=a.use_kl_loss,
+            std_norm=not a.no_advantage_std_norm)
+        kl_per_sample = masked_mean(exp.kl, mask, dim=-1) if exp.kl is not None else torch.zeros(len(exp))
+        lengths = exp.info["response_length"]
+        metrics = {
+            "reward": _mean(raw), "reward_std": _std(raw), "score": _mean(reward["scores"]),
+            "response_length": _mean(lengths), "response_length_max": float(lengths.max()),
+            "truncated": _mean(exp.info["truncated"]), "kl": _mean(kl_per_sample), "kl_coef": self.kl_ctl.value,
+            "advantage_abs": float(masked_mean(exp.advantages.abs(), mask)),
+            "return": float(masked_mean(exp.returns, mask)),
+            "rollout_logprob_diff": float(masked_mean((exp.action_log_probs - exp.rollout_log_probs).abs(), mask)),
+            **{f"reward_extra/{k}": float(v) for k, v in reward["extra_logs"].items()}, **timings,
+        }
+        return exp, metrics
+
+    def train_step(self, indices: Sequence[int]) -> dict[str, float]:
+        step_started = time.perf_counter()
+        exp, metrics = self.make_experience(indices)
+        batch = exp.to_dict()
+        seed = self.cfg.strategy.seed * 1_000_003 + self.state.global_step
+        started = time.perf_counter()
+        if self.roles.critic is not None:
+            metrics.update({f"critic/{k}": v for k, v in self.roles.critic.train(batch, seed=seed).items()})
+        actor_trains = self.state.global_step + 1 > self.cfg.algo.freezing_actor_steps
+        if actor_trains:
+            actor_metrics = self.roles.actor.train(batch, kl_coef=self.kl_ctl.value, seed=seed)
+            metrics.update({f"actor/{k}": v for k, v in actor_metrics.items()})
+        metrics["time/train_s"] = time.perf_counter() - started
+        started = time.perf_counter()
+        if actor_trains:
+            self.sync_weights()
+        metrics["time/sync_s"] = time.perf_counter() - started
+        self.kl_ctl.update(metrics["kl"], len(exp))
+        self.state.kl_coef = self.kl_ctl.value
+        metrics["time/step_s"] = time.perf_counter() - step_started
+        return metrics
+
+    def sync_weights(self) -> None:
+        """Actor -> rollout engine (after every actor update, and at start and resume)."""
+        self.roles.engine.update_weights(self.roles.actor.state_dict())
+
+    # -- the loop -------------------------------------------------------------------------------------------
+    def fit(self) -> list[dict[str, float]]:
+        cfg, log = self.cfg, self.cfg.logging
+        if cfg.checkpoint.load_checkpoint:
+            self.resume()
+        self.sync_weights()
+        total = self.total_steps()
+        history: list[dict[str, float]] = []
+        bar = Progress(total, self.state.global_step, cfg.algo.advantage_estimator,
+                       self.strategy.is_rank0 and not log.disable_progress_bar)
+        while self.state.episode < cfg.rollout.num_episodes and self.state.global_step < total:
+            batches = global_batches(len(self.prompts), cfg.rollout.rollout_batch_size, cfg.strategy.seed,
+                                     self.state.episode)
+            while self.state.batch_in_episode < len(batches) and self.state.global_step < total:
+                metrics = self.train_step(batches[self.state.batch_in_episode])
+                self.state.batch_in_episode += 1
+                self.state.global_step += 1
+                step = self.state.global_step
+                history.append(metrics)
+                if step % log.logging_steps == 0:
+                    self.logger.log(step, metrics)
+                bar.update({"reward": metrics["reward"], "len": metrics["response_length"], "kl": metrics["kl"],
+                            "pg": metrics.get("actor/policy_loss", 0.0)})
+                if log.eval_steps > 0 and step % log.eval_steps == 0:
+                    self.evaluate(step)
+                if cfg.checkpoint.save_steps > 0 and step % cfg.checkpoint.save_steps == 0:
+                    self.save_checkpoint()
+            if self.state.batch_in_episode >= len(batches):
+                self.state.episode += 1
+                self.state.batch_in_episode = 0
+                if log.eval_steps < 0:
+                    self.evaluate(self.state.global_step)
+        if log.eval_steps < 0 and self._last_eval_step != self.state.global_step:
+            self.evaluate(self.state.global_step)  # --max_steps ended the run inside an episode
+        bar.close()
+        return history
+
+    @torch.no_grad()
+    def evaluate(self, step: int) -> dict[str, float] | None:
+        """Mean reward and pass@1 (mean score, in [0, 1] for 0/1 rewards) on the held-out prompts."""
+        if not self.eval_prompts:
+            return None
+        self._last_eval_step = step
+        r = self.cfg.rollout
+        n = 1 if r.eval_temperature == 0 else r.eval_n_samples_per_prompt
+        started = time.perf_counter()
+        exp, texts = self.sample(self.eval_prompts, range(len(self.eval_prompts)), n, r.eval_temperature,
+                                 seed=self.cfg.strategy.seed, key=1)
+        reward = self.score(exp, texts)
+        scores = reward["scores"]
+        metrics = {"reward": _mean(reward["rewards"]), "pass@1": _mean(scores.clamp(0, 1)),
+                   "response_length": _mean(exp.info["response_length"]), "time_s": time.perf_counter() - started}
+        if n > 1:
+            metrics[f"pass@{n}"] = _mean(scores.clamp(0, 1).reshape(-1, n).amax(dim=1))
+        self.logger.log(step, metrics, prefix="eval")
+        self.strategy.print(f"eval @ step {step}: reward {metrics['reward']:.4f}, pass@1 {metrics['pass@1']:.4f}")
+        return metrics
+
+    # -- checkpoints ----------------------------------------------------------------------------------------
+    def _checkpoint_targets(self) -> dict[str, Any]:
+        """Roles with DeepSpeed-engine-like save_checkpoint / load_checkpoint methods."""
+        targets = {"actor": self.roles.actor}
+        if self.roles.critic is not None:
+            targets["critic"] = self.roles.critic
+        return targets
+
+    def save_checkpoint(self) -> None:
+        c = self.cfg.checkpoint
+        state = asdict(self.state)
+        state.pop("global_step")
+        save_checkpoint(self.strategy, c.ckpt_path, self.state.global_step, self._checkpoint_targets(), state,
+                        c.max_ckpt_num)
+
+    def resume(self) -> None:
+        path = latest_checkpoint(self.cfg.checkpoint.ckpt_path)
+        if path is None:
+            self.strategy.print(f"no checkpoint in {self.cfg.checkpoint.ckpt_path}; starting from scratch")
+            return
+        saved = load_checkpoint(self.strategy, path, self._checkpoint_targets())
+        self.state = RLState(episode=saved["episode"], batch_in_episode=saved["batch_in_episode"],
+                             global_step=saved["global_step"], kl_coef=saved["kl_coef"])
+        self.kl_ctl.value = self.state.kl_coef
+        self.strategy.print(f"resumed from {path} at step {self.state.global_step}")
+
+    def save_final(self) -> None:
+        """The trained policy (and with --save_value_network the critic) as Transformers models."""
+        c = self.cfg.checkpoint
+        self.roles.actor.save_hf_model(c.save_path)
+        if self.cfg.save.save_value_network and self.roles.critic is not None:
+            self.roles.critic.save_hf_model(c.save_path.rstrip("/") + "_critic")

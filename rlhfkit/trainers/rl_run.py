@@ -1,0 +1,104 @@
+"""`run_ppo(cfg)`: assemble the single-process RL run (every role a local object, the Transformers rollout engine)
+and train it.
+
+Order matters for failing fast: the config, the data and the reward source are checked before any model loads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rlhfkit.config.rl import (
+    PPOConfig,
+    needs_critic,
+    needs_reference,
+    remote_reward_urls,
+    samples_per_rollout,
+    validate_rl_config,
+)
+from rlhfkit.errors import UserError
+
+
+def load_prompts(cfg: PPOConfig, tokenizer: Any) -> tuple[Any, Any | None]:
+    """(training prompts, evaluation prompts or None) as PromptDatasets."""
+    from rlhfkit.data.prompt_dataset import PromptDataset
+    from rlhfkit.data.readers import load_mixture
+
+    d = cfg.data
+    records = load_mixture(d.prompt_data, d.prompt_data_probs, d.prompt_split, d.max_samples, cfg.strategy.seed,
+                           arg_name="--prompt_data")
+    prompts = PromptDataset.from_args(records, tokenizer, d)
+    eval_prompts = None
+    if d.eval_dataset:
+        eval_records = load_mixture(d.eval_dataset, None, d.eval_split, None, cfg.strategy.seed,
+                                    arg_name="--eval_dataset")
+        eval_prompts = PromptDataset.from_args(eval_records, tokenizer, d)
+    if len(prompts) < cfg.rollout.rollout_batch_size:
+        raise UserError(f"--prompt_data has {len(prompts)} prompts, fewer than one --rollout_batch_size "
+                        f"({cfg.rollout.rollout_batch_size})")
+    return prompts, eval_prompts
+
+
+def num_update_steps(cfg: PPOConfig, num_prompts: int) -> int:
+    """Optimizer steps of the whole run (for the learning-rate schedules)."""
+    r = cfg.rollout
+    rollout_steps = (num_prompts // r.rollout_batch_size) * r.num_episodes
+    per_rollout = samples_per_rollout(cfg) // cfg.strategy.train_batch_size
+    return max(rollout_steps * per_rollout * r.max_epochs, 1)
+
+
+def make_text_reward(cfg: PPOConfig) -> Any:
+    from rlhfkit.rollout.rewards import make_remote_reward
+
+    m = cfg.rl_model
+    return make_remote_reward(remote_reward_urls(cfg), timeout=m.remote_rm_timeout, retries=m.remote_rm_retries)
+
+
+def run_ppo(cfg: PPOConfig) -> Any:
+    """Validate, load data, build the roles and the engine, train, and save the final model(s)."""
+    from rlhfkit.models.loading import resolve_attn_implementation
+    from rlhfkit.rollout.hf_engine import HFRolloutEngine
+    from rlhfkit.trainers.rl_loop import RLTrainer, RoleHandles
+    from rlhfkit.trainers.roles import ActorRole, CriticRole, ReferenceRole, RewardModelRole
+    from rlhfkit.trainers.setup import load_tokenizer_for, make_logger, make_strategy
+
+    validate_rl_config(cfg)
+    tokenizer = load_tokenizer_for(cfg.model)
+    prompts, eval_prompts = load_prompts(cfg, tokenizer)
+    text_reward = make_text_reward(cfg) if not cfg.rl_model.reward_pretrain else None
+    strategy = make_strategy(cfg.model, cfg.strategy)
+    strategy.setup_distributed()
+    if cfg.rollout.vllm_num_engines > 0:
+        strategy.print("train_ppo: --vllm_num_engines applies to train_ppo_ray; this single-process run generates "
+                       "with the Transformers engine")
+    steps = num_update_steps(cfg, len(prompts))
+    actor = ActorRole(cfg, steps)
+    roles = RoleHandles(
+        actor=actor,
+        engine=HFRolloutEngine.from_pretrained(
+            cfg.model.pretrain, tokenizer, dtype=torch.bfloat16 if cfg.model.bf16 else torch.float32,
+            attn_implementation=resolve_attn_implementation(cfg.model.attn_implementation, cfg.model.flash_attn),
+            max_batch_size=max(cfg.rollout.micro_rollout_batch_size, 256), device=strategy.device),
+        reward=text_reward if text_reward is not None else RewardModelRole(cfg),
+        ref=ReferenceRole(cfg) if needs_reference(cfg) else None,
+        critic=CriticRole(cfg, steps) if needs_critic(cfg) else None,
+    )
+    logger = make_logger(strategy, cfg.logging, cfg.checkpoint.save_path, "ppo", cfg)
+    n = cfg.rollout.n_samples_per_prompt
+    trainer = RLTrainer(cfg, roles, tokenizer, prompts, eval_prompts, logger, strategy)
+    strategy.print(f"{cfg.algo.advantage_estimator}: {len(prompts)} prompts, {trainer.total_steps()} RL steps of "
+                   f"{cfg.rollout.rollout_batch_size} prompts x {n} samples, {steps} optimizer steps; roles: "
+                   f"actor{', critic' if roles.critic else ''}{', reference' if roles.ref else ''}, reward "
+                   f"{'model' if text_reward is None else type(text_reward).__name__}")
+    try:
+        trainer.fit()
+        trainer.save_final()
+    finally:
+        logger.close()
+        if hasattr(text_reward, "close"):
+            text_reward.close()
+    strategy.print(f"{cfg.algo.advantage_estimator}: model saved to {cfg.checkpoint.save_path}; metrics in "
+                   f"{logger.path}")
+    return trainer

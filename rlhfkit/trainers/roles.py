@@ -1,0 +1,350 @@
+"""The model roles of an RL step as plain local objects: actor, critic, reference, reward model.
+
+The RL loop talks to a role only through the methods below, with CPU tensors, lists, dicts and numbers in and out,
+so the same loop drives these objects in one process or a Ray actor group wrapping them (one object per rank).
+How a group should dispatch each method (`rlhfkit/distributed/ray_groups.py`):
+- "split" (rows of the batch spread over ranks, results concatenated): `ActorRole.log_probs`,
+  `ReferenceRole.log_probs`, `CriticRole.values`, `RewardModelRole.score`;
+- "broadcast" (every rank gets the same call; DeepSpeed collectives need all ranks): `train` (each rank takes its own
+  micro-batches, see `replay_buffer.py`), `state_dict`, `save_hf_model`, `save_checkpoint`, `load_checkpoint`.
+A batch is an `Experience` or its `to_dict()`; action tensors come back as [B, R] matching the batch's R.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from rlhfkit.algorithms.kl import compute_approx_kl
+from rlhfkit.algorithms.logprobs import entropy_from_logits, token_logprobs
+from rlhfkit.algorithms.masking import aggregate_loss, masked_mean
+from rlhfkit.algorithms.policy_loss import policy_loss, value_loss
+from rlhfkit.config.rl import PPOConfig, clip_range, critic_path, loss_aggregation
+from rlhfkit.distributed.strategy import DeepSpeedStrategy
+from rlhfkit.models.loading import check_model_path, load_causal_lm, resolve_attn_implementation
+from rlhfkit.models.policy import attn_implementation_of, forward_logits, model_dtype, model_inputs
+from rlhfkit.models.value_model import load_value_model, sequence_rewards, token_values
+from rlhfkit.trainers.experience import Experience, as_experience, gather_actions, pad_columns
+from rlhfkit.trainers.replay_buffer import ReplayBuffer
+from rlhfkit.trainers.setup import load_tokenizer_for, load_trainable_lm, make_strategy
+
+KL_LOG_RATIO_CLAMP = 10.0  # bounds exp() in the k3 KL loss when policy and reference drift far apart
+
+
+def _strategy(cfg: PPOConfig) -> DeepSpeedStrategy:
+    strategy = make_strategy(cfg.model, cfg.strategy)
+    strategy.setup_distributed()
+    return strategy
+
+
+def _dtype(cfg: PPOConfig) -> torch.dtype:
+    return torch.bfloat16 if cfg.model.bf16 else torch.float32
+
+
+def _attn(cfg: PPOConfig) -> str:
+    return resolve_attn_implementation(cfg.model.attn_implementation, cfg.model.flash_attn)
+
+
+def _per_chunk(exp: Experience, size: int, device: torch.device,
+               fn: Callable[[Experience], torch.Tensor], action_width: bool = True) -> torch.Tensor:
+    """Run `fn` over micro-batches of `size` rows and stitch the CPU results back ([B, R] or [B])."""
+    outs = []
+    for start in range(0, len(exp), size):
+        part = exp.select(slice(start, start + size)).trimmed().to(device)
+        out = fn(part).detach().float().cpu()
+        outs.append(pad_columns(out, exp.num_actions) if action_width else out)
+    return torch.cat(outs, dim=0)
+
+
+def action_logits(model: Any, exp: Experience) -> torch.Tensor:
+    """Logits [B, R, V] at the positions that predict each response token.
+
+    The LM head runs only over the span of positions that hold actions (`logits_to_keep` with indices), not over
+    every prompt position: for a small model with a large vocabulary the head is most of the forward's work.
+    """
+    positions = exp.action_positions()
+    first, last = int(positions.min()), int(positions.max())
+    keep = torch.arange(first, last + 1, device=positions.device)
+    inputs = model_inputs(exp.model_inputs(), attn_implementation_of(model), model_dtype(model))
+    try:
+        logits = model(**inputs, use_cache=False, logits_to_keep=keep).logits
+    except TypeError:  # a model class without logits_to_keep: compute the head everywhere
+        return gather_actions(forward_logits(model, exp.model_inputs()), positions)
+    return gather_actions(logits, positions - first)
+
+
+def action_log_probs(model: Any, exp: Experience, temperature: float) -> torch.Tensor:
+    """log softmax(logits / temperature) of each response token, [B, R] (the rollout engine's convention)."""
+    logits = action_logits(model, exp)
+    return token_logprobs(logits / temperature if temperature != 1.0 else logits, exp.action_tokens())
+
+
+def hf_state_dict(strategy: DeepSpeedStrategy, engine: Any) -> dict[str, torch.Tensor] | None:
+    """The policy's weights under Transformers names (LoRA merged in), on CPU; None off rank 0."""
+    module = strategy.unwrap(engine)
+    if not hasattr(module, "peft_config"):
+        return strategy.full_state_dict(engine)
+    module.merge_adapter()
+    try:
+        return {k.replace("base_model.model.", "", 1).replace(".base_layer", ""): v.detach().cpu().clone()
+                for k, v in module.state_dict().items() if "lora_" not in k}
+    finally:
+        module.unmerge_adapter()
+
+
+class _TrainedRole:
+    """What actor and critic share: a DeepSpeed training engine, weighted metrics, saving, checkpoints."""
+
+    name = "role"
+
+    def __init__(self, cfg: PPOConfig):
+        self.cfg = cfg
+        self.strategy = _strategy(cfg)
+        self.engine: Any = None
+        self.tokenizer = load_tokenizer_for(cfg.model)
+
+    @property
+    def device(self) -> torch.device:
+        return self.strategy.device
+
+    def _buffer(self, exp: Experience, seed: int) -> ReplayBuffer:
+        s = self.cfg.strategy
+        return ReplayBuffer(exp, s.train_batch_size, s.micro_train_batch_size, rank=self.strategy.rank,
+                            world_size=self.strategy.world_size, seed=seed)
+
+    def _reduce(self, sums: dict[str, float], weights: dict[str, float]) -> dict[str, float]:
+        """Weighted means over every micro-batch of every rank."""
+        keys = sorted(sums)
+        if not keys:
+            return {}
+        totals = self.strategy.all_reduce(torch.tensor([sums[k] for k in keys], dtype=torch.float64), "sum")
+        counts = self.strategy.all_reduce(torch.tensor([weights[k] for k in keys], dtype=torch.float64), "sum")
+        return {k: float(t / max(c, 1e-12)) for k, t, c in zip(keys, totals.tolist(), counts.tolist())}
+
+    def _step_scale(self, tokens: int, rows: int, agg: str, step_tokens: int, step_rows: int) -> float:
+        """Factor turning a micro-batch mean into its share of the optimizer step's mean (see replay_buffer.py).
+
+        DeepSpeed averages gradients over ranks, hence the world size in the denominator."""
+        world = self.strategy.world_size
+        if agg == "token_mean":
+            return tokens / (step_tokens / world)
+        return rows / (step_rows / world)
+
+    def _backward_step(self, loss: torch.Tensor) -> None:
+        # The loss is already normalised over the whole optimizer step: no extra 1/accumulation scaling.
+        self.engine.backward(loss, scale_wrt_gas=False)
+        self.engine.step()
+
+    def _grad_norm(self) -> float | None:
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else None
+
+    # -- saving ---------------------------------------------------------------------------------------------
+    def save_hf_model(self, path: str) -> None:
+        """A Transformers model directory (with the tokenizer) that plain `from_pretrained` loads."""
+        self.strategy.save_hf_model(self.engine, self.tokenizer, path)
+
+    def save_checkpoint(self, save_dir: str, tag: str, save_latest: bool = False) -> None:
+        """DeepSpeed engine states (weights, optimizer, schedule) under save_dir/tag (same signature as an engine,
+        so `rlhfkit.checkpoint.ckpt.save_checkpoint` takes the role itself)."""
+        self.engine.save_checkpoint(save_dir, tag=tag, save_latest=save_latest)
+
+    def load_checkpoint(self, load_dir: str, tag: str) -> tuple[str | None, Any]:
+        path, client_state = self.engine.load_checkpoint(load_dir, tag=tag)
+        return path, client_state
+
+
+class ActorRole(_TrainedRole):
+    """The policy being trained: old log-probs for the rollout, PPO updates, weights for the engines."""
+
+    name = "actor"
+
+    def __init__(self, cfg: PPOConfig, num_update_steps: int):
+        super().__init__(cfg)
+        model = load_trainable_lm(cfg.model)
+        self.engine = self.strategy.prepare_train(model, cfg.algo.actor_learning_rate, num_update_steps)
+        self.temperature = cfg.rollout.temperature
+        self.clip_low, self.clip_high = clip_range(cfg)
+        self.agg = loss_aggregation(cfg)
+
+    @torch.no_grad()
+    def log_probs(self, batch: Experience | dict[str, Any]) -> torch.Tensor:
+        """[B, R] log-probs of the response tokens under the current policy (PPO's old policy)."""
+        exp = as_experience(batch)
+        self.engine.eval()
+        try:
+            return _per_chunk(exp, self.cfg.rollout.micro_rollout_batch_size, self.device,
+                              lambda e: action_log_probs(self.engine, e, self.temperature))
+        finally:
+            self.engine.train()
+
+    def train(self, batch: Experience | dict[str, Any], kl_coef: float = 0.0, seed: int = 0) -> dict[str, float]:
+        """--max_epochs passes of PPO updates over the experience; returns the step's actor metrics."""
+        exp = as_experience(batch)
+        if exp.advantages is None or exp.action_log_probs is None:
+            raise ValueError("ActorRole.train needs advantages and action_log_probs in the experience")
+        sums: dict[str, float] = defaultdict(float)
+        weights: dict[str, float] = defaultdict(float)
+        buffer = self._buffer(exp, seed)
+        self.engine.train()
+        for epoch in range(self.cfg.rollout.max_epochs):
+            for step in buffer.epoch(epoch):
+                for micro in step.micro_batches:
+                    stats, weight = self._micro_step(micro.to(self.device), step.num_tokens, step.num_seqs,
+                                                     kl_coef)
+                    for k, v in stats.items():
+                        sums[k] += v * weight
+                        weights[k] += weight
+                norm = self._grad_norm()
+                if norm is not None:
+                    sums["grad_norm"] += norm
+                    weights["grad_norm"] += 1
+        metrics = self._reduce(sums, weights)
+        metrics["lr"] = float(self.engine.get_lr()[0])
+        return metrics
+
+    def _micro_step(self, micro: Experience, step_tokens: int, step_rows: int,
+                    kl_coef: float) -> tuple[dict[str, float], float]:
+        a = self.cfg.algo
+        mask = micro.action_mask
+        logits = action_logits(self.engine, micro)
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        logp = token_logprobs(logits, micro.action_tokens())
+        agg_kwargs = {"norm_len": self.cfg.data.generate_max_len} if self.agg == "seq_mean_token_sum_norm" else {}
+        tis = a.enable_vllm_is_correction and micro.rollout_log_probs is not None
+        loss, info = policy_loss(logp, micro.action_log_probs, micro.advantages, mask, clip_eps_low=self.clip_low,
+                                 clip_eps_high=self.clip_high, dual_clip=a.dual_clip,
+                                 rollout_logp=micro.rollout_log_probs if tis else None,
+                                 tis_cap=a.vllm_is_truncated_threshold if tis else None, agg=self.agg, **agg_kwargs)
+        stats = {"policy_loss": loss.item(), **{k: v.item() for k, v in info.items()}}
+        total = loss
+        if a.use_kl_loss and micro.base_action_log_probs is not None:
+            kl = compute_approx_kl(logp, micro.base_action_log_probs, a.kl_estimator, mask,
+                                   clamp=KL_LOG_RATIO_CLAMP)
+            kl_loss = aggregate_loss(kl, mask, self.agg, **agg_kwargs)
+            total = total + kl_coef * kl_loss
+            stats["kl_loss"] = kl_loss.item()
+        if a.entropy_loss_coef > 0:
+            entropy = entropy_from_logits(logits)
+            entropy_loss = aggregate_loss(entropy, mask, self.agg, **agg_kwargs)
+            total = total - a.entropy_loss_coef * entropy_loss
+            stats["entropy"] = masked_mean(entropy.detach(), mask).item()
+        else:
+            with torch.no_grad():
+                stats["entropy"] = masked_mean(entropy_from_logits(logits.detach()), mask).item()
+        tokens, rows = int(mask.sum()), mask.shape[0]
+        self._backward_step(total * self._step_scale(tokens, rows, self.agg, step_tokens, step_rows))
+        return stats, float(tokens)
+
+    def state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The policy weights (Transformers names, CPU) for the rollout engines."""
+        return hf_state_dict(self.strategy, self.engine)
+
+    def save_checkpoint(self, save_dir: str, tag: str, save_latest: bool = False) -> None:
+        super().save_checkpoint(save_dir, tag, save_latest)
+        if self.cfg.save.save_hf_ckpt:
+            self.save_hf_model(f"{save_dir}/{tag}_hf")
+
+
+class CriticRole(_TrainedRole):
+    """The value model of PPO (`--advantage_estimator gae`): values for GAE, regression on the returns."""
+
+    name = "critic"
+
+    def __init__(self, cfg: PPOConfig, num_update_steps: int):
+        super().__init__(cfg)
+        path = check_model_path(critic_path(cfg), "--critic_pretrain")
+        model = load_value_model(path, value_head_prefix=cfg.rl_model.value_head_prefix,
+                                 attn_implementation=_attn(cfg), dtype=torch.float32, flag="--critic_pretrain")
+        self.engine = self.strategy.prepare_train(model, cfg.algo.critic_learning_rate, num_update_steps)
+
+    def _values(self, exp: Experience) -> torch.Tensor:
+        return gather_actions(token_values(self.engine, exp.model_inputs()), exp.action_positions())
+
+    @torch.no_grad()
+    def values(self, batch: Experience | dict[str, Any]) -> torch.Tensor:
+        """[B, R] the value of the state before each response token."""
+        exp = as_experience(batch)
+        self.engine.eval()
+        try:
+            return _per_chunk(exp, self.cfg.rollout.micro_rollout_batch_size, self.device, self._values)
+        finally:
+            self.engine.train()
+
+    def train(self, batch: Experience | dict[str, Any], seed: int = 0) -> dict[str, float]:
+        """--max_epochs passes of (clipped) value regression on the returns; returns the critic metrics."""
+        exp = as_experience(batch)
+        if exp.returns is None or exp.values is None:
+            raise ValueError("CriticRole.train needs values and returns in the experience")
+        sums: dict[str, float] = defaultdict(float)
+        weights: dict[str, float] = defaultdict(float)
+        self.engine.train()
+        for epoch in range(self.cfg.rollout.max_epochs):
+            for step in self._buffer(exp, seed).epoch(epoch):
+                for micro in step.micro_batches:
+                    micro = micro.to(self.device)
+                    mask = micro.action_mask
+                    loss, info = value_loss(self._values(micro), micro.values, micro.returns, mask,
+                                            value_clip=self.cfg.algo.value_clip)
+                    tokens = int(mask.sum())
+                    self._backward_step(loss * self._step_scale(tokens, mask.shape[0], "token_mean", step.num_tokens,
+                                                                step.num_seqs))
+                    for k, v in {"value_loss": loss.item(), **{k: v.item() for k, v in info.items()}}.items():
+                        sums[k] += v * tokens
+                        weights[k] += tokens
+                norm = self._grad_norm()
+                if norm is not None:
+                    sums["grad_norm"] += norm
+                    weights["grad_norm"] += 1
+        metrics = self._reduce(sums, weights)
+        metrics["lr"] = float(self.engine.get_lr()[0])
+        return metrics
+
+
+class ReferenceRole:
+    """The frozen initial policy: reference log-probs for the KL penalty or KL loss."""
+
+    name = "ref"
+
+    def __init__(self, cfg: PPOConfig):
+        self.cfg = cfg
+        self.strategy = _strategy(cfg)
+        model = load_causal_lm(check_model_path(cfg.model.pretrain), attn_implementation=_attn(cfg),
+                               dtype=_dtype(cfg))
+        self.model = self.strategy.prepare_eval(model)
+        self.temperature = cfg.rollout.temperature
+
+    @torch.no_grad()
+    def log_probs(self, batch: Experience | dict[str, Any]) -> torch.Tensor:
+        exp = as_experience(batch)
+        return _per_chunk(exp, self.cfg.rollout.micro_rollout_batch_size, self.strategy.device,
+                          lambda e: action_log_probs(self.model, e, self.temperature))
+
+
+class RewardModelRole:
+    """A trained reward model (`--reward_pretrain`): the value head at each sample's last token."""
+
+    name = "reward"
+
+    def __init__(self, cfg: PPOConfig):
+        self.cfg = cfg
+        self.strategy = _strategy(cfg)
+        path = check_model_path(cfg.rl_model.reward_pretrain, "--reward_pretrain")
+        model = load_value_model(path, value_head_prefix=cfg.rl_model.value_head_prefix,
+                                 attn_implementation=_attn(cfg), dtype=_dtype(cfg), flag="--reward_pretrain")
+        self.model = self.strategy.prepare_eval(model)
+        self.normalize = cfg.algo.normalize_reward
+
+    @torch.no_grad()
+    def score(self, batch: Experience | dict[str, Any]) -> dict[str, Any]:
+        """{"rewards": [B], "scores": [B], "extra_logs": {}}; text fields of the batch are ignored."""
+        exp = as_experience({k: v for k, v in batch.items() if k not in ("queries", "prompts", "labels")}) \
+            if isinstance(batch, dict) else batch
+        rewards = _per_chunk(exp, self.cfg.rollout.micro_rollout_batch_size, self.strategy.device,
+                             lambda e: sequence_rewards(self.model, e.model_inputs(), normalize=self.normalize),
+                             action_width=False)
+        return {"rewards": rewards, "scores": rewards.clone(), "extra_logs": {}}

@@ -1,0 +1,52 @@
+"""Placement arithmetic (no Ray): which roles share a placement group and what each rank asks for."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlhfkit.distributed.placement import ResourcePlan, RoleDemand, plan_pools
+from rlhfkit.errors import UserError
+
+SEED_HYBRID = [RoleDemand("actor", 8), RoleDemand("ref", 8), RoleDemand("critic", 8), RoleDemand("reward", 8),
+               RoleDemand("vllm", 4, devices_per_rank=2)]
+
+
+def test_hybrid_engine_puts_everything_on_the_actor_devices():
+    plan = ResourcePlan.make(SEED_HYBRID, colocate_all=True, use_gpu=True, cpus_per_bundle=1)
+    assert [(p.name, p.bundles, p.members) for p in plan.pools] == [
+        ("hybrid", 8, ["actor", "ref", "critic", "reward", "vllm"])]
+    assert plan.total() == {"CPU": 8.0, "GPU": 8.0}
+    actor = plan.slots["actor"]
+    assert [s.bundle_index for s in actor] == list(range(8))
+    assert actor[0].num_gpus == pytest.approx(0.2) and actor[0].num_cpus == pytest.approx(0.2)
+    vllm = plan.slots["vllm"]  # engine i spans bundles 2i, 2i+1
+    assert [(s.bundle_index, s.bundle_count) for s in vllm] == [(0, 2), (2, 2), (4, 2), (6, 2)]
+
+
+def test_no_colocation_gives_every_role_its_own_pool_on_cpu():
+    plan = ResourcePlan.make([RoleDemand("actor", 2), RoleDemand("ref", 1), RoleDemand("critic", 1),
+                              RoleDemand("vllm", 2)], use_gpu=False, cpus_per_bundle=1)
+    assert [(p.name, p.bundles) for p in plan.pools] == [("actor", 2), ("ref", 1), ("critic", 1), ("vllm", 2)]
+    assert plan.total() == {"CPU": 6.0}
+    assert all(s.num_gpus == 0 and s.num_cpus == 1 for slots in plan.slots.values() for s in slots)
+
+
+def test_pairwise_colocation_shares_bundles_half_each():
+    demands = [RoleDemand("actor", 2), RoleDemand("ref", 2), RoleDemand("critic", 2), RoleDemand("reward", 1)]
+    plan = ResourcePlan.make(demands, colocate_actor_ref=True, colocate_critic_reward=True, cpus_per_bundle=1)
+    assert [(p.name, p.bundles, p.members) for p in plan.pools] == [
+        ("actor_ref", 2, ["actor", "ref"]), ("critic_reward", 2, ["critic", "reward"])]
+    assert {s.num_cpus for s in plan.slots["ref"]} == {0.5}
+    assert [s.bundle_index for s in plan.slots["reward"]] == [0]
+
+
+def test_hybrid_engine_device_mismatch_is_a_user_error():
+    with pytest.raises(UserError, match=r"--colocate_all_models needs actor devices .* = 2\) == --vllm_num_engines"):
+        plan_pools([RoleDemand("actor", 2), RoleDemand("vllm", 1)], colocate_all=True, colocate_actor_ref=False,
+                   colocate_critic_reward=False)
+
+
+def test_colocated_guest_larger_than_owner_is_a_user_error():
+    with pytest.raises(UserError, match="--colocate_actor_ref: ref needs 4 devices but the actor has 2"):
+        plan_pools([RoleDemand("actor", 2), RoleDemand("ref", 4)], colocate_all=False, colocate_actor_ref=True,
+                   colocate_critic_reward=False)

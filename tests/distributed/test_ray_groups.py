@@ -1,0 +1,51 @@
+"""RayActorGroup on a real local Ray cluster: placement bundles, a gloo world inside the actors, dispatch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlhfkit.distributed.placement import ResourcePlan, RoleDemand
+from rlhfkit.distributed.ray_groups import RayActorGroup, join_from_ranks, split_for_ranks
+from tests.distributed.toy_roles import EchoRole
+
+
+def test_split_and_join_are_inverse_in_order():
+    items = [[i] * (i % 3 + 1) for i in range(7)]
+    parts = split_for_ranks(items, 3)
+    assert [len(p) for p in parts] == [3, 2, 2]
+    assert join_from_ranks(parts) == items
+    t = torch.arange(10).reshape(5, 2)
+    assert torch.equal(join_from_ranks(split_for_ranks(t, 2)), t)
+    d = split_for_ranks({"a": t, "b": list(range(5))}, 2)
+    assert d[1]["b"] == [3, 4] and torch.equal(d[1]["a"], t[3:])
+    assert join_from_ranks([{"loss": 1.0, "n": [1]}, {"loss": 3.0, "n": [2]}]) == {"loss": 2.0, "n": [1, 2]}
+
+
+def test_two_colocated_groups_form_their_own_gloo_worlds(ray_cluster):
+    ray = ray_cluster
+    plan = ResourcePlan.make([RoleDemand("actor", 2), RoleDemand("ref", 2)], colocate_actor_ref=True,
+                             use_gpu=False, cpus_per_bundle=1).create()
+    try:
+        actor = RayActorGroup("actor", EchoRole, plan, plan.slots["actor"], init_kwargs={"scale": 1.0})
+        ref = RayActorGroup("ref", EchoRole, plan, plan.slots["ref"], init_kwargs={"scale": 10.0})
+        where = [ray.get(w.call.remote("where", (), {})) for w in actor.workers]
+        ref_where = [ray.get(w.call.remote("where", (), {})) for w in ref.workers]
+        for rank, (a, r) in enumerate(zip(where, ref_where)):
+            assert (a["rank"], a["world"], a["env_rank"], a["backend"]) == (rank, 2, rank, "gloo")
+            assert a["master"] == "127.0.0.1" and a["threads"] == 1
+            # Both roles sit on the same bundle of the same placement group, half a CPU each.
+            assert a["pg"] == r["pg"] == plan.groups["actor_ref"].id.hex()
+            assert a["resources"] == {"CPU": pytest.approx(0.5)}
+        assert len({w["pid"] for w in where + ref_where}) == 4
+        assert actor.all_ranks() == [0, 1] and ref.all_ranks() == [0, 1]
+        # split: rank 0 gets rows 0-2, rank 1 rows 3-4, results joined in order
+        batch = torch.arange(10.0).reshape(5, 2)
+        assert torch.equal(actor.double(batch), batch * 2) and torch.equal(ref.double(batch), batch * 20)
+        out = actor.lengths([[1], [2, 2], [3, 3, 3]])
+        assert out["lengths"] == [1, 2, 3] and out["ranks"] == [0, 0, 1]
+        assert not hasattr(actor, "no_such_method") and hasattr(actor, "all_ranks")
+        actor.kill()
+        ref.kill()
+    finally:
+        plan.remove()

@@ -1,0 +1,130 @@
+"""RL config: OpenRLHF's flags (the seed commands parse), derived defaults, and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from rlhfkit.cli.common import run_cli
+from rlhfkit.cli.train_ppo import main
+from rlhfkit.config.base import parse_config
+from rlhfkit.config.rl import (
+    PPOConfig,
+    clip_range,
+    critic_path,
+    loss_aggregation,
+    needs_reference,
+    validate_rl_config,
+)
+
+SEED_GRPO = """
+--advantage_estimator group_norm --ref_num_nodes 1 --ref_num_gpus_per_node 8 --reward_num_nodes 1
+--reward_num_gpus_per_node 8 --actor_num_nodes 1 --actor_num_gpus_per_node 8 --vllm_num_engines 4
+--vllm_tensor_parallel_size 2 --colocate_all_models --pretrain OpenRLHF/Llama-3-8b-sft-mixture
+--reward_pretrain OpenRLHF/Llama-3-8b-rm-700k --save_path ./output/llama3-8b-grpo --micro_train_batch_size 8
+--train_batch_size 128 --micro_rollout_batch_size 16 --rollout_batch_size 1024 --max_epochs 1 --bf16
+--actor_learning_rate 5e-7 --init_kl_coef 0.01 --use_kl_loss --kl_estimator k3 --normalize_reward
+--no_advantage_std_norm --n_samples_per_prompt 8 --prompt_data some/prompts
+"""
+SEED_PPO = """
+--ref_num_nodes 1 --ref_num_gpus_per_node 8 --reward_num_nodes 1 --reward_num_gpus_per_node 8
+--critic_num_nodes 1 --critic_num_gpus_per_node 8 --actor_num_nodes 1 --actor_num_gpus_per_node 8
+--vllm_num_engines 4 --vllm_tensor_parallel_size 2 --colocate_all_models --vllm_gpu_memory_utilization 0.5
+--pretrain OpenRLHF/Llama-3-8b-sft-mixture --reward_pretrain OpenRLHF/Llama-3-8b-rm-700k
+--save_path ./output/llama3-8b-rlhf --micro_train_batch_size 8 --train_batch_size 128
+--micro_rollout_batch_size 16 --rollout_batch_size 1024 --max_epochs 1 --prompt_max_len 1024
+--generate_max_len 1024 --zero_stage 3 --bf16 --actor_learning_rate 5e-7 --critic_learning_rate 9e-6
+--init_kl_coef 0.01 --normalize_reward --gradient_checkpointing --packing_samples --vllm_enable_sleep
+--deepspeed_enable_sleep --prompt_data some/prompts --flash_attn --save_steps 100 --save_hf_ckpt
+--ckpt_path ./ckpt --use_wandb offline --wandb_project p --enforce_eager --enable_prefix_caching
+--vllm_sync_backend gloo --ref_reward_offload
+"""
+
+
+def parse(text: str) -> PPOConfig:
+    return parse_config(PPOConfig, shlex.split(text), "test")
+
+
+def test_seed_commands_parse_and_validate():
+    grpo = validate_rl_config(parse(SEED_GRPO))
+    assert grpo.algo.advantage_estimator == "group_norm" and grpo.algo.use_kl_loss
+    assert grpo.rollout.vllm_num_engines == 4 and grpo.resources.colocate_all_models
+    ppo = validate_rl_config(parse(SEED_PPO))
+    assert ppo.algo.advantage_estimator == "gae"
+    assert ppo.model.gradient_checkpointing and ppo.data.packing_samples and ppo.rollout.vllm_enable_sleep
+    assert ppo.resources.deepspeed_enable_sleep and ppo.save.save_hf_ckpt and ppo.rollout.vllm_sync_backend == "gloo"
+    # OpenRLHF's default critic: the reward model when there is one, else the policy.
+    assert critic_path(ppo) == "OpenRLHF/Llama-3-8b-rm-700k"
+
+
+def test_derived_defaults():
+    cfg = parse("--pretrain m --remote_rm_url r.py --eps_clip 0.3 --clip_eps_high 0.28")
+    assert clip_range(cfg) == (0.3, 0.28)
+    assert critic_path(cfg) == "m"
+    assert loss_aggregation(cfg) == "token_mean"
+    assert loss_aggregation(parse("--advantage_estimator dr_grpo")) == "seq_mean_token_sum_norm"
+    assert needs_reference(cfg)
+    assert not needs_reference(parse("--init_kl_coef 0"))
+    assert needs_reference(parse("--init_kl_coef 0 --use_kl_loss"))
+
+
+@pytest.fixture
+def rm_file(tmp_path):
+    path = tmp_path / "reward.py"
+    path.write_text("def reward_func(queries, prompts, labels):\n    return [0.0] * len(queries)\n")
+    return str(path)
+
+
+BASE = "--pretrain m --prompt_data p.jsonl --rollout_batch_size 4 --n_samples_per_prompt 2 --train_batch_size 8 " \
+       "--micro_train_batch_size 4 --micro_rollout_batch_size 4 "
+
+
+@pytest.mark.parametrize("flags, message", [
+    ("--advantage_estimator group_norm --n_samples_per_prompt 1 --train_batch_size 4",
+     "needs --n_samples_per_prompt > 1"),
+    ("--advantage_estimator rloo --n_samples_per_prompt 1 --train_batch_size 4", "needs --n_samples_per_prompt > 1"),
+    ("--advantage_estimator dr_grpo --n_samples_per_prompt 1 --train_batch_size 4",
+     "needs --n_samples_per_prompt > 1"),
+    ("--advantage_estimator reinforce_baseline --n_samples_per_prompt 1 --train_batch_size 4",
+     "needs --n_samples_per_prompt > 1"),
+    ("--train_batch_size 16", "is not divisible by --train_batch_size 16"),
+    ("--micro_train_batch_size 3", "is not divisible by --micro_train_batch_size 3"),
+    ("--micro_rollout_batch_size 3", "not divisible by --micro_rollout_batch_size 3"),
+    ("--actor_num_gpus_per_node 4", "actor devices 4"),
+    ("--dual_clip 1.0", "--dual_clip must be > 1"),
+    ("--learning_rate 1e-5", "--learning_rate does not apply to RL"),
+    ("--temperature 0", "--temperature must be > 0"),
+    ("--top_p 1.5", "--top_p must be in (0, 1]"),
+    ("--kl_target -1", "--kl_target and --kl_horizon must be > 0"),
+    ("--reward_clip_range 1 2 3", "--reward_clip_range takes one or two numbers"),
+    ("--colocate_all_models --vllm_num_engines 2", "--colocate_all_models needs actor devices"),
+])
+def test_invalid_settings_exit_2_with_one_line(capsys, rm_file, flags, message):
+    code = run_cli(main, shlex.split(BASE + f"--remote_rm_url {rm_file} " + flags), prog="train_ppo")
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (BASE, "no reward source"),
+    (BASE + "--remote_rm_url missing_file.py", "not an http(s) URL and not an existing .py file"),
+    (BASE + "--remote_rm_url http://a:1/x --reward_pretrain rm", "either --reward_pretrain or --remote_rm_url"),
+    ("--remote_rm_url http://a:1/x --prompt_data p", "--pretrain is required"),
+    ("--remote_rm_url http://a:1/x --pretrain m", "--prompt_data is required"),
+    (BASE + "--remote_rm_url http://a:1/x --advantage_estimator unknown", "invalid choice"),
+])
+def test_missing_sources_exit_2(capsys, flags, message):
+    try:
+        code = run_cli(main, shlex.split(flags), prog="train_ppo")
+    except SystemExit as e:  # argparse's own errors (unknown choice) exit from the parser
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_good_config_passes_validation(rm_file):
+    cfg = parse(BASE + f"--remote_rm_url {rm_file} --advantage_estimator rloo")
+    assert validate_rl_config(cfg) is cfg

@@ -1,0 +1,74 @@
+"""Role helpers without DeepSpeed engines: action logits/log-probs against a plain forward, LoRA weight export."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from rlhfkit.algorithms.logprobs import token_logprobs
+from rlhfkit.config.common import StrategyArgs
+from rlhfkit.distributed.strategy import DeepSpeedStrategy
+from rlhfkit.rollout.engine import SampledSequence
+from rlhfkit.rollout.hf_engine import HFRolloutEngine
+from rlhfkit.trainers.experience import experience_from_samples
+from rlhfkit.trainers.roles import action_log_probs, action_logits, hf_state_dict
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(demo_assets):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return (AutoModelForCausalLM.from_pretrained(demo_assets.model_dir).eval(),
+            AutoTokenizer.from_pretrained(demo_assets.model_dir))
+
+
+def experience():
+    return experience_from_samples([
+        SampledSequence([1, 5, 6, 7], [10, 11, 2], [0.0] * 3, "stop"),
+        SampledSequence([1, 5], [12, 13, 14, 15, 16], [0.0] * 5, "length"),
+        SampledSequence([1, 5, 6, 7, 8, 9, 10], [12], [0.0], "length"),
+    ], pad_id=0)
+
+
+def test_action_log_probs_equal_per_sample_forwards(model_and_tokenizer):
+    model, _ = model_and_tokenizer
+    exp = experience()
+    with torch.no_grad():
+        got = action_log_probs(model, exp, temperature=0.7)
+    for i in range(len(exp)):
+        n_prompt, n_resp = int(exp.prompt_lengths[i]), int(exp.action_mask[i].sum())
+        ids = exp.sequences[i:i + 1, :n_prompt + n_resp]
+        with torch.no_grad():
+            logits = model(ids).logits[:, :-1] / 0.7
+        expected = token_logprobs(logits, ids[:, 1:])[0, n_prompt - 1:]
+        torch.testing.assert_close(got[i, :n_resp], expected, atol=1e-5, rtol=0)
+    assert action_logits(model, exp).shape == (3, 5, model.config.vocab_size)
+
+
+def test_lora_weights_are_exported_merged_under_transformers_names(model_and_tokenizer):
+    from rlhfkit.models.lora import apply_lora
+
+    model, tok = model_and_tokenizer
+    peft_model = apply_lora(copy.deepcopy(model), rank=4, alpha=8, dropout=0.0, target_modules=None)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.05)  # B starts at 0: make the adapter do something
+    strategy = DeepSpeedStrategy(StrategyArgs(zero_stage=0, train_batch_size=1, micro_train_batch_size=1))
+    state = hf_state_dict(strategy, peft_model)
+    assert set(state) == set(model.state_dict())
+    engine = HFRolloutEngine(copy.deepcopy(model), tok)
+    engine.update_weights(state)
+    ids = torch.tensor([[1, 5, 6, 7, 8]])
+    with torch.no_grad():
+        expected = peft_model(ids).logits
+        got = engine.model(ids).logits
+        base = model(ids).logits
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    assert (got - base).abs().max() > 1e-3
+    # The adapter is unmerged again: the trainable model is unchanged by the export.
+    with torch.no_grad():
+        torch.testing.assert_close(peft_model(ids).logits, expected)
