@@ -72,14 +72,13 @@ def run_preference_stages(out: Path, seed: int) -> list[str]:
     """
     from rlhfkit.config.base import parse_config
     from rlhfkit.config.preference import DPOConfig, RMConfig
-    from rlhfkit.demo.assets import DEMO_INPUT_TEMPLATE, build_demo_assets
+    from rlhfkit.demo.assets import DEMO_INPUT_TEMPLATE, build_preference_assets
     from rlhfkit.models.loading import load_tokenizer
     from rlhfkit.models.value_model import load_value_model
     from rlhfkit.trainers.dpo import run_dpo
     from rlhfkit.trainers.reward import preference_accuracy, run_rm
 
-    assets = build_demo_assets(out / "assets_preference", seed=seed, task_mix={"max": 1.0}, n_sft=8, n_eval=8,
-                               n_pref=1536, n_pref_eval=200, n_rl=8, n_rl_eval=8)
+    assets = build_preference_assets(out / "assets_preference", seed=seed)
     held_out = _read_jsonl(str(assets.pref_eval))
     common = ["--pretrain", str(assets.model_dir), "--dataset", str(assets.pref_train), "--eval_dataset",
               str(assets.pref_eval), "--prompt_key", "prompt", "--input_template", DEMO_INPUT_TEMPLATE,

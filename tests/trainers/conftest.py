@@ -48,3 +48,27 @@ def sft_model_dir(demo_assets, tmp_path_factory) -> Path:
         "--logging_steps", "50", "--adam_betas", "0.9", "0.98", "--disable_progress_bar"], timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
+
+
+@pytest.fixture(scope="module")
+def restore_env():
+    """In-process trainers (run_rm/run_dpo/run_kto) need a world of one for DeepSpeed (an earlier module may already
+    have joined the process group); the environment is restored afterwards so later subprocess tests never inherit
+    RANK/WORLD_SIZE/MASTER_*."""
+    import os
+
+    from rlhfkit.distributed.launch import free_port
+
+    saved = dict(os.environ)
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.fixture(scope="session")
+def max_assets(tmp_path_factory):
+    """Demo assets of the `max` task (see rlhfkit.demo.assets.build_preference_assets for why), built once."""
+    from rlhfkit.demo.assets import build_preference_assets
+
+    return build_preference_assets(tmp_path_factory.getbasetemp() / "pref_max_assets", seed=0)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 
 import pytest
@@ -16,27 +15,6 @@ from tests.helpers import run_module
 TEMPLATE = "User: {}\nAssistant: "
 
 
-@pytest.fixture(scope="module")
-def restore_env():
-    """run_dpo runs in this process: describe a world of one for DeepSpeed (an earlier module may already have
-    joined the process group), and restore the environment afterwards so later subprocess tests never inherit
-    RANK/WORLD_SIZE/MASTER_*."""
-    from rlhfkit.distributed.launch import free_port
-
-    saved = dict(os.environ)
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
-
-
-@pytest.fixture(scope="module")
-def max_assets(tmp_path_factory):
-    """Demo assets of the `max` task (see tests/trainers/test_reward.py for why), shared across test modules."""
-    from rlhfkit.demo.assets import build_demo_assets
-
-    return build_demo_assets(tmp_path_factory.getbasetemp() / "pref_max_assets", seed=0, task_mix={"max": 1.0},
-                             n_sft=8, n_eval=8, n_pref=1536, n_pref_eval=200, n_rl=8, n_rl_eval=8)
 
 
 def dpo_args(assets, save, *extra: str) -> list[str]:

@@ -4,7 +4,6 @@ the closed form, and its KL reference point comes from mismatched prompt/complet
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
@@ -12,27 +11,6 @@ import torch
 TEMPLATE = "User: {}\nAssistant: "
 
 
-@pytest.fixture(scope="module")
-def restore_env():
-    """run_kto runs in this process: describe a world of one for DeepSpeed (an earlier module may already have
-    joined the process group), and restore the environment afterwards so later subprocess tests never inherit
-    RANK/WORLD_SIZE/MASTER_*."""
-    from rlhfkit.distributed.launch import free_port
-
-    saved = dict(os.environ)
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
-
-
-@pytest.fixture(scope="module")
-def max_assets(tmp_path_factory):
-    """Demo assets of the `max` task (see tests/trainers/test_reward.py for why), shared across test modules."""
-    from rlhfkit.demo.assets import build_demo_assets
-
-    return build_demo_assets(tmp_path_factory.getbasetemp() / "pref_max_assets", seed=0, task_mix={"max": 1.0},
-                             n_sft=8, n_eval=8, n_pref=1536, n_pref_eval=200, n_rl=8, n_rl_eval=8)
 
 
 def run(assets, save, *extra: str):

@@ -4,7 +4,6 @@ same rewards and the reward statistics, packs exactly, and applies the margin an
 from __future__ import annotations
 
 import json
-import os
 from types import SimpleNamespace
 
 import pytest
@@ -13,31 +12,6 @@ import torch
 TEMPLATE = "User: {}\nAssistant: "
 
 
-@pytest.fixture(scope="module")
-def restore_env():
-    """run_rm runs in this process: describe a world of one for DeepSpeed (an earlier module may already have
-    joined the process group), and restore the environment afterwards so later subprocess tests never inherit
-    RANK/WORLD_SIZE/MASTER_*."""
-    from rlhfkit.distributed.launch import free_port
-
-    saved = dict(os.environ)
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
-
-
-@pytest.fixture(scope="module")
-def max_assets(tmp_path_factory):
-    """Demo assets restricted to the `max` task (built once per session, reused by the DPO/KTO tests).
-
-    The default task mix is mostly multi-digit addition: a preference model on it needs arithmetic, which the
-    1M-parameter model does not learn in CI time (held-out pairwise accuracy plateaus near 0.65, the share of
-    pairs with surface cues). On `max` pairs the skill is learnable within a few dozen steps."""
-    from rlhfkit.demo.assets import build_demo_assets
-
-    return build_demo_assets(tmp_path_factory.getbasetemp() / "pref_max_assets", seed=0, task_mix={"max": 1.0},
-                             n_sft=8, n_eval=8, n_pref=1536, n_pref_eval=200, n_rl=8, n_rl_eval=8)
 
 
 def rm_config(assets, save, *extra: str):
