@@ -117,7 +117,7 @@ def _stop_head(proc: subprocess.Popen) -> None:
 
 
 def test_ray_job_submit_runs_group_norm_on_the_transformers_engine(demo_assets, tmp_path):
-    """The fourth cell of tests/distributed/test_ray_ppo.py (group_norm, Transformers engine, no colocation)."""
+    """A job on a `ray start --head` cluster: group_norm on the Transformers engine, no colocation."""
     ray_bin = str(Path(sys.executable).with_name("ray"))
     env = {**os.environ, **RAY_ENV}
     env.pop("RAY_ADDRESS", None)

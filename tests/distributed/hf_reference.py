@@ -48,3 +48,15 @@ def demo_prompt_ids(model_dir, n: int) -> list[list[int]]:
     data = Path(model_dir).parent / "data" / "rl_train.jsonl"
     rows = [json.loads(line) for line in data.read_text().splitlines()][:n]
     return [tok(DEMO_INPUT_TEMPLATE.format(r["prompt"]))["input_ids"] for r in rows]
+
+
+@torch.no_grad()
+def greedy_gaps(model, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
+    """At each response position, how far the response token's logit is below `model`'s top logit (0 where the
+    token is `model`'s greedy choice): checks a greedy response from an engine computing in another precision."""
+    if not response_ids:
+        return []
+    ids = torch.tensor([prompt_ids + response_ids])
+    logits = model(ids).logits[0, len(prompt_ids) - 1:-1].double()
+    chosen = logits.gather(-1, torch.tensor(response_ids)[:, None])[:, 0]
+    return (logits.max(-1).values - chosen).tolist()

