@@ -122,6 +122,7 @@ def run_grpo_stage(sft_dir: str, prompts: Path, out: Path, steps: int, seed: int
     use_vllm = engine == "vllm" or (engine == "auto" and vllm_available())
     save = out / "grpo"
     argv = grpo_argv(sft_dir, prompts, save, steps, seed, use_vllm)
+    out.mkdir(parents=True, exist_ok=True)
     command = out / "grpo_command.sh"
     command.write_text(f"python -m rlhfkit.cli.train_ppo_ray {shlex.join(argv)}\n")
     print(f"[demo] GRPO through train_ppo_ray on a local Ray cluster, {'vLLM' if use_vllm else 'Transformers'} "
