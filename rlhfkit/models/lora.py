@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 from peft import LoraConfig, PeftModel, get_peft_model
+from torch import nn
 from transformers import PreTrainedModel
 
 
 def apply_lora(model: PreTrainedModel, rank: int, alpha: int, dropout: float,
-               target_modules: list[str] | None) -> PreTrainedModel:
-    """Wrap `model` so only LoRA matrices train; every linear layer is adapted unless names are given."""
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, bias="none", task_type="CAUSAL_LM",
-                        target_modules=target_modules or "all-linear")
+               target_modules: list[str] | None, *, head: str | None = None) -> PreTrainedModel:
+    """Wrap `model` so only LoRA matrices train; every linear layer is adapted unless names are given.
+
+    `head`: a reward/critic model's value head (e.g. "score"), freshly initialised, so it trains in full
+    (PEFT `modules_to_save`) and is never given an adapter of its own."""
+    if head is None:
+        config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, bias="none", task_type="CAUSAL_LM",
+                            target_modules=target_modules or "all-linear")
+    else:
+        targets = target_modules or sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules()
+                                            if isinstance(m, nn.Linear) and not name.startswith(head)})
+        config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, bias="none", task_type="SEQ_CLS",
+                            target_modules=[t for t in targets if t != head], modules_to_save=[head])
     return get_peft_model(model, config)
 
 

@@ -57,7 +57,11 @@ def _head_was_loaded(path: str, prefix: str) -> bool:
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
-    return getattr(model, "module", model)
+    """The Transformers model inside a DeepSpeed engine and/or a PEFT wrapper (LoRA layers stay in place)."""
+    from peft import PeftModel
+
+    inner = getattr(model, "module", model)
+    return inner.get_base_model() if isinstance(inner, PeftModel) else inner
 
 
 def token_values(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -222,13 +222,11 @@ def run_rm(cfg: Any) -> RewardModelTrainer:
     from rlhfkit.data.collate import pair_collate
     from rlhfkit.errors import UserError
     from rlhfkit.models.loading import check_model_path, resolve_attn_implementation
+    from rlhfkit.models.lora import apply_lora
     from rlhfkit.models.value_model import load_value_model
     from rlhfkit.trainers.setup import load_tokenizer_for, make_logger, make_strategy
 
     validate_rm_config(cfg)
-    if cfg.model.lora_rank > 0:
-        raise UserError("--lora_rank is not supported by train_rm yet (the reward head must train in full); "
-                        "drop it, or train the policy with LoRA instead")
     if cfg.train.aux_loss_coef > 0:
         raise UserError("--aux_loss_coef is not supported by train_rm (the reward head reads the backbone, which "
                         "returns no router loss); drop it")
@@ -242,6 +240,12 @@ def run_rm(cfg: Any) -> RewardModelTrainer:
     steps = (len(train) // cfg.strategy.train_batch_size) * cfg.train.max_epochs
     model = load_value_model(path, value_head_prefix=cfg.train.value_head_prefix, attn_implementation=attn,
                              flag="--pretrain")
+    if cfg.model.lora_rank > 0:  # adapters on the backbone, the value head in full; saved merged
+        m = cfg.model
+        model = apply_lora(model, m.lora_rank, m.lora_alpha, m.lora_dropout, m.target_modules,
+                           head=cfg.train.value_head_prefix)
+        if m.gradient_checkpointing:
+            model.enable_input_require_grads()
     engine = strategy.prepare_train(model, cfg.strategy.learning_rate, steps)
     logger = make_logger(strategy, cfg.logging, cfg.checkpoint.save_path, "rm", cfg)
     strategy.print(f"rm: {len(train)} pairs, {steps} optimizer steps, world size {strategy.world_size}, "
