@@ -16,6 +16,9 @@ def quiet_libraries() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from rlhfkit.distributed.launch import default_ds_accelerator
+
+    default_ds_accelerator()
     for name in ("DeepSpeed", "deepspeed", "torch.distributed", "transformers"):
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=UserWarning)

@@ -8,6 +8,12 @@ import socket
 import torch
 
 
+def default_ds_accelerator() -> None:
+    """Without CUDA, tell DeepSpeed it runs on CPU (it otherwise warns on import that it fell back to CPU)."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
 def free_port() -> int:
     """A free TCP port on 127.0.0.1."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

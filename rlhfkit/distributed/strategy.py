@@ -19,11 +19,10 @@ import torch.distributed as dist
 from torch import nn
 
 from rlhfkit.config.common import StrategyArgs
-from rlhfkit.distributed.launch import init_distributed, world_size_from_env
+from rlhfkit.distributed.launch import default_ds_accelerator, init_distributed, world_size_from_env
 from rlhfkit.errors import UserError
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # silences DeepSpeed's accelerator probe warning
+default_ds_accelerator()
 
 
 def validate_batch_sizes(train_batch_size: int, micro_batch_size: int, world_size: int,
