@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
@@ -173,6 +174,7 @@ def run_preference_stages(out: Path, seed: int) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_libraries()
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # the engines' start-up notes would bury the demo's lines
     args = _parse(argv)
     import torch
 

@@ -29,6 +29,7 @@ import importlib.util
 import logging
 import os
 import time
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -160,11 +161,16 @@ class VLLMEngine(StagedWeights):
 
     def __init__(self, args: VLLMEngineArgs, env: dict[str, str] | None = None):
         apply_env({**VLLM_ENV, **(env or {})})
+        # VLLM_CONFIGURE_LOGGING=0 leaves vLLM's logger to us: honour VLLM_LOGGING_LEVEL as vLLM would (default INFO)
+        level = os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper()
+        logging.getLogger("vllm").setLevel(level)
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_DropRotaryReloadWarning())
+        if level in ("ERROR", "CRITICAL"):  # vLLM's own imports raise torch deprecation warnings
+            warnings.filterwarnings("ignore", category=FutureWarning)
         import vllm
         from vllm import SamplingParams
         from vllm.platforms import current_platform
 
-        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_DropRotaryReloadWarning())
         self.args = args
         self.sleep_supported = torch.cuda.is_available() and bool(current_platform.is_sleep_mode_available())
         kwargs: dict[str, Any] = dict(
