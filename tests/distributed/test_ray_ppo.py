@@ -203,3 +203,39 @@ def test_seed_hybrid_engine_ppo_command(ray_cluster, demo_assets, tmp_path):
     _, steps, check = run_argv(demo_assets, tmp_path, argv, tie_tolerance=0.02, logprob_tolerance=0.05)
     assert all("train/critic/value_loss" in s for s in steps)
     assert [e["kind"] for e in check.engines] == ["vllm", "vllm"]
+
+
+def train_rows(out: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if "train/actor/policy_loss" in r]
+
+
+@pytest.mark.limit(300)
+def test_resume_through_ray_continues_exactly(ray_cluster, demo_assets, tmp_path):
+    """--load_checkpoint on the Ray path: the actor and critic groups reload their DeepSpeed states and the driver
+    its loop state, so step 3 after a stop at step 2 equals step 3 of an uninterrupted run."""
+    from safetensors.torch import load_file
+
+    def argv(out: Path, *extra: str) -> list[str]:
+        base = ppo_argv(demo_assets, out, "--advantage_estimator", "gae", "--remote_rm_url", REWARD,
+                        "--critic_pretrain", str(demo_assets.model_dir), "--vllm_num_engines", "0",
+                        "--colocate_all_models", "--init_kl_coef", "0.01", *extra)
+        i = base.index("--max_samples")
+        base[i + 1] = "6"  # 3 steps of 2 prompts
+        i = base.index("--save_path")
+        base[i + 1] = str(out)
+        return base
+
+    ckpt = tmp_path / "ckpt"
+    run_ppo_ray(parse_config(PPOConfig, argv(tmp_path / "full"), "test"))
+    run_ppo_ray(parse_config(PPOConfig, argv(tmp_path / "first", "--max_steps", "2", "--save_steps", "2",
+                                             "--ckpt_path", str(ckpt)), "test"))
+    assert (ckpt / "latest").read_text() == "global_step2"
+    run_ppo_ray(parse_config(PPOConfig, argv(tmp_path / "second", "--load_checkpoint", "--ckpt_path", str(ckpt)),
+                             "test"))
+    resumed, reference = train_rows(tmp_path / "second"), train_rows(tmp_path / "full")
+    assert [r["step"] for r in resumed] == [3] and [r["step"] for r in reference] == [1, 2, 3]
+    for key in ("train/reward", "train/kl", "train/actor/policy_loss", "train/critic/value_loss"):
+        assert resumed[0][key] == pytest.approx(reference[2][key], rel=1e-4, abs=1e-6), key
+    full, second = (load_file(str(tmp_path / name / "model.safetensors")) for name in ("full", "second"))
+    assert max(float((full[k] - second[k]).abs().max()) for k in full) < 1e-5
