@@ -15,6 +15,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import time
 from pathlib import Path
 
@@ -54,6 +55,7 @@ def main() -> None:
     sft_em = _exact_match(sft_dir, held_out)
     rows = {}
     for engine in ("vllm", "transformers"):
+        shutil.rmtree(out / engine, ignore_errors=True)  # metrics files are appended to: start each run clean
         started = time.perf_counter()
         policy, metrics = run_grpo_stage(sft_dir, rl_prompts, out / engine, args.steps, args.seed, engine)
         seconds = time.perf_counter() - started

@@ -8,12 +8,19 @@ from pathlib import Path
 
 
 def read_metric(path: str | Path, key: str) -> list[tuple[int, float]]:
-    """(step, value) pairs of one metric from a JSONL metrics file."""
-    points = []
+    """(step, value) pairs of one metric from a JSONL metrics file, as the latest run left them.
+
+    Trainers append to `metrics.jsonl`, so a file may hold several runs: a step at or below the previous one
+    starts a new run, whose records replace those from that step on (a fresh run from step 1 replaces everything;
+    a run resumed at step k keeps the earlier run's steps below k)."""
+    points: list[tuple[int, float]] = []
     for line in Path(path).read_text().splitlines():
         record = json.loads(line)
         if key in record:
-            points.append((int(record["step"]), float(record[key])))
+            step = int(record["step"])
+            while points and points[-1][0] >= step:
+                points.pop()
+            points.append((step, float(record[key])))
     return points
 
 

@@ -19,6 +19,19 @@ def test_read_metric_and_chart(tmp_path):
     assert d.count("L") == 4 and d.startswith("M56.0,")
 
 
+def test_read_metric_keeps_the_latest_run(tmp_path):
+    """A rerun into the same directory appends from step 1; a resumed run appends from its checkpoint's step."""
+    def lines(steps, value):
+        return "".join(json.dumps({"step": s, "train/reward": value}) + "\n" for s in steps)
+
+    path = tmp_path / "m.jsonl"
+    path.write_text(lines(range(1, 8), 0.0) + lines(range(6, 9), 1.0))  # stopped at 7, resumed from step 5
+    assert read_metric(path, "train/reward") == [(1, 0.0), (2, 0.0), (3, 0.0), (4, 0.0), (5, 0.0), (6, 1.0),
+                                                 (7, 1.0), (8, 1.0)]
+    path.write_text(lines(range(1, 8), 0.0) + lines(range(1, 4), 2.0))  # a fresh rerun
+    assert read_metric(path, "train/reward") == [(1, 2.0), (2, 2.0), (3, 2.0)]
+
+
 def test_smooth_is_a_trailing_mean():
     assert smooth([1, 2, 3, 4], 2) == [1.0, 1.5, 2.5, 3.5]
 
