@@ -125,7 +125,7 @@ def run_grpo_stage(sft_dir: str, prompts: Path, out: Path, steps: int, seed: int
     argv = grpo_argv(sft_dir, prompts, save, steps, seed, use_vllm)
     out.mkdir(parents=True, exist_ok=True)
     command = out / "grpo_command.sh"
-    command.write_text(f"python -m rlhfkit.cli.train_ppo_ray {shlex.join(argv)}\n")
+    command.write_text(f"{shlex.quote(sys.executable)} -m rlhfkit.cli.train_ppo_ray {shlex.join(argv)}\n")
     print(f"[demo] GRPO through train_ppo_ray on a local Ray cluster, {'vLLM' if use_vllm else 'Transformers'} "
           f"engine colocated with the actor; the same run from a shell: {command}")
     trainer = run_ppo_ray(parse_config(PPOConfig, argv, "demo"))
@@ -138,6 +138,8 @@ def run_preference_stages(out: Path, seed: int) -> list[str]:
     The preference stages use pairs of the `max` task: the default mix is mostly addition, where telling a right
     sum from a wrong one needs arithmetic the raw 1M-parameter model does not have (accuracy plateaus near 0.65).
     """
+    import torch
+
     from rlhfkit.config.base import parse_config
     from rlhfkit.config.preference import DPOConfig, RMConfig
     from rlhfkit.demo.assets import DEMO_INPUT_TEMPLATE, build_preference_assets
@@ -153,6 +155,7 @@ def run_preference_stages(out: Path, seed: int) -> list[str]:
               "--max_len", "64", "--train_batch_size", "16", "--micro_train_batch_size", "16", "--zero_stage", "0",
               "--packing_samples", "--logging_steps", "4", "--seed", str(seed)]
     tok = load_tokenizer(str(assets.model_dir))
+    torch.manual_seed(seed)  # the untrained value head is drawn at random: the same "before" on every run
     rm_before = preference_accuracy(load_value_model(str(assets.model_dir)), held_out, tok,
                                     input_template=DEMO_INPUT_TEMPLATE)
     print(f"[demo] RM held-out pairwise accuracy before: {rm_before:.3f}")

@@ -1,6 +1,6 @@
 """`make demo` (`python -m rlhfkit.cli.demo`), whole, as a newcomer runs it: every stage learns on held-out data.
 
-Bars (measured while writing this: SFT 0.000 -> 0.613, GRPO 0.613 -> 0.907, RM 0.480 -> 0.795, DPO 0.595 ->
+Bars (measured while writing this: SFT 0.000 -> 0.613, GRPO 0.613 -> 0.907, RM 0.460 -> 0.795, DPO 0.595 ->
 0.760 on 279 / 200 held-out prompts / pairs, 167 s on the 2-core machine): SFT >= 0.4 from about 0 (issue 2),
 GRPO through train_ppo_ray >= +0.08 over the SFT model (issue 5), RM and DPO >= 0.75 (issue 3).
 """
