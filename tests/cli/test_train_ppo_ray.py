@@ -137,7 +137,9 @@ def test_ray_job_submit_runs_group_norm_on_the_transformers_engine(demo_assets, 
     try:
         _wait_for_dashboard(dashboard, head, tmp_path / "ray_start.log")
         out = tmp_path / "run"
-        submit = [ray_bin, "job", "submit", "--address", f"http://127.0.0.1:{dashboard}", "--", sys.executable,
+        # the seed's form: the checkout travels as the job's working_dir (Ray leaves out what .gitignore names)
+        submit = [ray_bin, "job", "submit", "--address", f"http://127.0.0.1:{dashboard}",
+                  "--runtime-env-json", json.dumps({"working_dir": str(REPO)}), "--", sys.executable,
                   "-m", "rlhfkit.cli.train_ppo_ray", *argv(demo_assets, out, "--advantage_estimator", "group_norm",
                                                            "--vllm_num_engines", "0", "--init_kl_coef", "0")]
         for _ in range(60):  # the dashboard answers before the node's job agent is up: "No available agent"
@@ -146,6 +148,7 @@ def test_ray_job_submit_runs_group_norm_on_the_transformers_engine(demo_assets, 
                 break
             time.sleep(1)
         assert job.returncode == 0 and "succeeded" in job.stdout, job.stdout[-3000:] + job.stderr[-2000:]
+        assert "_ray_pkg_" in job.stdout + job.stderr, job.stdout[-3000:]  # the working_dir was uploaded
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         steps = [r for r in rows if "train/actor/policy_loss" in r]
         assert len(steps) == 2 and all(abs(r["train/actor/policy_loss"]) < 10 for r in steps)
