@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 
 from rlhfkit.algorithms.preference_losses import pairwise_rm_loss
-from rlhfkit.data.sampler import global_batches, micro_batches_for_rank
-from rlhfkit.logging.metrics import Progress
 from rlhfkit.models.value_model import sequence_rewards
 from rlhfkit.trainers.sft import SFTTrainer, to_device
 
@@ -38,7 +36,7 @@ def add_sums(total: dict[str, list[float]], part: Sums) -> None:
 
 
 class PreferenceTrainer(SFTTrainer):
-    """The explicit training loop of SFTTrainer with named, weighted metrics. Subclasses define `train_step`
+    """SFTTrainer's loop with named, weighted metrics. Subclasses define `train_step`
     (forward, backward, step on one micro batch) and `eval_step` (forward only); both return `Sums`."""
 
     kind = "preference"
@@ -46,7 +44,6 @@ class PreferenceTrainer(SFTTrainer):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.last_eval: dict[str, float] | None = None  # metrics of the latest evaluate()
-        self.history: list[dict[str, float]] = []  # per-step training metrics of the latest fit()
 
     def train_step(self, batch: dict[str, torch.Tensor]) -> Sums:
         raise NotImplementedError
@@ -62,44 +59,17 @@ class PreferenceTrainer(SFTTrainer):
         return {n: (flat[2 * k] / flat[2 * k + 1]).item() if flat[2 * k + 1] > 0 else float("nan")
                 for k, n in enumerate(names)}
 
-    def fit(self) -> list[dict[str, float]]:
-        if self.ckpt_args.load_checkpoint:
-            self.resume()
-        history = self.history = []
-        total = self.total_steps() if self.max_steps < 0 else min(self.max_steps, self.total_steps())
-        bar = Progress(total, self.state.global_step, self.kind,
-                       self.strategy.is_rank0 and not self.log_args.disable_progress_bar)
-        rank, world = self.strategy.rank, self.strategy.world_size
-        while self.state.epoch < self.max_epochs and self.state.global_step < total:
-            batches = global_batches(len(self.train_samples), self.args.train_batch_size, self.args.seed,
-                                     self.state.epoch)
-            while self.state.batch_in_epoch < len(batches) and self.state.global_step < total:
-                started = time.perf_counter()
-                sums: dict[str, list[float]] = {}
-                for indices in micro_batches_for_rank(batches[self.state.batch_in_epoch],
-                                                      self.args.micro_train_batch_size, rank, world):
-                    add_sums(sums, self.train_step(self.collate([self.train_samples[i] for i in indices])))
-                self.state.batch_in_epoch += 1
-                self.state.global_step += 1
-                metrics = self.reduce(sums)
-                metrics.update(lr=self.engine.get_lr()[0], epoch=self.state.epoch,
-                               samples_per_s=self.args.train_batch_size / max(time.perf_counter() - started, 1e-9))
-                history.append(metrics)
-                step = self.state.global_step
-                if step % self.log_args.logging_steps == 0:
-                    self.logger.log(step, metrics)
-                bar.update({k: metrics[k] for k in ("loss", "acc") if k in metrics})
-                if self.log_args.eval_steps > 0 and step % self.log_args.eval_steps == 0:
-                    self.evaluate(step)
-                if self.ckpt_args.save_steps > 0 and step % self.ckpt_args.save_steps == 0:
-                    self.save_checkpoint()
-            if self.state.batch_in_epoch >= len(batches):
-                if self.log_args.eval_steps < 0:
-                    self.evaluate(self.state.global_step)
-                self.state.epoch += 1
-                self.state.batch_in_epoch = 0
-        bar.close()
-        return history
+    def train_batch(self, micro: Iterable[Sequence[int]], started: float) -> dict[str, float]:
+        sums: dict[str, list[float]] = {}
+        for indices in micro:
+            add_sums(sums, self.train_step(self.collate([self.train_samples[i] for i in indices])))
+        metrics = self.reduce(sums)
+        metrics.update(lr=self.engine.get_lr()[0], epoch=self.state.epoch,
+                       samples_per_s=self.args.train_batch_size / max(time.perf_counter() - started, 1e-9))
+        return metrics
+
+    def progress_fields(self, metrics: dict[str, float]) -> dict[str, float]:
+        return {k: metrics[k] for k in ("loss", "acc") if k in metrics}
 
     def sharded_batches(self, samples: Sequence[Any], limit: int | None = None):
         """This rank's share of `samples` in micro batches, yielded as (batch, is_real). Every rank yields the

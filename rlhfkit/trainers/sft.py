@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,8 @@ def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
 
 
 class SFTTrainer:
+    kind = "sft"
+
     def __init__(self, strategy: DeepSpeedStrategy, engine: Any, tokenizer: Any, train_samples: Sequence[Any],
                  eval_samples: Sequence[Any] | None, collate: Collate, *, max_epochs: int, max_steps: int,
                  logging_args: LoggingArgs, ckpt_args: CheckpointArgs, logger: MetricsLogger,
@@ -57,6 +59,7 @@ class SFTTrainer:
         self.aux_loss_coef = aux_loss_coef
         self.args = strategy.args
         self.state = LoopState()
+        self.history: list[dict[str, float]] = []  # per-step training metrics of the latest fit()
 
     def steps_per_epoch(self) -> int:
         return len(self.train_samples) // self.args.train_batch_size
@@ -74,14 +77,34 @@ class SFTTrainer:
         self.engine.step()
         return loss.detach().float(), int(batch["loss_mask"].sum())
 
+    def train_batch(self, micro: Iterable[Sequence[int]], started: float) -> dict[str, float]:
+        """One optimizer step over this rank's micro batches (sample indices); returns the step's metrics."""
+        losses, tokens = [], 0
+        for indices in micro:
+            loss, n = self.micro_step(self.collate([self.train_samples[i] for i in indices]))
+            losses.append(loss)
+            tokens += n
+        elapsed = time.perf_counter() - started
+        return {
+            "loss": self.strategy.all_reduce(torch.stack(losses).mean().item()),
+            "lr": self.engine.get_lr()[0],
+            "tokens_per_s": self.strategy.all_reduce(tokens, "sum") / max(elapsed, 1e-9),
+            "epoch": self.state.epoch,
+        }
+
+    def progress_fields(self, metrics: dict[str, float]) -> dict[str, float]:
+        """What the progress bar shows of a step's metrics."""
+        return {"loss": metrics["loss"], "lr": metrics["lr"], "tok/s": int(metrics["tokens_per_s"])}
+
     # -- the loop -------------------------------------------------------------------------------------------
     def fit(self) -> list[dict[str, float]]:
-        """Train; returns the per-step metrics (rank 0 also logs them)."""
+        """Train; returns the per-step metrics (rank 0 also logs them), also kept as `self.history`."""
         if self.ckpt_args.load_checkpoint:
             self.resume()
         history: list[dict[str, float]] = []
+        self.history = history
         total = self.total_steps() if self.max_steps < 0 else min(self.max_steps, self.total_steps())
-        bar = Progress(total, self.state.global_step, "sft", self.strategy.is_rank0 and
+        bar = Progress(total, self.state.global_step, self.kind, self.strategy.is_rank0 and
                        not self.log_args.disable_progress_bar)
         rank, world = self.strategy.rank, self.strategy.world_size
         while self.state.epoch < self.max_epochs and self.state.global_step < total:
@@ -89,27 +112,16 @@ class SFTTrainer:
                                      self.state.epoch)
             while self.state.batch_in_epoch < len(batches) and self.state.global_step < total:
                 started = time.perf_counter()
-                losses, tokens = [], 0
                 micro = micro_batches_for_rank(batches[self.state.batch_in_epoch],
                                                self.args.micro_train_batch_size, rank, world)
-                for indices in micro:
-                    loss, n = self.micro_step(self.collate([self.train_samples[i] for i in indices]))
-                    losses.append(loss)
-                    tokens += n
+                metrics = self.train_batch(micro, started)
                 self.state.batch_in_epoch += 1
                 self.state.global_step += 1
-                elapsed = time.perf_counter() - started
-                metrics = {
-                    "loss": self.strategy.all_reduce(torch.stack(losses).mean().item()),
-                    "lr": self.engine.get_lr()[0],
-                    "tokens_per_s": self.strategy.all_reduce(tokens, "sum") / max(elapsed, 1e-9),
-                    "epoch": self.state.epoch,
-                }
                 history.append(metrics)
                 step = self.state.global_step
                 if step % self.log_args.logging_steps == 0:
                     self.logger.log(step, metrics)
-                bar.update({"loss": metrics["loss"], "lr": metrics["lr"], "tok/s": int(metrics["tokens_per_s"])})
+                bar.update(self.progress_fields(metrics))
                 if self.log_args.eval_steps > 0 and step % self.log_args.eval_steps == 0:
                     self.evaluate(step)
                 if self.ckpt_args.save_steps > 0 and step % self.ckpt_args.save_steps == 0:
