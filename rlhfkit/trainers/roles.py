@@ -28,7 +28,7 @@ from rlhfkit.models.loading import check_model_path, load_causal_lm, resolve_att
 from rlhfkit.models.policy import attn_implementation_of, forward_logits, model_dtype, model_inputs
 from rlhfkit.models.value_model import load_value_model, sequence_rewards, token_values
 from rlhfkit.trainers.experience import Experience, as_experience, gather_actions, pad_columns
-from rlhfkit.trainers.replay_buffer import ReplayBuffer
+from rlhfkit.trainers.replay_buffer import OptimizerStep, ReplayBuffer
 from rlhfkit.trainers.setup import load_tokenizer_for, load_trainable_lm, make_strategy
 
 KL_LOG_RATIO_CLAMP = 10.0  # bounds exp() in the k3 KL loss when policy and reference drift far apart
@@ -138,9 +138,30 @@ class _TrainedRole:
         self.engine.backward(loss, scale_wrt_gas=False)
         self.engine.step()
 
-    def _grad_norm(self) -> float | None:
-        norm = self.engine.get_global_grad_norm()
-        return float(norm) if norm is not None else None
+    def _train_epochs(self, exp: Experience, seed: int,
+                      micro_step: Callable[[Experience, OptimizerStep], tuple[dict[str, float], float]]
+                      ) -> dict[str, float]:
+        """--max_epochs passes over the experience in optimizer steps. `micro_step(micro, step)` runs forward,
+        backward and step on one micro batch and returns its stats with their weight; the result is the weighted
+        mean of every stat over every micro batch of every rank, the mean grad norm and the learning rate."""
+        sums: dict[str, float] = defaultdict(float)
+        weights: dict[str, float] = defaultdict(float)
+        buffer = self._buffer(exp, seed)
+        self.engine.train()
+        for epoch in range(self.cfg.rollout.max_epochs):
+            for step in buffer.epoch(epoch):
+                for micro in step.micro_batches:
+                    stats, weight = micro_step(micro.to(self.device), step)
+                    for k, v in stats.items():
+                        sums[k] += v * weight
+                        weights[k] += weight
+                norm = self.engine.get_global_grad_norm()
+                if norm is not None:
+                    sums["grad_norm"] += float(norm)
+                    weights["grad_norm"] += 1
+        metrics = self._reduce(sums, weights)
+        metrics["lr"] = float(self.engine.get_lr()[0])
+        return metrics
 
     # -- saving ---------------------------------------------------------------------------------------------
     def save_hf_model(self, path: str) -> None:
@@ -186,28 +207,9 @@ class ActorRole(_TrainedRole):
         exp = as_experience(batch)
         if exp.advantages is None or exp.action_log_probs is None:
             raise ValueError("ActorRole.train needs advantages and action_log_probs in the experience")
-        sums: dict[str, float] = defaultdict(float)
-        weights: dict[str, float] = defaultdict(float)
-        buffer = self._buffer(exp, seed)
-        self.engine.train()
-        for epoch in range(self.cfg.rollout.max_epochs):
-            for step in buffer.epoch(epoch):
-                for micro in step.micro_batches:
-                    stats, weight = self._micro_step(micro.to(self.device), step.num_tokens, step.num_seqs,
-                                                     kl_coef)
-                    for k, v in stats.items():
-                        sums[k] += v * weight
-                        weights[k] += weight
-                norm = self._grad_norm()
-                if norm is not None:
-                    sums["grad_norm"] += norm
-                    weights["grad_norm"] += 1
-        metrics = self._reduce(sums, weights)
-        metrics["lr"] = float(self.engine.get_lr()[0])
-        return metrics
+        return self._train_epochs(exp, seed, lambda micro, step: self._micro_step(micro, step, kl_coef))
 
-    def _micro_step(self, micro: Experience, step_tokens: int, step_rows: int,
-                    kl_coef: float) -> tuple[dict[str, float], float]:
+    def _micro_step(self, micro: Experience, step: OptimizerStep, kl_coef: float) -> tuple[dict[str, float], float]:
         a = self.cfg.algo
         mask = micro.action_mask
         logits = action_logits(self.engine, micro)
@@ -237,7 +239,7 @@ class ActorRole(_TrainedRole):
             with torch.no_grad():
                 stats["entropy"] = masked_mean(entropy_from_logits(logits.detach()), mask).item()
         tokens, rows = int(mask.sum()), mask.shape[0]
-        self._backward_step(total * self._step_scale(tokens, rows, self.agg, step_tokens, step_rows))
+        self._backward_step(total * self._step_scale(tokens, rows, self.agg, step.num_tokens, step.num_seqs))
         return stats, float(tokens)
 
     def state_dict(self) -> dict[str, torch.Tensor] | None:
@@ -280,29 +282,16 @@ class CriticRole(_TrainedRole):
         exp = as_experience(batch)
         if exp.returns is None or exp.values is None:
             raise ValueError("CriticRole.train needs values and returns in the experience")
-        sums: dict[str, float] = defaultdict(float)
-        weights: dict[str, float] = defaultdict(float)
-        self.engine.train()
-        for epoch in range(self.cfg.rollout.max_epochs):
-            for step in self._buffer(exp, seed).epoch(epoch):
-                for micro in step.micro_batches:
-                    micro = micro.to(self.device)
-                    mask = micro.action_mask
-                    loss, info = value_loss(self._values(micro), micro.values, micro.returns, mask,
-                                            value_clip=self.cfg.algo.value_clip)
-                    tokens = int(mask.sum())
-                    self._backward_step(loss * self._step_scale(tokens, mask.shape[0], "token_mean", step.num_tokens,
-                                                                step.num_seqs))
-                    for k, v in {"value_loss": loss.item(), **{k: v.item() for k, v in info.items()}}.items():
-                        sums[k] += v * tokens
-                        weights[k] += tokens
-                norm = self._grad_norm()
-                if norm is not None:
-                    sums["grad_norm"] += norm
-                    weights["grad_norm"] += 1
-        metrics = self._reduce(sums, weights)
-        metrics["lr"] = float(self.engine.get_lr()[0])
-        return metrics
+        return self._train_epochs(exp, seed, self._micro_step)
+
+    def _micro_step(self, micro: Experience, step: OptimizerStep) -> tuple[dict[str, float], float]:
+        mask = micro.action_mask
+        loss, info = value_loss(self._values(micro), micro.values, micro.returns, mask,
+                                value_clip=self.cfg.algo.value_clip)
+        tokens = int(mask.sum())
+        self._backward_step(loss * self._step_scale(tokens, mask.shape[0], "token_mean", step.num_tokens,
+                                                    step.num_seqs))
+        return {"value_loss": loss.item(), **{k: v.item() for k, v in info.items()}}, float(tokens)
 
 
 class ReferenceRole:
