@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -185,6 +187,53 @@ def load_reference(cfg: Any, strategy: DeepSpeedStrategy, attn: str) -> FrozenRe
     return FrozenReference(strategy, model, cfg.reference.ref_offload, cfg.train.compute_fp32_loss)
 
 
+@dataclass
+class PolicyAndReference:
+    """What DPO and KTO assemble alike: the strategy, tokenizer and datasets, the trainable policy's engine with its
+    optimizer-step count, the frozen reference and the metrics logger."""
+
+    strategy: DeepSpeedStrategy
+    tokenizer: Any
+    train: Any
+    evalset: Any
+    steps: int
+    engine: Any
+    reference: FrozenReference
+    logger: Any
+
+    def fit_and_save(self, trainer: PreferenceTrainer, save_path: str, kind: str) -> None:
+        """Train, save the policy as a Hugging Face model, close the logger whatever happens."""
+        try:
+            trainer.fit()
+            self.strategy.save_hf_model(self.engine, self.tokenizer, save_path)
+        finally:
+            self.logger.close()
+        self.strategy.print(f"{kind}: model saved to {save_path}; metrics in {self.logger.path}")
+
+
+def prepare_policy_and_reference(cfg: Any, kind: str,
+                                 load_datasets: Callable[[Any, Any], tuple[Any, Any]]) -> PolicyAndReference:
+    """Check the model paths and data before any process group starts, then build the policy and the reference."""
+    from rlhfkit.models.loading import check_model_path, resolve_attn_implementation
+    from rlhfkit.trainers.reward import check_enough_samples
+    from rlhfkit.trainers.setup import load_tokenizer_for, load_trainable_lm, make_logger, make_strategy
+
+    strategy = make_strategy(cfg.model, cfg.strategy)
+    attn = resolve_attn_implementation(cfg.model.attn_implementation, cfg.model.flash_attn)
+    check_model_path(cfg.model.pretrain)
+    if cfg.reference.ref_pretrain:
+        check_model_path(cfg.reference.ref_pretrain, "--ref_pretrain")
+    tokenizer = load_tokenizer_for(cfg.model)
+    train, evalset = load_datasets(cfg, tokenizer)
+    check_enough_samples(train, cfg.strategy.train_batch_size)
+    strategy.setup_distributed()
+    steps = (len(train) // cfg.strategy.train_batch_size) * cfg.train.max_epochs
+    engine = strategy.prepare_train(load_trainable_lm(cfg.model), cfg.strategy.learning_rate, steps)
+    reference = load_reference(cfg, strategy, attn)
+    logger = make_logger(strategy, cfg.logging, cfg.checkpoint.save_path, kind, cfg)
+    return PolicyAndReference(strategy, tokenizer, train, evalset, steps, engine, reference, logger)
+
+
 def run_dpo(cfg: Any) -> DPOTrainer:
     """Assemble and run DPO/IPO/cDPO from a `DPOConfig`; saves the policy as a Hugging Face model."""
     from functools import partial
@@ -192,41 +241,22 @@ def run_dpo(cfg: Any) -> DPOTrainer:
     from rlhfkit.config.preference import validate_dpo_config
     from rlhfkit.data.collate import pair_collate
     from rlhfkit.errors import UserError
-    from rlhfkit.models.loading import check_model_path, resolve_attn_implementation
-    from rlhfkit.trainers.reward import check_enough_samples, load_pair_datasets
-    from rlhfkit.trainers.setup import load_tokenizer_for, load_trainable_lm, make_logger, make_strategy
+    from rlhfkit.trainers.reward import load_pair_datasets
 
     validate_dpo_config(cfg)
     if cfg.pairs.margin_key:
         raise UserError("--margin_key applies to train_rm only; DPO has no reward margin")
-    strategy = make_strategy(cfg.model, cfg.strategy)
-    attn = resolve_attn_implementation(cfg.model.attn_implementation, cfg.model.flash_attn)
-    check_model_path(cfg.model.pretrain)
-    if cfg.reference.ref_pretrain:
-        check_model_path(cfg.reference.ref_pretrain, "--ref_pretrain")
-    tokenizer = load_tokenizer_for(cfg.model)
-    train, evalset = load_pair_datasets(cfg, tokenizer)
-    check_enough_samples(train, cfg.strategy.train_batch_size)
-    strategy.setup_distributed()
-    steps = (len(train) // cfg.strategy.train_batch_size) * cfg.train.max_epochs
-    engine = strategy.prepare_train(load_trainable_lm(cfg.model), cfg.strategy.learning_rate, steps)
-    reference = load_reference(cfg, strategy, attn)
-    logger = make_logger(strategy, cfg.logging, cfg.checkpoint.save_path, "dpo", cfg)
-    t = cfg.train
+    run = prepare_policy_and_reference(cfg, "dpo", load_pair_datasets)
+    t, strategy = cfg.train, run.strategy
     method = "IPO" if t.ipo else ("cDPO" if t.label_smoothing > 0 else "DPO")
-    strategy.print(f"dpo: {method}, beta {t.beta}, {len(train)} pairs, {steps} optimizer steps, world size "
+    strategy.print(f"dpo: {method}, beta {t.beta}, {len(run.train)} pairs, {run.steps} optimizer steps, world size "
                    f"{strategy.world_size}, ZeRO-{cfg.strategy.zero_stage}, gradient accumulation "
                    f"{strategy.accumulation_steps}")
-    collate = partial(pair_collate, pad_id=tokenizer.pad_token_id, packing=cfg.data.packing_samples)
-    trainer = DPOTrainer(strategy, engine, tokenizer, train, evalset, collate, max_epochs=t.max_epochs,
-                         max_steps=t.max_steps, logging_args=cfg.logging, ckpt_args=cfg.checkpoint, logger=logger,
-                         aux_loss_coef=t.aux_loss_coef, reference=reference, beta=t.beta,
-                         label_smoothing=t.label_smoothing, ipo=t.ipo, nll_loss_coef=t.nll_loss_coef,
-                         compute_fp32_loss=t.compute_fp32_loss)
-    try:
-        trainer.fit()
-        strategy.save_hf_model(engine, tokenizer, cfg.checkpoint.save_path)
-    finally:
-        logger.close()
-    strategy.print(f"dpo: model saved to {cfg.checkpoint.save_path}; metrics in {logger.path}")
+    collate = partial(pair_collate, pad_id=run.tokenizer.pad_token_id, packing=cfg.data.packing_samples)
+    trainer = DPOTrainer(strategy, run.engine, run.tokenizer, run.train, run.evalset, collate,
+                         max_epochs=t.max_epochs, max_steps=t.max_steps, logging_args=cfg.logging,
+                         ckpt_args=cfg.checkpoint, logger=run.logger, aux_loss_coef=t.aux_loss_coef,
+                         reference=run.reference, beta=t.beta, label_smoothing=t.label_smoothing, ipo=t.ipo,
+                         nll_loss_coef=t.nll_loss_coef, compute_fp32_loss=t.compute_fp32_loss)
+    run.fit_and_save(trainer, cfg.checkpoint.save_path, "dpo")
     return trainer

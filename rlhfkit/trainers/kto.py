@@ -96,42 +96,22 @@ def run_kto(cfg: Any) -> KTOTrainer:
 
     from rlhfkit.config.preference import validate_kto_config
     from rlhfkit.data.collate import unpaired_collate
-    from rlhfkit.models.loading import check_model_path, resolve_attn_implementation
-    from rlhfkit.trainers.dpo import load_reference
-    from rlhfkit.trainers.reward import check_enough_samples
-    from rlhfkit.trainers.setup import load_tokenizer_for, load_trainable_lm, make_logger, make_strategy
+    from rlhfkit.trainers.dpo import prepare_policy_and_reference
 
     validate_kto_config(cfg)
-    strategy = make_strategy(cfg.model, cfg.strategy)
-    attn = resolve_attn_implementation(cfg.model.attn_implementation, cfg.model.flash_attn)
-    check_model_path(cfg.model.pretrain)
-    if cfg.reference.ref_pretrain:
-        check_model_path(cfg.reference.ref_pretrain, "--ref_pretrain")
-    tokenizer = load_tokenizer_for(cfg.model)
-    train, evalset = load_unpaired_datasets(cfg, tokenizer)
-    check_enough_samples(train, cfg.strategy.train_batch_size)
-    strategy.setup_distributed()
-    steps = (len(train) // cfg.strategy.train_batch_size) * cfg.train.max_epochs
-    engine = strategy.prepare_train(load_trainable_lm(cfg.model), cfg.strategy.learning_rate, steps)
-    reference = load_reference(cfg, strategy, attn)
-    logger = make_logger(strategy, cfg.logging, cfg.checkpoint.save_path, "kto", cfg)
-    desirable = sum(int(s["label"]) for s in train)
-    strategy.print(f"kto: beta {cfg.train.beta}, {len(train)} samples ({desirable} desirable), {steps} optimizer "
+    run = prepare_policy_and_reference(cfg, "kto", load_unpaired_datasets)
+    t, strategy = cfg.train, run.strategy
+    desirable = sum(int(s["label"]) for s in run.train)
+    strategy.print(f"kto: beta {t.beta}, {len(run.train)} samples ({desirable} desirable), {run.steps} optimizer "
                    f"steps, world size {strategy.world_size}, ZeRO-{cfg.strategy.zero_stage}")
-    collate = partial(unpaired_collate, pad_id=tokenizer.pad_token_id, packing=cfg.data.packing_samples,
+    collate = partial(unpaired_collate, pad_id=run.tokenizer.pad_token_id, packing=cfg.data.packing_samples,
                       kl_rows=True, max_len=cfg.data.max_len)
-    t = cfg.train
-    trainer = KTOTrainer(strategy, engine, tokenizer, train, evalset, collate, max_epochs=t.max_epochs,
-                         max_steps=t.max_steps, logging_args=cfg.logging, ckpt_args=cfg.checkpoint, logger=logger,
-                         aux_loss_coef=t.aux_loss_coef, reference=reference, beta=t.beta,
-                         desirable_loss_weight=t.desirable_loss_weight,
+    trainer = KTOTrainer(strategy, run.engine, run.tokenizer, run.train, run.evalset, collate,
+                         max_epochs=t.max_epochs, max_steps=t.max_steps, logging_args=cfg.logging,
+                         ckpt_args=cfg.checkpoint, logger=run.logger, aux_loss_coef=t.aux_loss_coef,
+                         reference=run.reference, beta=t.beta, desirable_loss_weight=t.desirable_loss_weight,
                          undesirable_loss_weight=t.undesirable_loss_weight, compute_fp32_loss=t.compute_fp32_loss)
-    try:
-        trainer.fit()
-        strategy.save_hf_model(engine, tokenizer, cfg.checkpoint.save_path)
-    finally:
-        logger.close()
-    strategy.print(f"kto: model saved to {cfg.checkpoint.save_path}; metrics in {logger.path}")
+    run.fit_and_save(trainer, cfg.checkpoint.save_path, "kto")
     return trainer
 
 
