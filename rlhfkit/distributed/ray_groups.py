@@ -41,6 +41,17 @@ _PASS_THROUGH = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"
                  "TORCH_EXTENSIONS_DIR", "RAY_AUTH_MODE", "VLLM_CPU_KVCACHE_SPACE", "VLLM_LOGGING_LEVEL")
 
 
+def kill_actors(actors: Sequence[Any]) -> None:
+    """Kill Ray actors, best effort (shutdown goes on past one that is already gone)."""
+    import ray
+
+    for actor in actors:
+        try:
+            ray.kill(actor)
+        except Exception:  # noqa: BLE001 - best effort on shutdown
+            pass
+
+
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Env vars for a role's Ray actors: WORKER_ENV, offline switches of this process, and `extra`."""
     env = dict(WORKER_ENV)
@@ -258,11 +269,5 @@ class RayActorGroup:
         return remote_method
 
     def kill(self) -> None:
-        import ray
-
-        for w in self.workers:
-            try:
-                ray.kill(w)
-            except Exception:  # noqa: BLE001 - best effort on shutdown
-                pass
+        kill_actors(self.workers)
         self.workers = []

@@ -394,13 +394,9 @@ class RolloutEngineGroup:
         return ray.get([e.info.remote() for e in self.engines])
 
     def shutdown(self) -> None:
-        import ray
+        from rlhfkit.distributed.ray_groups import kill_actors
 
-        for e in self.engines:
-            try:
-                ray.kill(e)
-            except Exception:  # noqa: BLE001 - best effort on shutdown
-                pass
+        kill_actors(self.engines)
         self.engines = []
 
 
