@@ -30,10 +30,15 @@ def hf_greedy(model, prompt_ids: list[list[int]], max_new_tokens: int, eos_token
 
 
 @torch.no_grad()
+def response_logits(model, prompt_ids: list[int], response_ids: list[int]) -> torch.Tensor:
+    """[len(response), vocab] float64 logits predicting each response token from its prefix."""
+    ids = torch.tensor([prompt_ids + response_ids])
+    return model(ids).logits[0, len(prompt_ids) - 1:-1].double()
+
+
 def hf_token_logprobs(model, prompt_ids: list[int], response_ids: list[int]) -> torch.Tensor:
     """log p(response token | prefix) at temperature 1, float64."""
-    ids = torch.tensor([prompt_ids + response_ids])
-    logits = model(ids).logits[0, len(prompt_ids) - 1:-1].double()
+    logits = response_logits(model, prompt_ids, response_ids)
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response_ids)[:, None])[:, 0]
 
 
@@ -50,13 +55,11 @@ def demo_prompt_ids(model_dir, n: int) -> list[list[int]]:
     return [tok(DEMO_INPUT_TEMPLATE.format(r["prompt"]))["input_ids"] for r in rows]
 
 
-@torch.no_grad()
 def greedy_gaps(model, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
     """At each response position, how far the response token's logit is below `model`'s top logit (0 where the
     token is `model`'s greedy choice): checks a greedy response from an engine computing in another precision."""
     if not response_ids:
         return []
-    ids = torch.tensor([prompt_ids + response_ids])
-    logits = model(ids).logits[0, len(prompt_ids) - 1:-1].double()
+    logits = response_logits(model, prompt_ids, response_ids)
     chosen = logits.gather(-1, torch.tensor(response_ids)[:, None])[:, 0]
     return (logits.max(-1).values - chosen).tolist()
