@@ -9,7 +9,6 @@ and after. Everything goes under --out; the report, with the reward curve, is `<
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import sys
@@ -47,23 +46,16 @@ def _exact_match(model_dir: str, records: list[dict]) -> float:
     return exact_match(model, tok, records)
 
 
-def _read_jsonl(path: str) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def _write_jsonl(path: Path, records: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
-
-
 def addition_records(assets) -> tuple[Path, Path, list[dict]]:
     """The addition task's SFT records, RL prompts, and held-out prompts (the addition records of the rl_eval and
     sft_eval splits, disjoint from every training prompt by construction)."""
+    from rlhfkit.demo.assets import write_jsonl
+
     root = assets.root / "addition"
     root.mkdir(exist_ok=True)
-    sft = _write_jsonl(root / "sft_train.jsonl", [r for r in assets.read("sft_train") if r["task"] == "addition"])
-    rl = _write_jsonl(root / "rl_train.jsonl", [r for r in assets.read("rl_train") if r["task"] == "addition"])
+    sft, rl = root / "sft_train.jsonl", root / "rl_train.jsonl"
+    write_jsonl(sft, [r for r in assets.read("sft_train") if r["task"] == "addition"])
+    write_jsonl(rl, [r for r in assets.read("rl_train") if r["task"] == "addition"])
     held_out = [{"prompt": r["prompt"], "answer": r["answer"], "task": r["task"]}
                 for r in assets.read("rl_eval") if r["task"] == "addition"]
     held_out += [{"prompt": r["question"], "answer": r["response"], "task": r["task"]}
@@ -149,7 +141,7 @@ def run_preference_stages(out: Path, seed: int) -> list[str]:
     from rlhfkit.trainers.reward import preference_accuracy, run_rm
 
     assets = build_preference_assets(out / "assets_preference", seed=seed)
-    held_out = _read_jsonl(str(assets.pref_eval))
+    held_out = assets.read("pref_eval")
     common = ["--pretrain", str(assets.model_dir), "--dataset", str(assets.pref_train), "--eval_dataset",
               str(assets.pref_eval), "--prompt_key", "prompt", "--input_template", DEMO_INPUT_TEMPLATE,
               "--max_len", "64", "--train_batch_size", "16", "--micro_train_batch_size", "16", "--zero_stage", "0",

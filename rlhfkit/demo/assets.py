@@ -27,7 +27,8 @@ from rlhfkit.demo.data import build_all_records
 from rlhfkit.demo.tasks import DEFAULT_TASK_MIX, DEMO_INPUT_TEMPLATE, TASKS
 from rlhfkit.errors import UserError
 
-__all__ = ["ASSETS_FORMAT", "DEMO_INPUT_TEMPLATE", "DemoAssets", "build_demo_assets", "tiny_llama_config"]
+__all__ = ["ASSETS_FORMAT", "DEMO_INPUT_TEMPLATE", "DemoAssets", "build_demo_assets", "tiny_llama_config",
+           "write_jsonl"]
 
 ASSETS_FORMAT = 2  # bump when the layout or the generators change, so old caches are rebuilt
 DATA_SPLITS = ("sft_train", "sft_eval", "pref_train", "pref_eval", "kto_train", "kto_eval",
@@ -99,7 +100,8 @@ def _versions() -> dict[str, str]:
     return versions
 
 
-def _write_jsonl(path: Path, records: Iterable[Mapping]) -> int:
+def write_jsonl(path: Path, records: Iterable[Mapping]) -> int:
+    """Write `records` one JSON object per line; returns how many."""
     n = 0
     with open(path, "w", encoding="utf-8") as f:
         for record in records:
@@ -140,7 +142,7 @@ def _build_into(tmp: Path, key: dict) -> None:
     tokenizer.save_pretrained(paths.tokenizer_dir)
     n_params = _write_model(paths.model_dir, tokenizer, key["seed"])
     paths.data_dir.mkdir(parents=True)
-    counts = {split: _write_jsonl(path, records[split]) for split, path in paths.data_files().items()}
+    counts = {split: write_jsonl(path, records[split]) for split, path in paths.data_files().items()}
     manifest = dict(key, counts=counts, n_params=n_params, vocab=len(tokenizer),
                     input_template=DEMO_INPUT_TEMPLATE)
     # Written last: a directory with a manifest is a complete one.
