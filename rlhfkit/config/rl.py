@@ -53,8 +53,9 @@ class RLDataArgs:
     tokenizer_chat_template: str | None = arg(None, "A Jinja chat template that replaces the tokenizer's.")
     prompt_max_len: int = arg(1024, "Prompts longer than this many tokens keep their last prompt_max_len tokens.")
     generate_max_len: int = arg(1024, "Most tokens generated per response.")
-    packing_samples: bool = arg(False, "Pack samples into one row for training (accepted; the single-process "
-                                       "trainer pads).")
+    packing_samples: bool = arg(False, "Pack the samples of each micro-batch into one row, without padding, for the "
+                                       "actor, critic, reference and reward-model forwards (log-probs, values, "
+                                       "rewards); samples do not attend to each other.")
 
 
 @dataclass

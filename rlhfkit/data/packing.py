@@ -53,3 +53,27 @@ def unpack_lengths(sample_ids: torch.Tensor) -> list[int]:
     ids = sample_ids.reshape(-1)
     n = int(ids.max().item()) + 1 if ids.numel() else 0
     return torch.bincount(ids[ids >= 0], minlength=n).tolist()
+
+
+def pack_padded(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Pack the rows of a right-padded batch ([B, T], docs/CONVENTIONS.md) into one packed row.
+
+    Returns the packed batch (input_ids, position_ids, sample_ids; no loss_mask: the RL roles select their
+    positions themselves) and `offsets [B]`, where row i starts in the packed row: position t of row i is packed
+    position offsets[i] + t (`packed_index`). Only real tokens are kept, so no compute goes to padding.
+    """
+    lengths = attention_mask.long().sum(dim=1)
+    keep = attention_mask.bool()
+    rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+    sample_ids = rows[:, None].expand_as(input_ids)[keep]
+    position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :].expand_as(input_ids)[keep]
+    offsets = torch.cumsum(lengths, dim=0) - lengths
+    batch = {"input_ids": input_ids[keep][None], "position_ids": position_ids[None], "sample_ids": sample_ids[None]}
+    return batch, offsets
+
+
+def packed_index(offsets: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Packed-row index [B, R] of padded positions [B, R] (each clamped into its own row, so an index never points
+    into a neighbouring sample, even where the caller masks the result out)."""
+    last = (lengths - 1).clamp(min=0)[:, None]
+    return offsets[:, None] + torch.minimum(positions.clamp(min=0), last)

@@ -79,9 +79,10 @@ def last_token_index(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torc
     """(row, column) of every sample's last real token, for padded (right padding) or packed batches."""
     if "sample_ids" in batch:
         ids = batch["sample_ids"][0]
-        n = int(ids.max()) + 1
         positions = torch.arange(ids.shape[0], device=ids.device)
-        last = torch.stack([positions[ids == i].max() for i in range(n)])
+        real = ids >= 0
+        last = torch.zeros(int(ids.max()) + 1, dtype=torch.long, device=ids.device)
+        last = last.scatter_reduce(0, ids[real], positions[real], reduce="amax")
         return torch.zeros_like(last), last
     lengths = batch["attention_mask"].long().sum(dim=1)
     rows = torch.arange(lengths.shape[0], device=lengths.device)

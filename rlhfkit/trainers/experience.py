@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from rlhfkit.data.packing import pack_padded, packed_index
 from rlhfkit.rollout.engine import FINISH_LENGTH, SampledSequence
 
 ACTION_FIELDS = ("action_mask", "action_log_probs", "rollout_log_probs", "base_action_log_probs", "values",
@@ -81,6 +82,12 @@ class Experience:
     def model_inputs(self) -> dict[str, torch.Tensor]:
         """The padded batch a model forward takes (docs/CONVENTIONS.md)."""
         return {"input_ids": self.sequences, "attention_mask": self.attention_mask}
+
+    def packed_inputs(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """The rows packed into one (`--packing_samples`, docs/CONVENTIONS.md) and the packed position [B, R] whose
+        output predicts each response token (clamped into its own sample where action_mask is 0)."""
+        batch, offsets = pack_padded(self.sequences, self.attention_mask)
+        return batch, packed_index(offsets, self.action_positions(), self.attention_mask.long().sum(dim=1))
 
     def action_tokens(self) -> torch.Tensor:
         """[B, R] the response token ids (garbage where action_mask is 0)."""

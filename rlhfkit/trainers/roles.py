@@ -59,12 +59,16 @@ def _per_chunk(exp: Experience, size: int, device: torch.device,
     return torch.cat(outs, dim=0)
 
 
-def action_logits(model: Any, exp: Experience) -> torch.Tensor:
+def action_logits(model: Any, exp: Experience, packed: bool = False) -> torch.Tensor:
     """Logits [B, R, V] at the positions that predict each response token.
 
-    The LM head runs only over the span of positions that hold actions (`logits_to_keep` with indices), not over
-    every prompt position: for a small model with a large vocabulary the head is most of the forward's work.
+    The LM head runs only over the positions that hold actions (`logits_to_keep` with indices), not over every
+    prompt position: for a small model with a large vocabulary the head is most of the forward's work. With
+    `packed` (`--packing_samples`) the rows go through the model as one packed row without their padding, and the
+    logits come back in the padded [B, R] layout (zero where action_mask is 0).
     """
+    if packed:
+        return _packed_action_logits(model, exp)
     positions = exp.action_positions()
     first, last = int(positions.min()), int(positions.max())
     keep = torch.arange(first, last + 1, device=positions.device)
@@ -76,10 +80,38 @@ def action_logits(model: Any, exp: Experience) -> torch.Tensor:
     return gather_actions(logits, positions - first)
 
 
-def action_log_probs(model: Any, exp: Experience, temperature: float) -> torch.Tensor:
+def _packed_action_logits(model: Any, exp: Experience) -> torch.Tensor:
+    batch, index = exp.packed_inputs()
+    mask = exp.action_mask.bool()
+    keep = index[mask]  # increasing: rows are packed in order, actions in order within a row
+    inputs = model_inputs(batch, attn_implementation_of(model), model_dtype(model))
+    try:
+        logits = model(**inputs, use_cache=False, logits_to_keep=keep).logits[0]
+    except TypeError:
+        logits = forward_logits(model, batch)[0, keep]
+    out = logits.new_zeros(*mask.shape, logits.shape[-1])
+    out[mask] = logits
+    return out
+
+
+def action_log_probs(model: Any, exp: Experience, temperature: float, packed: bool = False) -> torch.Tensor:
     """log softmax(logits / temperature) of each response token, [B, R] (the rollout engine's convention)."""
-    logits = action_logits(model, exp)
+    logits = action_logits(model, exp, packed)
     return token_logprobs(logits / temperature if temperature != 1.0 else logits, exp.action_tokens())
+
+
+def action_values(model: Any, exp: Experience, packed: bool = False) -> torch.Tensor:
+    """The critic's value [B, R] of the state before each response token (padded or packed forward)."""
+    if packed:
+        batch, index = exp.packed_inputs()
+        return token_values(model, batch)[0][index]
+    return gather_actions(token_values(model, exp.model_inputs()), exp.action_positions())
+
+
+def sample_rewards(model: Any, exp: Experience, packed: bool = False, normalize: bool = False) -> torch.Tensor:
+    """The reward model's score [B] of each sample, read at its last real token (padded or packed forward)."""
+    batch = exp.packed_inputs()[0] if packed else exp.model_inputs()
+    return sequence_rewards(model, batch, normalize=normalize)
 
 
 def hf_state_dict(strategy: DeepSpeedStrategy, engine: Any) -> dict[str, torch.Tensor] | None:
@@ -102,6 +134,7 @@ class _TrainedRole:
 
     def __init__(self, cfg: PPOConfig):
         self.cfg = cfg
+        self.packed = cfg.data.packing_samples  # forwards on packed rows (docs/CONVENTIONS.md)
         self.strategy = _strategy(cfg)
         self.engine: Any = None
         self.tokenizer = load_tokenizer_for(cfg.model)
@@ -198,7 +231,7 @@ class ActorRole(_TrainedRole):
         self.engine.eval()
         try:
             return _per_chunk(exp, self.cfg.rollout.micro_rollout_batch_size, self.device,
-                              lambda e: action_log_probs(self.engine, e, self.temperature))
+                              lambda e: action_log_probs(self.engine, e, self.temperature, self.packed))
         finally:
             self.engine.train()
 
@@ -212,7 +245,7 @@ class ActorRole(_TrainedRole):
     def _micro_step(self, micro: Experience, step: OptimizerStep, kl_coef: float) -> tuple[dict[str, float], float]:
         a = self.cfg.algo
         mask = micro.action_mask
-        logits = action_logits(self.engine, micro)
+        logits = action_logits(self.engine, micro, self.packed)
         if self.temperature != 1.0:
             logits = logits / self.temperature
         logp = token_logprobs(logits, micro.action_tokens())
@@ -265,7 +298,7 @@ class CriticRole(_TrainedRole):
         self.engine = self.strategy.prepare_train(model, cfg.algo.critic_learning_rate, num_update_steps)
 
     def _values(self, exp: Experience) -> torch.Tensor:
-        return gather_actions(token_values(self.engine, exp.model_inputs()), exp.action_positions())
+        return action_values(self.engine, exp, self.packed)
 
     @torch.no_grad()
     def values(self, batch: Experience | dict[str, Any]) -> torch.Tensor:
@@ -301,6 +334,7 @@ class ReferenceRole:
 
     def __init__(self, cfg: PPOConfig):
         self.cfg = cfg
+        self.packed = cfg.data.packing_samples  # forwards on packed rows (docs/CONVENTIONS.md)
         self.strategy = _strategy(cfg)
         model = load_causal_lm(check_model_path(cfg.model.pretrain), attn_implementation=_attn(cfg),
                                dtype=_dtype(cfg))
@@ -311,7 +345,7 @@ class ReferenceRole:
     def log_probs(self, batch: Experience | dict[str, Any]) -> torch.Tensor:
         exp = as_experience(batch)
         return _per_chunk(exp, self.cfg.rollout.micro_rollout_batch_size, self.strategy.device,
-                          lambda e: action_log_probs(self.model, e, self.temperature))
+                          lambda e: action_log_probs(self.model, e, self.temperature, self.packed))
 
 
 class RewardModelRole:
@@ -321,6 +355,7 @@ class RewardModelRole:
 
     def __init__(self, cfg: PPOConfig):
         self.cfg = cfg
+        self.packed = cfg.data.packing_samples  # forwards on packed rows (docs/CONVENTIONS.md)
         self.strategy = _strategy(cfg)
         path = check_model_path(cfg.rl_model.reward_pretrain, "--reward_pretrain")
         model = load_value_model(path, value_head_prefix=cfg.rl_model.value_head_prefix,
@@ -334,6 +369,6 @@ class RewardModelRole:
         exp = as_experience({k: v for k, v in batch.items() if k not in ("queries", "prompts", "labels")}) \
             if isinstance(batch, dict) else batch
         rewards = _per_chunk(exp, self.cfg.rollout.micro_rollout_batch_size, self.strategy.device,
-                             lambda e: sequence_rewards(self.model, e.model_inputs(), normalize=self.normalize),
+                             lambda e: sample_rewards(self.model, e, self.packed, self.normalize),
                              action_width=False)
         return {"rewards": rewards, "scores": rewards.clone(), "extra_logs": {}}
