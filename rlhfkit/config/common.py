@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlhfkit.config.base import arg
+from rlhfkit.errors import UserError
 
 
 @dataclass
@@ -46,6 +47,12 @@ class StrategyArgs:
     zpg: int = arg(1, "ZeRO++ hierarchical partition size (1 = off).")
     overlap_comm: bool = arg(False, "Overlap gradient reduction with backward (DeepSpeed overlap_comm).")
     grad_accum_dtype: str | None = arg(None, "Gradient accumulation dtype (fp32 or bf16); default follows DeepSpeed.")
+    use_dynamic_batch: bool = arg(False, "Cut each optimizer step's samples into micro-batches by token count "
+                                         "(--max_tokens_per_gpu) instead of --micro_train_batch_size samples; the "
+                                         "step's samples and its gradient stay the same.")
+    max_tokens_per_gpu: int | None = arg(None, "Token budget of one forward/backward on one device with "
+                                               "--use_dynamic_batch (packed: the samples' tokens; padded: rows x "
+                                               "the longest row).")
 
 
 @dataclass
@@ -96,3 +103,18 @@ class DataArgs:
     pretrain_mode: bool = arg(False, "Loss on every token (continued pretraining), not only the response.")
     packing_samples: bool = arg(False, "Pack samples into one row; they do not attend to each other.")
     dataloader_num_workers: int = arg(0, "Reserved; data is tokenised up front in the main process.")
+
+
+def validate_dynamic_batch(strategy: StrategyArgs, longest: int, longest_flags: str) -> None:
+    """--use_dynamic_batch needs a --max_tokens_per_gpu that holds the longest possible sample (`longest` tokens,
+    set by `longest_flags`); --max_tokens_per_gpu alone would be ignored, so it is an error too."""
+    if not strategy.use_dynamic_batch:
+        if strategy.max_tokens_per_gpu is not None:
+            raise UserError("--max_tokens_per_gpu only applies with --use_dynamic_batch; add that flag or drop it")
+        return
+    budget = strategy.max_tokens_per_gpu
+    if budget is None:
+        raise UserError("--use_dynamic_batch needs --max_tokens_per_gpu N: the tokens of one micro-batch per device")
+    if budget < longest:
+        raise UserError(f"--max_tokens_per_gpu {budget} is smaller than the longest possible sample ({longest} "
+                        f"tokens: {longest_flags}); raise it to at least {longest}")

@@ -11,7 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlhfkit.config.base import arg
-from rlhfkit.config.common import CheckpointArgs, DataArgs, LoggingArgs, ModelArgs, StrategyArgs
+from rlhfkit.config.common import (
+    CheckpointArgs,
+    DataArgs,
+    LoggingArgs,
+    ModelArgs,
+    StrategyArgs,
+    validate_dynamic_batch,
+)
 from rlhfkit.errors import UserError
 
 RM_LOSSES = ("sigmoid", "logexp")
@@ -140,6 +147,7 @@ def validate_rm_config(cfg: RMConfig) -> None:
         raise UserError("--dataset is required: preference pairs as a local json/jsonl/parquet/csv/arrow file or "
                         "dataset directory")
     _check_loop(cfg.train)
+    _check_pair_budget(cfg)
 
 
 def validate_dpo_config(cfg: DPOConfig) -> None:
@@ -148,6 +156,7 @@ def validate_dpo_config(cfg: DPOConfig) -> None:
                         "dataset directory")
     t = cfg.train
     _check_loop(t)
+    _check_pair_budget(cfg)
     if t.beta <= 0:
         raise UserError(f"--beta must be > 0 (got {t.beta})")
     if not 0.0 <= t.label_smoothing < 0.5:
@@ -168,6 +177,11 @@ def validate_kto_config(cfg: KTOConfig) -> None:
         raise UserError(f"--beta must be > 0 (got {t.beta})")
     if t.desirable_loss_weight < 0 or t.undesirable_loss_weight < 0:
         raise UserError("--desirable_loss_weight and --undesirable_loss_weight must be >= 0")
+    if cfg.strategy.use_dynamic_batch:
+        raise UserError("--use_dynamic_batch is not supported by train_kto yet: KTO's KL reference point is "
+                        "estimated within each micro-batch, so a token-budget split would change the loss; use "
+                        "--micro_train_batch_size")
+    validate_dynamic_batch(cfg.strategy, cfg.data.max_len, "--max_len")
     if cfg.strategy.micro_train_batch_size < 2:
         raise UserError("KTO needs --micro_train_batch_size >= 2: its KL reference point pairs each prompt with "
                         "another sample's completion from the same micro batch")
@@ -176,3 +190,7 @@ def validate_kto_config(cfg: KTOConfig) -> None:
 def _check_loop(t: LoopArgs) -> None:
     if t.max_epochs < 1:
         raise UserError(f"--max_epochs must be >= 1 (got {t.max_epochs})")
+
+
+def _check_pair_budget(cfg: RMConfig | DPOConfig) -> None:
+    validate_dynamic_batch(cfg.strategy, 2 * cfg.data.max_len, "2 x --max_len: a chosen and a rejected row")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlhfkit.config.base import arg
-from rlhfkit.config.common import CheckpointArgs, LoggingArgs, ModelArgs, StrategyArgs
+from rlhfkit.config.common import CheckpointArgs, LoggingArgs, ModelArgs, StrategyArgs, validate_dynamic_batch
 from rlhfkit.errors import UserError
 
 ADVANTAGE_ESTIMATORS = ("gae", "reinforce", "reinforce_baseline", "group_norm", "dr_grpo", "rloo")
@@ -227,6 +227,8 @@ def _validate_batches(cfg: PPOConfig) -> None:
     if samples % r.micro_rollout_batch_size:
         raise UserError(f"{samples} samples per step (--rollout_batch_size x --n_samples_per_prompt) are not "
                         f"divisible by --micro_rollout_batch_size {r.micro_rollout_batch_size}")
+    validate_dynamic_batch(s, cfg.data.prompt_max_len + cfg.data.generate_max_len,
+                           "--prompt_max_len + --generate_max_len")
 
 
 def _validate_algorithm(cfg: PPOConfig) -> None:

@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlhfkit.config.base import arg
-from rlhfkit.config.common import CheckpointArgs, DataArgs, LoggingArgs, ModelArgs, StrategyArgs
+from rlhfkit.config.common import (
+    CheckpointArgs,
+    DataArgs,
+    LoggingArgs,
+    ModelArgs,
+    StrategyArgs,
+    validate_dynamic_batch,
+)
 
 
 @dataclass
@@ -24,3 +31,9 @@ class SFTConfig:
     train: SFTTrainArgs = field(default_factory=SFTTrainArgs)
     logging: LoggingArgs = field(default_factory=LoggingArgs)
     checkpoint: CheckpointArgs = field(default_factory=CheckpointArgs)
+
+
+def validate_sft_config(cfg: SFTConfig) -> SFTConfig:
+    """Fail fast (UserError, one line) on settings that cannot run; returns the config."""
+    validate_dynamic_batch(cfg.strategy, cfg.data.max_len, "--max_len")
+    return cfg

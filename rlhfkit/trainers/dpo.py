@@ -169,8 +169,7 @@ class DPOTrainer(PreferenceTrainer):
 
     def train_step(self, batch: dict[str, torch.Tensor]) -> Sums:
         loss, sums = self.loss(batch)
-        self.engine.backward(loss)
-        self.engine.step()
+        self.backward_and_step(loss)
         return sums
 
     def eval_step(self, batch: dict[str, torch.Tensor]) -> Sums:
@@ -257,6 +256,7 @@ def run_dpo(cfg: Any) -> DPOTrainer:
                          max_epochs=t.max_epochs, max_steps=t.max_steps, logging_args=cfg.logging,
                          ckpt_args=cfg.checkpoint, logger=run.logger, aux_loss_coef=t.aux_loss_coef,
                          reference=run.reference, beta=t.beta, label_smoothing=t.label_smoothing, ipo=t.ipo,
-                         nll_loss_coef=t.nll_loss_coef, compute_fp32_loss=t.compute_fp32_loss)
+                         nll_loss_coef=t.nll_loss_coef, compute_fp32_loss=t.compute_fp32_loss,
+                         packing=cfg.data.packing_samples)
     run.fit_and_save(trainer, cfg.checkpoint.save_path, "dpo")
     return trainer

@@ -9,6 +9,11 @@ its own micro-batches, and one rank trains on exactly what N ranks train on toge
 Token-level loss aggregation over the whole optimizer step needs the step's token (or sequence) count, all ranks
 together: each `OptimizerStep` carries them, so a micro-batch loss normalised by them sums, over the micro-batches
 and ranks of the step, to one mean over the step (DAPO's token-level loss, Yu et al. 2025).
+
+With a token budget (`--use_dynamic_batch --max_tokens_per_gpu`) the step's samples are the same, but they are
+split over ranks and micro-batches by token count (`rlhfkit.data.token_budget`): packed cost (sum of sequence
+lengths) with `--packing_samples`, else rows x the longest sequence. Every rank gets the same number of
+micro-batches; a rank with fewer runs fillers (`real` False) that the roles weight by 0.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from rlhfkit.data.sampler import check_batch_sizes
+from rlhfkit.data.token_budget import plan_micro_batches
 from rlhfkit.trainers.experience import Experience
 
 
@@ -29,11 +35,16 @@ class OptimizerStep:
     micro_batches: list[Experience]
     num_tokens: int  # action tokens in the whole step (every rank's micro-batches)
     num_seqs: int  # samples in the whole step
+    real: list[bool] | None = None  # per micro-batch; False marks a zero-weight filler (None: all real)
+
+    def is_real(self, k: int) -> bool:
+        return self.real is None or self.real[k]
 
 
 class ReplayBuffer:
     def __init__(self, experience: Experience, train_batch_size: int, micro_batch_size: int, *, rank: int = 0,
-                 world_size: int = 1, seed: int = 0, shuffle: bool = True):
+                 world_size: int = 1, seed: int = 0, shuffle: bool = True, max_tokens: int | None = None,
+                 packed: bool = False):
         check_batch_sizes(train_batch_size, micro_batch_size, world_size)
         if len(experience) % train_batch_size:
             raise ValueError(f"the rollout holds {len(experience)} samples, not a multiple of the train batch size "
@@ -45,6 +56,8 @@ class ReplayBuffer:
         self.world_size = world_size
         self.seed = seed
         self.shuffle = shuffle
+        self.max_tokens = max_tokens  # token budget per micro-batch (None: micro_batch_size samples)
+        self.packed = packed
 
     def __len__(self) -> int:
         return len(self.experience)
@@ -64,10 +77,21 @@ class ReplayBuffer:
         mask_rows = self.experience.action_mask.sum(dim=1)
         for start in range(0, len(order), self.train_batch_size):
             step_rows = order[start:start + self.train_batch_size]
-            chunks = [step_rows[i:i + self.micro_batch_size] for i in range(0, len(step_rows), self.micro_batch_size)]
-            mine = chunks[self.rank::self.world_size]
+            mine = self.split_step(step_rows)
             yield OptimizerStep(
-                micro_batches=[self.experience.select(rows).trimmed() for rows in mine],
+                micro_batches=[self.experience.select(rows or step_rows[:1]).trimmed() for rows in mine],
                 num_tokens=int(mask_rows[torch.tensor(step_rows)].sum()),
                 num_seqs=len(step_rows),
+                real=[bool(rows) for rows in mine],
             )
+
+    def split_step(self, step_rows: list[int]) -> list[list[int]]:
+        """This rank's micro-batches (rows of the experience) of one step; [] is a filler."""
+        if self.max_tokens is None:
+            chunks = [step_rows[i:i + self.micro_batch_size]
+                      for i in range(0, len(step_rows), self.micro_batch_size)]
+            return chunks[self.rank::self.world_size]
+        lengths = self.experience.attention_mask[torch.tensor(step_rows)].sum(dim=1).tolist()
+        plan = plan_micro_batches(lengths, self.max_tokens, self.world_size,
+                                  widths=None if self.packed else lengths)
+        return [[step_rows[j] for j in micro] for micro in plan[self.rank]]

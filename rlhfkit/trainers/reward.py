@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -59,10 +59,24 @@ class PreferenceTrainer(SFTTrainer):
         return {n: (flat[2 * k] / flat[2 * k + 1]).item() if flat[2 * k + 1] > 0 else float("nan")
                 for k, n in enumerate(names)}
 
-    def train_batch(self, micro: Iterable[Sequence[int]], started: float) -> dict[str, float]:
+    rows_per_sample = 2  # a pair is a chosen and a rejected row
+
+    def sample_size(self, sample: Any) -> tuple[int, int]:
+        prompt = len(sample["prompt_ids"])
+        chosen, rejected = prompt + len(sample["chosen_ids"]), prompt + len(sample["rejected_ids"])
+        return chosen + rejected, max(chosen, rejected)
+
+    def train_batch(self, micro: Sequence[Sequence[int]], started: float,
+                    global_batch: Sequence[int]) -> dict[str, float]:
+        """One optimizer step. The losses are means over samples: a micro-batch's weight in the step is its share of
+        the step's samples (x world size, as DeepSpeed averages over ranks), whatever the split."""
         sums: dict[str, list[float]] = {}
-        for indices in micro:
-            add_sums(sums, self.train_step(self.collate([self.train_samples[i] for i in indices])))
+        per_rank = len(global_batch) / self.strategy.world_size
+        for (batch, real), indices in zip(self.micro_batches(micro, global_batch), micro):
+            self.micro_scale = len(indices) / per_rank
+            part = self.train_step(batch)
+            add_sums(sums, part if real else {k: (0.0, 0.0) for k in part})
+        self.micro_scale = 1.0
         metrics = self.reduce(sums)
         metrics.update(lr=self.engine.get_lr()[0], epoch=self.state.epoch,
                        samples_per_s=self.args.train_batch_size / max(time.perf_counter() - started, 1e-9))
@@ -131,8 +145,7 @@ class RewardModelTrainer(PreferenceTrainer):
 
     def train_step(self, batch: dict[str, torch.Tensor]) -> Sums:
         loss, chosen, rejected = self.loss(to_device(batch, self.strategy.device))
-        self.engine.backward(loss)
-        self.engine.step()
+        self.backward_and_step(loss)
         return pair_sums(loss.detach(), chosen.detach(), rejected.detach())
 
     def eval_step(self, batch: dict[str, torch.Tensor]) -> Sums:
@@ -224,6 +237,7 @@ def run_rm(cfg: Any) -> RewardModelTrainer:
     trainer = RewardModelTrainer(strategy, engine, tokenizer, train, evalset, collate,
                                  max_epochs=cfg.train.max_epochs, max_steps=cfg.train.max_steps,
                                  logging_args=cfg.logging, ckpt_args=cfg.checkpoint, logger=logger,
+                                 packing=cfg.data.packing_samples,
                                  loss_kind=cfg.train.loss,
                                  use_margin=cfg.pairs.margin_key is not None)
     try:

@@ -23,6 +23,7 @@ from rlhfkit.algorithms.logprobs import entropy_from_logits, token_logprobs
 from rlhfkit.algorithms.masking import aggregate_loss, masked_mean
 from rlhfkit.algorithms.policy_loss import policy_loss, value_loss
 from rlhfkit.config.rl import PPOConfig, clip_range, critic_path, loss_aggregation
+from rlhfkit.data.token_budget import plan_micro_batches
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
 from rlhfkit.models.loading import check_model_path, load_causal_lm, resolve_attn_implementation
 from rlhfkit.models.policy import attn_implementation_of, forward_logits, model_dtype, model_inputs
@@ -48,15 +49,32 @@ def _attn(cfg: PPOConfig) -> str:
     return resolve_attn_implementation(cfg.model.attn_implementation, cfg.model.flash_attn)
 
 
-def _per_chunk(exp: Experience, size: int, device: torch.device,
+def _per_chunk(exp: Experience, cfg: PPOConfig, strategy: DeepSpeedStrategy,
                fn: Callable[[Experience], torch.Tensor], action_width: bool = True) -> torch.Tensor:
-    """Run `fn` over micro-batches of `size` rows and stitch the CPU results back ([B, R] or [B])."""
+    """Run `fn` over micro-batches of --micro_rollout_batch_size rows (or, with --use_dynamic_batch, of at most
+    --max_tokens_per_gpu tokens) and stitch the CPU results back in row order ([B, R] or [B]).
+
+    Every rank runs as many forwards as the busiest one (repeating its first micro-batch), because under ZeRO-3 a
+    forward is a collective."""
+    s = cfg.strategy
+    if s.use_dynamic_batch:
+        lengths = exp.attention_mask.sum(dim=1).tolist()
+        chunks = plan_micro_batches(lengths, s.max_tokens_per_gpu,
+                                    widths=None if cfg.data.packing_samples else lengths)[0]
+    else:
+        size = cfg.rollout.micro_rollout_batch_size
+        chunks = [list(range(i, min(i + size, len(exp)))) for i in range(0, len(exp), size)]
+    chunks = [c for c in chunks if c]
     outs = []
-    for start in range(0, len(exp), size):
-        part = exp.select(slice(start, start + size)).trimmed().to(device)
-        out = fn(part).detach().float().cpu()
+    for rows in chunks:
+        out = fn(exp.select(rows).trimmed().to(strategy.device)).detach().float().cpu()
         outs.append(pad_columns(out, exp.num_actions) if action_width else out)
-    return torch.cat(outs, dim=0)
+    if strategy.world_size > 1:
+        for _ in range(int(strategy.all_reduce(len(chunks), "max")) - len(chunks)):
+            fn(exp.select(chunks[0]).trimmed().to(strategy.device))
+    order = torch.tensor([i for rows in chunks for i in rows], dtype=torch.long)
+    result = torch.cat(outs, dim=0)
+    return result[torch.argsort(order)]
 
 
 def action_logits(model: Any, exp: Experience, packed: bool = False) -> torch.Tensor:
@@ -137,6 +155,7 @@ class _TrainedRole:
         self.packed = cfg.data.packing_samples  # forwards on packed rows (docs/CONVENTIONS.md)
         self.strategy = _strategy(cfg)
         self.engine: Any = None
+        self._micro_weight = 1.0
         self.tokenizer = load_tokenizer_for(cfg.model)
 
     @property
@@ -146,7 +165,8 @@ class _TrainedRole:
     def _buffer(self, exp: Experience, seed: int) -> ReplayBuffer:
         s = self.cfg.strategy
         return ReplayBuffer(exp, s.train_batch_size, s.micro_train_batch_size, rank=self.strategy.rank,
-                            world_size=self.strategy.world_size, seed=seed)
+                            world_size=self.strategy.world_size, seed=seed,
+                            max_tokens=s.max_tokens_per_gpu if s.use_dynamic_batch else None, packed=self.packed)
 
     def _reduce(self, sums: dict[str, float], weights: dict[str, float]) -> dict[str, float]:
         """Weighted means over every micro-batch of every rank."""
@@ -167,8 +187,9 @@ class _TrainedRole:
         return rows / (step_rows / world)
 
     def _backward_step(self, loss: torch.Tensor) -> None:
-        # The loss is already normalised over the whole optimizer step: no extra 1/accumulation scaling.
-        self.engine.backward(loss, scale_wrt_gas=False)
+        # The loss is already normalised over the whole optimizer step: no extra 1/accumulation scaling. A filler
+        # micro-batch (token budget, see replay_buffer.py) only joins the collectives: weight 0.
+        self.engine.backward(loss * self._micro_weight, scale_wrt_gas=False)
         self.engine.step()
 
     def _train_epochs(self, exp: Experience, seed: int,
@@ -183,11 +204,15 @@ class _TrainedRole:
         self.engine.train()
         for epoch in range(self.cfg.rollout.max_epochs):
             for step in buffer.epoch(epoch):
-                for micro in step.micro_batches:
+                for k, micro in enumerate(step.micro_batches):
+                    # We own the accumulation boundary: a token budget varies the micro-batches per step.
+                    self.engine.set_gradient_accumulation_boundary(k == len(step.micro_batches) - 1)
+                    self._micro_weight = 1.0 if step.is_real(k) else 0.0
                     stats, weight = micro_step(micro.to(self.device), step)
-                    for k, v in stats.items():
-                        sums[k] += v * weight
-                        weights[k] += weight
+                    for name, v in stats.items():
+                        sums[name] += v * weight * self._micro_weight
+                        weights[name] += weight * self._micro_weight
+                self._micro_weight = 1.0
                 norm = self.engine.get_global_grad_norm()
                 if norm is not None:
                     sums["grad_norm"] += float(norm)
@@ -230,7 +255,7 @@ class ActorRole(_TrainedRole):
         exp = as_experience(batch)
         self.engine.eval()
         try:
-            return _per_chunk(exp, self.cfg.rollout.micro_rollout_batch_size, self.device,
+            return _per_chunk(exp, self.cfg, self.strategy,
                               lambda e: action_log_probs(self.engine, e, self.temperature, self.packed))
         finally:
             self.engine.train()
@@ -306,7 +331,7 @@ class CriticRole(_TrainedRole):
         exp = as_experience(batch)
         self.engine.eval()
         try:
-            return _per_chunk(exp, self.cfg.rollout.micro_rollout_batch_size, self.device, self._values)
+            return _per_chunk(exp, self.cfg, self.strategy, self._values)
         finally:
             self.engine.train()
 
@@ -344,7 +369,7 @@ class ReferenceRole:
     @torch.no_grad()
     def log_probs(self, batch: Experience | dict[str, Any]) -> torch.Tensor:
         exp = as_experience(batch)
-        return _per_chunk(exp, self.cfg.rollout.micro_rollout_batch_size, self.strategy.device,
+        return _per_chunk(exp, self.cfg, self.strategy,
                           lambda e: action_log_probs(self.model, e, self.temperature, self.packed))
 
 
@@ -368,7 +393,7 @@ class RewardModelRole:
         """{"rewards": [B], "scores": [B], "extra_logs": {}}; text fields of the batch are ignored."""
         exp = as_experience({k: v for k, v in batch.items() if k not in ("queries", "prompts", "labels")}) \
             if isinstance(batch, dict) else batch
-        rewards = _per_chunk(exp, self.cfg.rollout.micro_rollout_batch_size, self.strategy.device,
+        rewards = _per_chunk(exp, self.cfg, self.strategy,
                              lambda e: sample_rewards(self.model, e, self.packed, self.normalize),
                              action_width=False)
         return {"rewards": rewards, "scores": rewards.clone(), "extra_logs": {}}

@@ -2,6 +2,13 @@
 
 The loop is written out in full (nanoGPT style): for each global batch, every rank runs its micro-batches,
 DeepSpeed accumulates and steps; metrics are reduced over ranks and logged by rank 0.
+
+Micro-batches hold --micro_train_batch_size samples, or with --use_dynamic_batch as many as fit in
+--max_tokens_per_gpu tokens (`rlhfkit.data.token_budget`; every rank runs the same number, a rank with fewer runs
+zero-weight fillers). Either way a micro-batch's loss is weighted by the optimizer step's true totals (all ranks):
+the SFT loss of a step is the mean over every target token of the step, so its gradient does not depend on how the
+step is split into micro-batches or ranks. We own the accumulation boundary (the last micro-batch of a step) because
+the number of micro-batches per step varies with a token budget.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ from rlhfkit.algorithms.sft_loss import sft_loss
 from rlhfkit.checkpoint.ckpt import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlhfkit.config.common import CheckpointArgs, LoggingArgs
 from rlhfkit.data.sampler import global_batches, micro_batches_for_rank
+from rlhfkit.data.token_budget import plan_micro_batches
+from rlhfkit.data.tokens import as_long
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
 from rlhfkit.logging.metrics import MetricsLogger, Progress
 from rlhfkit.models.policy import forward_logits
@@ -44,7 +53,7 @@ class SFTTrainer:
     def __init__(self, strategy: DeepSpeedStrategy, engine: Any, tokenizer: Any, train_samples: Sequence[Any],
                  eval_samples: Sequence[Any] | None, collate: Collate, *, max_epochs: int, max_steps: int,
                  logging_args: LoggingArgs, ckpt_args: CheckpointArgs, logger: MetricsLogger,
-                 aux_loss_coef: float = 0.0):
+                 aux_loss_coef: float = 0.0, packing: bool = False):
         self.strategy = strategy
         self.engine = engine
         self.tokenizer = tokenizer
@@ -57,7 +66,9 @@ class SFTTrainer:
         self.ckpt_args = ckpt_args
         self.logger = logger
         self.aux_loss_coef = aux_loss_coef
+        self.packing = packing  # the collate packs: a token budget counts tokens, not rows x longest row
         self.args = strategy.args
+        self.micro_scale = 1.0  # weight of the current micro-batch's loss in its optimizer step (set per micro)
         self.state = LoopState()
         self.history: list[dict[str, float]] = []  # per-step training metrics of the latest fit()
 
@@ -67,26 +78,70 @@ class SFTTrainer:
     def total_steps(self) -> int:
         return self.steps_per_epoch() * self.max_epochs
 
+    # -- micro-batches --------------------------------------------------------------------------------------
+    rows_per_sample = 1  # rows a sample becomes in a padded batch
+
+    def sample_size(self, sample: Any) -> tuple[int, int]:
+        """(tokens, longest row) of one training sample, for the token budget."""
+        n = len(sample["input_ids"])
+        return n, n
+
+    def step_micro_batches(self, global_batch: list[int]) -> list[list[int]]:
+        """This rank's micro-batches (sample indices) of one optimizer step; [] is a zero-weight filler."""
+        rank, world = self.strategy.rank, self.strategy.world_size
+        if not self.args.use_dynamic_batch:
+            return micro_batches_for_rank(global_batch, self.args.micro_train_batch_size, rank, world)
+        lengths, widths = zip(*(self.sample_size(self.train_samples[i]) for i in global_batch))
+        plan = plan_micro_batches(lengths, self.args.max_tokens_per_gpu, world,
+                                  widths=None if self.packing else widths, rows_per_sample=self.rows_per_sample)
+        return [[global_batch[j] for j in micro] for micro in plan[rank]]
+
+    def micro_batches(self, micro: Sequence[Sequence[int]], global_batch: Sequence[int]
+                      ) -> Iterable[tuple[dict[str, torch.Tensor], bool]]:
+        """Collated micro-batches with whether each is real, marking the step's last one as the accumulation
+        boundary before its forward. A filler reruns the step's first sample (its loss is weighted by 0)."""
+        for k, indices in enumerate(micro):
+            self.engine.set_gradient_accumulation_boundary(k == len(micro) - 1)
+            yield self.collate([self.train_samples[i] for i in (indices or global_batch[:1])]), bool(indices)
+
+    def backward_and_step(self, loss: torch.Tensor) -> None:
+        """Backward a micro-batch loss already weighted for the whole step (no DeepSpeed 1/accumulation scaling),
+        times `micro_scale`; the engine steps the optimizer at the boundary."""
+        self.engine.backward(loss * self.micro_scale, scale_wrt_gas=False)
+        self.engine.step()
+
     # -- one micro-batch ------------------------------------------------------------------------------------
-    def micro_step(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
-        """Forward and backward one micro-batch; returns the (detached) loss and its token count."""
+    def micro_step(self, batch: dict[str, torch.Tensor], step_tokens: float) -> tuple[torch.Tensor, int]:
+        """Forward and backward one micro-batch, its loss summed over its target tokens and divided by
+        `step_tokens`; returns the (detached) summed loss and the micro-batch's target count."""
         batch = to_device(batch, self.strategy.device)
         logits = forward_logits(self.engine, batch)
-        loss = sft_loss(logits, batch["input_ids"], batch["loss_mask"])
-        self.engine.backward(loss)
-        self.engine.step()
-        return loss.detach().float(), int(batch["loss_mask"].sum())
+        loss = sft_loss(logits, batch["input_ids"], batch["loss_mask"], reduction="sum",
+                        sample_ids=batch.get("sample_ids"))
+        self.backward_and_step(loss / step_tokens)
+        return loss.detach().double(), int(batch["loss_mask"].sum())
 
-    def train_batch(self, micro: Iterable[Sequence[int]], started: float) -> dict[str, float]:
+    def target_tokens(self, indices: Iterable[int]) -> int:
+        """Target tokens of these training samples (the first token of a sample is never one)."""
+        return sum(int(as_long(self.train_samples[i]["loss_mask"])[1:].sum()) for i in indices)
+
+    def train_batch(self, micro: Sequence[Sequence[int]], started: float,
+                    global_batch: Sequence[int]) -> dict[str, float]:
         """One optimizer step over this rank's micro batches (sample indices); returns the step's metrics."""
-        losses, tokens = [], 0
-        for indices in micro:
-            loss, n = self.micro_step(self.collate([self.train_samples[i] for i in indices]))
-            losses.append(loss)
-            tokens += n
+        step_tokens = max(self.target_tokens(global_batch), 1)
+        # DeepSpeed averages gradients over ranks: each rank's share is normalised by step_tokens / world.
+        per_rank = step_tokens / self.strategy.world_size
+        loss_sum, tokens = torch.zeros((), dtype=torch.float64), 0
+        for batch, real in self.micro_batches(micro, global_batch):
+            self.micro_scale = 1.0 if real else 0.0
+            loss, n = self.micro_step(batch, per_rank)
+            if real:
+                loss_sum += loss.cpu()
+                tokens += n
+        self.micro_scale = 1.0
         elapsed = time.perf_counter() - started
         return {
-            "loss": self.strategy.all_reduce(torch.stack(losses).mean().item()),
+            "loss": self.strategy.all_reduce(loss_sum.item(), "sum") / step_tokens,
             "lr": self.engine.get_lr()[0],
             "tokens_per_s": self.strategy.all_reduce(tokens, "sum") / max(elapsed, 1e-9),
             "epoch": self.state.epoch,
@@ -106,15 +161,13 @@ class SFTTrainer:
         total = self.total_steps() if self.max_steps < 0 else min(self.max_steps, self.total_steps())
         bar = Progress(total, self.state.global_step, self.kind, self.strategy.is_rank0 and
                        not self.log_args.disable_progress_bar)
-        rank, world = self.strategy.rank, self.strategy.world_size
         while self.state.epoch < self.max_epochs and self.state.global_step < total:
             batches = global_batches(len(self.train_samples), self.args.train_batch_size, self.args.seed,
                                      self.state.epoch)
             while self.state.batch_in_epoch < len(batches) and self.state.global_step < total:
                 started = time.perf_counter()
-                micro = micro_batches_for_rank(batches[self.state.batch_in_epoch],
-                                               self.args.micro_train_batch_size, rank, world)
-                metrics = self.train_batch(micro, started)
+                global_batch = batches[self.state.batch_in_epoch]
+                metrics = self.train_batch(self.step_micro_batches(global_batch), started, global_batch)
                 self.state.batch_in_epoch += 1
                 self.state.global_step += 1
                 history.append(metrics)
@@ -178,12 +231,14 @@ class SFTTrainer:
 
 def run_sft(cfg: Any) -> SFTTrainer:
     """Assemble and run SFT from an `SFTConfig`: data, model, strategy, trainer, final save."""
+    from rlhfkit.config.sft import validate_sft_config
     from rlhfkit.data.collate import make_collate
     from rlhfkit.data.readers import load_mixture
     from rlhfkit.data.sft_dataset import SFTDataset
     from rlhfkit.errors import UserError
     from rlhfkit.trainers.setup import load_tokenizer_for, load_trainable_lm, make_logger, make_strategy
 
+    validate_sft_config(cfg)
     d = cfg.data
     if not d.dataset:
         raise UserError("--dataset is required: a local json/jsonl/parquet/csv/arrow file or dataset directory")
@@ -209,7 +264,8 @@ def run_sft(cfg: Any) -> SFTTrainer:
                    f"ZeRO-{cfg.strategy.zero_stage}, gradient accumulation {strategy.accumulation_steps}")
     trainer = SFTTrainer(strategy, engine, tokenizer, train, evalset, collate, max_epochs=cfg.train.max_epochs,
                          max_steps=cfg.train.max_steps, logging_args=cfg.logging, ckpt_args=cfg.checkpoint,
-                         logger=logger, aux_loss_coef=cfg.train.aux_loss_coef)
+                         logger=logger, aux_loss_coef=cfg.train.aux_loss_coef,
+                         packing=d.packing_samples)
     try:
         trainer.fit()
         strategy.save_hf_model(engine, tokenizer, cfg.checkpoint.save_path)

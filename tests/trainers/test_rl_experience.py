@@ -94,3 +94,29 @@ def test_replay_buffer_ranks_share_the_one_rank_micro_batches():
 def test_replay_buffer_rejects_partial_steps():
     with pytest.raises(ValueError, match="multiple"):
         ReplayBuffer(big_experience(12), 8, 2)
+
+
+def test_replay_buffer_token_budget_keeps_each_step_and_evens_the_ranks():
+    # Sample i has the unique first token 100 + i; lengths 3..9 tokens.
+    exp = experience_from_samples([SampledSequence([100 + i, 1], [3] * (1 + i % 7), [-1.0] * (1 + i % 7), "stop")
+                                   for i in range(16)], PAD)
+
+    def ids(micro):
+        return [int(x) for x in micro.sequences[:, 0]]
+
+    fixed = list(ReplayBuffer(exp, 8, 2, seed=3).epoch(0))
+    for packed, cost in ((True, lambda m: int(m.attention_mask.sum())), (False, lambda m: m.sequences.numel())):
+        one = list(ReplayBuffer(exp, 8, 2, seed=3, max_tokens=12, packed=packed).epoch(0))
+        for f, d in zip(fixed, one):
+            assert sorted(i for m in d.micro_batches for i in ids(m)) == sorted(i for m in f.micro_batches
+                                                                                for i in ids(m))
+            assert (d.num_tokens, d.num_seqs) == (f.num_tokens, f.num_seqs)
+            assert all(cost(m) <= 12 for m in d.micro_batches) and d.real == [True] * len(d.micro_batches)
+        assert [len(s.micro_batches) for s in one] != [4, 4]  # the split did change
+        ranks = [list(ReplayBuffer(exp, 8, 2, rank=r, world_size=2, seed=3, max_tokens=12, packed=packed).epoch(0))
+                 for r in range(2)]
+        for step in range(2):
+            r0, r1 = ranks[0][step], ranks[1][step]
+            assert len(r0.micro_batches) == len(r1.micro_batches)  # the same number of forwards on every rank
+            real = [i for r in (r0, r1) for k, m in enumerate(r.micro_batches) if r.is_real(k) for i in ids(m)]
+            assert sorted(real) == sorted(i for m in one[step].micro_batches for i in ids(m))
