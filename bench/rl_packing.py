@@ -40,19 +40,14 @@ PREAMBLE = ("Read the following note before you answer. The note is long on purp
 VARIANTS = {"padded": [], "packed": ["--packing_samples"]}
 
 
-def skewed_prompts(src: Path, dst: Path, every: int, repeats: int) -> tuple[list[int], list[int]]:
-    """Write `src`'s prompts to `dst`, every `every`-th one with a long preamble; returns the character lengths of
-    the short and the long prompts."""
+def skewed_prompts(src: Path, dst: Path, every: int, repeats: int) -> list[bool]:
+    """Write `src`'s prompts to `dst`, every `every`-th one with a long preamble; returns which ones are long."""
     records = [json.loads(line) for line in src.read_text().splitlines()]
-    short, long = [], []
-    for i, r in enumerate(records):
-        if i % every == 0:
-            r = {**r, "prompt": PREAMBLE * repeats + r["prompt"]}
-            long.append(len(r["prompt"]))
-        else:
-            short.append(len(r["prompt"]))
+    long = [i % every == 0 for i in range(len(records))]
+    records = [{**r, "prompt": PREAMBLE * repeats + r["prompt"]} if is_long else r
+               for r, is_long in zip(records, long)]
     dst.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return short, long
+    return long
 
 
 def step_times(metrics_path: Path) -> dict[str, float]:
@@ -74,9 +69,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=12, help="GRPO steps per variant")
     p.add_argument("--sft_steps", type=int, default=300, help="SFT steps before GRPO (short answers, as the demo)")
     p.add_argument("--long_every", type=int, default=4, help="every n-th prompt gets the long preamble")
-    p.add_argument("--preamble_repeats", type=int, default=2)
-    p.add_argument("--prompt_max_len", type=int, default=256)
-    p.add_argument("--max_tokens_per_gpu", type=int, default=1024)
+    p.add_argument("--preamble_repeats", type=int, default=1)
+    p.add_argument("--prompt_max_len", type=int, default=192)
+    p.add_argument("--max_tokens_per_gpu", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 
@@ -95,7 +90,7 @@ def main() -> None:
     sft_data, rl_prompts, _ = addition_records(assets)
     sft_dir = run_sft_stage(assets, sft_data, out, args.sft_steps, args.seed)
     prompts = out / "skewed_prompts.jsonl"
-    skewed_prompts(rl_prompts, prompts, args.long_every, args.preamble_repeats)
+    is_long = skewed_prompts(rl_prompts, prompts, args.long_every, args.preamble_repeats)
     tok = load_tokenizer(sft_dir)
     records = [json.loads(line) for line in prompts.read_text().splitlines()]
     token_lengths = [len(tok(r["prompt"]).input_ids) for r in records]
@@ -114,8 +109,8 @@ def main() -> None:
     load_after = os.getloadavg()
 
     base = rows["padded"]
-    short = sorted(n for n in token_lengths if n < statistics.median(token_lengths) * 2)
-    long = sorted(n for n in token_lengths if n >= statistics.median(token_lengths) * 2)
+    short = [n for n, lo in zip(token_lengths, is_long) if not lo]
+    long = [n for n, lo in zip(token_lengths, is_long) if lo]
     table = [
         f"## {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC: demo GRPO stage, length-skewed "
         f"prompts, {args.steps} steps per variant",
