@@ -24,6 +24,7 @@ from rlhfkit.checkpoint.ckpt import latest_checkpoint, load_checkpoint, save_che
 from rlhfkit.config.common import CheckpointArgs, LoggingArgs
 from rlhfkit.data.sampler import global_batches, micro_batches_for_rank
 from rlhfkit.data.token_budget import plan_micro_batches
+from rlhfkit.distributed.accumulation import mark_accumulation_boundary
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
 from rlhfkit.logging.metrics import MetricsLogger, Progress
 
@@ -106,7 +107,7 @@ class TrainerLoop:
         """Collated micro-batches with whether each is real, marking the step's last one as the accumulation
         boundary before its forward. A filler reruns the step's first sample (its loss is weighted by 0)."""
         for k, indices in enumerate(micro):
-            self.engine.set_gradient_accumulation_boundary(k == len(micro) - 1)
+            mark_accumulation_boundary(self.engine, k == len(micro) - 1, self.args.use_dynamic_batch)
             yield self.collate([self.train_samples[i] for i in (indices or global_batch[:1])]), bool(indices)
 
     def backward_and_step(self, loss: torch.Tensor) -> None:

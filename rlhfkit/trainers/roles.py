@@ -24,6 +24,7 @@ from rlhfkit.algorithms.masking import aggregate_loss, masked_mean
 from rlhfkit.algorithms.policy_loss import policy_loss, value_loss
 from rlhfkit.config.rl import PPOConfig, clip_range, critic_path, loss_aggregation
 from rlhfkit.data.token_budget import plan_micro_batches
+from rlhfkit.distributed.accumulation import mark_accumulation_boundary
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
 from rlhfkit.models.loading import check_model_path, load_causal_lm, resolve_attn_implementation
 from rlhfkit.models.policy import attn_implementation_of, forward_logits, model_dtype, model_inputs
@@ -205,8 +206,8 @@ class _TrainedRole:
         for epoch in range(self.cfg.rollout.max_epochs):
             for step in buffer.epoch(epoch):
                 for k, micro in enumerate(step.micro_batches):
-                    # We own the accumulation boundary: a token budget varies the micro-batches per step.
-                    self.engine.set_gradient_accumulation_boundary(k == len(step.micro_batches) - 1)
+                    mark_accumulation_boundary(self.engine, k == len(step.micro_batches) - 1,
+                                               self.cfg.strategy.use_dynamic_batch)
                     self._micro_weight = 1.0 if step.is_real(k) else 0.0
                     stats, weight = micro_step(micro.to(self.device), step)
                     for name, v in stats.items():

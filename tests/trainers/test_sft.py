@@ -60,6 +60,17 @@ def test_torchrun_two_ranks_zero2_matches_one_rank(one_rank_curve, demo_assets, 
     assert losses(tmp_path) == pytest.approx(reference, rel=1e-5, abs=1e-6)
 
 
+def test_torchrun_two_ranks_zero3_token_budget_matches_one_rank(one_rank_curve, demo_assets, tmp_path):
+    """--use_dynamic_batch over two ZeRO-3 ranks: every rank runs the same number of forwards (fillers where a rank
+    has fewer micro-batches), and as the loss is weighted by the step's totals the curve is the fixed one's."""
+    _, reference = one_rank_curve
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+                "127.0.0.1", "--master_port", str(_port()), "-m"]
+    check(run_module(sft_args(demo_assets, tmp_path, "--zero_stage", "3", "--use_dynamic_batch",
+                              "--max_tokens_per_gpu", "100"), launcher=launcher))
+    assert losses(tmp_path) == pytest.approx(reference, rel=1e-5, abs=1e-6)
+
+
 def test_deepspeed_launcher_two_ranks_zero3_matches_one_rank(one_rank_curve, demo_assets, tmp_path):
     _, reference = one_rank_curve
     deepspeed = shutil.which("deepspeed", path=str(Path(sys.executable).parent))
