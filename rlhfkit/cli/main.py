@@ -20,6 +20,7 @@ COMMANDS = {
     "batch_inference": ("batch_inference", "generate / score a dataset; best-of-N, conditional SFT and DPO data"),
     "lora_combiner": ("lora_combiner", "merge a LoRA adapter into its base model"),
     "interactive_chat": ("interactive_chat", "chat with a saved model in the terminal"),
+    "report": ("report", "write the HTML report of a run directory"),
 }
 
 

@@ -164,9 +164,9 @@ class Engines:
     def _on_ray(self, cfg: BatchInferenceConfig) -> Any:
         import ray
 
-        from rlhfkit.distributed.placement import ResourcePlan, RoleDemand
+        from rlhfkit.distributed.placement import ResourcePlan, RoleDemand, connect_ray, unwrap_user_error
+        from rlhfkit.rollout.hf_engine_actor import HFEngineActor
         from rlhfkit.rollout.vllm_engine import RolloutEngineGroup, create_engine_actors, create_vllm_engines
-        from rlhfkit.trainers.ray_run import HFEngineActor, connect_ray
 
         g = self.g
         cpus = float(os.environ.get("RLHFKIT_RAY_CPUS_PER_BUNDLE", "1"))
@@ -184,8 +184,7 @@ class Engines:
                 actors = create_engine_actors(HFEngineActor, self.plan, slots, lambda i: engine_cfg)
         except ray.exceptions.RayTaskError as e:
             self.close()
-            cause = getattr(e, "cause", None)
-            raise (UserError(str(cause)) if isinstance(cause, UserError) else e) from None
+            raise unwrap_user_error(e) from None
         except BaseException:
             self.close()
             raise
