@@ -174,3 +174,20 @@ def test_bad_input_is_one_line(setup, extra, message, capsys):
     assert len(err) == 1 and message in err[0], err
     assert not (root / "never.jsonl").exists()
 
+
+
+def test_normalized_rewards_and_csft_condition_in_generated_prompts(setup, samples, demo_assets):
+    root, prompts, common = setup
+    out = root / "best_z.jsonl"
+    run("--eval_task", "rm", "--pretrain", str(root / "rm"), "--dataset", str(root / "all.jsonl"),
+        "--input_template", TEMPLATE, "--post_processor", "rs", "--normalize_reward", "--output_path", str(out))
+    scores = torch.tensor(rm_scores(root, samples), dtype=torch.float64)
+    z = (scores - scores.mean()) / scores.std()  # torch.std: n - 1
+    for i, record in enumerate(read_jsonl(out)):
+        assert record["reward"] == pytest.approx(float(z[i * BEST_OF:(i + 1) * BEST_OF].max()), abs=1e-4)
+
+    # --enable_csft conditions generation on a score; --iter / --rollout_batch_size pick the second slice of 2.
+    run("--eval_task", "generate", *common, "--enable_csft", "--csft_prompt", "<rm_score>: 9.00", "--iter", "1",
+        "--rollout_batch_size", "2", "--output_path", str(root / "cond.jsonl"))
+    expected = [r["prompt"] + " <rm_score>: 9.00 " for r in demo_assets.read("rl_eval")[2:4]]
+    assert [r["input"] for r in read_jsonl(root / "cond.jsonl")] == expected

@@ -26,6 +26,9 @@ def test_two_rounds_print_heldout_accuracy(demo_assets, tmp_path):
         assert 0.0 <= float(accuracy) <= 1.0
         pairs = [json.loads(line) for line in (tmp_path / f"round{round_}" / "pairs.jsonl").read_text().splitlines()]
         assert pairs and all(p["chosen_reward"] > p["rejected_reward"] for p in pairs)
+        # round r generated for its own slice of prompts (--iter r-1, --rollout_batch_size 6)
+        r = int(round_)
+        assert {p["prompt"] for p in pairs} <= {x["prompt"] for x in demo_assets.read("rl_train")[(r - 1) * 6:r * 6]}
         # the printed sample mean is the reward model's mean over the round's samples, which bracket the pairs
         assert min(p["rejected_reward"] for p in pairs) <= float(mean) <= max(p["chosen_reward"] for p in pairs)
     # round 2 generated from round 1's policy, and a final policy was saved
