@@ -30,8 +30,8 @@ class InferenceModelArgs:
     zero_stage: int = arg(0, "Accepted for OpenRLHF compatibility: stages 0-2 shard only optimizer state and "
                              "gradients, which inference has none of; stage 3 (sharded weights) is refused, each "
                              "engine holds a whole model.", choices=(0, 1, 2, 3))
-    seed: int = arg(1234, "Sampling seed (sample i of the run uses seed + i, so results do not depend on the "
-                          "number of engines).")
+    seed: int = arg(1234, "Sampling seed. vLLM seeds sample i of the run with seed + i, so its samples do not "
+                          "depend on --num_engines; the Transformers engine seeds one generator per engine call.")
 
 
 @dataclass
