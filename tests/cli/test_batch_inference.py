@@ -201,3 +201,21 @@ def test_normalized_rewards_and_csft_condition_in_generated_prompts(setup, sampl
         "--rollout_batch_size", "2", "--output_path", str(root / "cond.jsonl"))
     expected = [r["prompt"] + " <rm_score>: 9.00 " for r in demo_assets.read("rl_eval")[2:4]]
     assert [r["input"] for r in read_jsonl(root / "cond.jsonl")] == expected
+
+
+def test_http_reward_server_scores_like_the_reward_model(setup, samples):
+    """--remote_rm_url http://...: the reward model behind a real serve_rm server on 127.0.0.1 gives the same
+    best-of-N as the independent scores."""
+    from rlhfkit.rollout.reward_server import RewardServer, load_scorer
+
+    root, _, _ = setup
+    out = root / "best_http.jsonl"
+    with RewardServer(load_scorer(str(root / "rm")), port=0) as server:
+        run("--eval_task", "rm", "--pretrain", str(root / "rm"), "--remote_rm_url", server.url, "--dataset",
+            str(root / "all.jsonl"), "--input_template", TEMPLATE, "--post_processor", "rs", "--output_path",
+            str(out))
+    scores = rm_scores(root, samples)
+    for i, record in enumerate(read_jsonl(out)):
+        top = max(range(i * BEST_OF, (i + 1) * BEST_OF), key=lambda j: scores[j])
+        assert record["output"] == samples[top]["output"]
+        assert record["reward"] == pytest.approx(scores[top], abs=1e-4)
