@@ -30,11 +30,12 @@ class ScriptRun:
     calls: list[list[str]]  # each: [command name, arg1, arg2, ...]
 
 
-def run_with_stubs(script: str, env: dict[str, str], workdir: Path, cwd: Path | None = None) -> ScriptRun:
-    """Run `script` with bash, the RECORDED commands replaced by recorders writing under `workdir`."""
+def run_with_stubs(script: str, env: dict[str, str], workdir: Path, cwd: Path | None = None,
+                   also_record: tuple[str, ...] = ()) -> ScriptRun:
+    """Run `script` with bash, the RECORDED commands (and `also_record`) replaced by recorders under `workdir`."""
     bin_dir = workdir / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
-    for name in RECORDED:
+    for name in (*RECORDED, *also_record):
         path = bin_dir / name
         path.write_text(_RECORDER)
         path.chmod(0o755)
@@ -87,7 +88,7 @@ def rlhfkit_calls(calls: list[list[str]]) -> list[RlhfkitCall]:
         hit = _match(name, args)
         if hit is not None:
             found.append(hit)
-        elif any("rlhfkit" in a for a in call):
+        elif any("rlhfkit.cli" in a for a in call):
             raise ValueError(f"unrecognised rlhfkit invocation: {call}")
     return found
 

@@ -12,6 +12,7 @@ import pytest
 
 from rlhfkit.cli import catalog
 from rlhfkit.config.base import iter_fields
+from tests.deploy.shell_stubs import rlhfkit_calls, run_with_stubs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -82,3 +83,34 @@ def test_no_page_loads_anything_from_the_network(site):
         assert 'class="mermaid"' not in html, "Mermaid is rendered by a CDN script; use an SVG"
     for css in site.rglob("*.css"):
         assert not re.search(r"url\([\"']?(?:https?:)?//", css.read_text()), css
+
+
+def _complete_bash_blocks() -> list[tuple[str, str]]:
+    """(page, block) for every bash example in docs/ without placeholders (`...`, `<...>`, `[flags]`)."""
+    blocks = []
+    for page in sorted((REPO / "docs").glob("*.md")):
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S):
+            if not any(mark in block for mark in ("...", "<", "[flags]")):
+                blocks.append((page.name, block))
+    return blocks
+
+
+def test_complete_commands_in_the_docs_run_and_parse_with_their_flags(tmp_path):
+    """The guides' copy-paste commands, run by bash with every program replaced by a recorder: each rlhfkit
+    command in them (also behind `ray job submit --`) must parse with its command's flags."""
+    blocks = _complete_bash_blocks()
+    checked = set()
+    for i, (page, block) in enumerate(blocks):
+        env = {"HEAD_IP": "127.0.0.1", "KEY": "k", "WANDB_TOKEN": "w"}
+        run = run_with_stubs(block, env, tmp_path / str(i), cwd=REPO, also_record=("docker", "make", "curl"))
+        assert run.returncode == 0, f"{page}: {block[:80]!r} failed: {run.stderr}"
+        for call in rlhfkit_calls([c for c in run.calls if c[0] != "docker"]):
+            command = catalog.by_module(call.module)
+            assert command is not None, f"{page}: rlhfkit.cli.{call.module} is not a command"
+            try:
+                catalog.parse_flags(command, call.argv)
+            except SystemExit:
+                pytest.fail(f"{page}: rlhfkit.cli.{call.module} rejects the flags of {block[:80]!r}")
+            checked.add((page, call.module))
+    assert {("multinode.md", "train_ppo_ray"), ("quickstart.md", "train_sft"), ("quickstart.md", "train_ppo_ray"),
+            ("rewards.md", "serve_rm")} <= checked
