@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import dataclasses
 import importlib
+import importlib.util
 import io
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -37,8 +38,10 @@ class Command:
 
 
 def commands() -> list[Command]:
-    """Every registered command, in the order of `main.COMMANDS`."""
-    return [Command(name, module, summary) for name, (module, summary) in COMMANDS.items()]
+    """Every registered command whose module exists, in the order of `main.COMMANDS` (what `rlhfkit --help` lists;
+    a command registered ahead of its module appears once the module lands)."""
+    return [Command(name, module, summary) for name, (module, summary) in COMMANDS.items()
+            if importlib.util.find_spec(f"rlhfkit.cli.{module}") is not None]
 
 
 def by_module(module: str) -> Command | None:
@@ -49,9 +52,16 @@ def by_module(module: str) -> Command | None:
 def config_class(command: Command) -> type | None:
     """The config dataclass the command parses its flags into (None for commands with a hand-written parser).
 
-    A CLI module imports exactly one config dataclass from `rlhfkit.config`; finding it there rather than in a
-    second table means a new CLI needs no registration beyond `main.COMMANDS`.
+    The README's table registry (`rlhfkit.config.docs.TABLES`) names it for the commands it lists; for the others
+    (train_ppo_ray and serve_rm share or own theirs) it is the one config dataclass the CLI module imports from
+    `rlhfkit.config`, so a new CLI needs no registration beyond `main.COMMANDS`.
     """
+    from rlhfkit.config import docs
+
+    spec = getattr(docs, "TABLES", {}).get(command.name)
+    cls = docs.load_config_class(spec) if spec else None
+    if cls is not None:
+        return cls
     module = command.load()
     found = {id(v): v for v in vars(module).values()
              if isinstance(v, type) and dataclasses.is_dataclass(v) and v.__module__.startswith("rlhfkit.config")}
