@@ -42,7 +42,7 @@ test: install
 	$(PY) -m pytest -q --durations=25 tests
 
 lint: install
-	$(VENV)/bin/ruff check rlhfkit tests bench examples
+	$(VENV)/bin/ruff check rlhfkit tests bench examples docs/_hooks
 
 # The docs site (MkDocs Material, viewable offline) into site/; `mkdocs serve` previews it.
 docs: install
