@@ -151,7 +151,7 @@ def test_ppo_task_builds_a_multi_node_ray_cluster_and_submits_the_hybrid_engine(
         start = next(a for a in ray_calls[rank] if a[0] == "start")
         assert start[start.index("--address") + 1] == f"{head_ip}:{port}", "workers join the head (rank 0) IP"
         assert "--head" not in start
-    for rank, calls in ray_calls.items():  # SkyPilot's own Ray holds 6380, 8266 and agent port 52365 on every node
+    for calls in ray_calls.values():  # SkyPilot's own Ray holds 6380, 8266 and agent port 52365 on every node
         start = next(a for a in calls if a[0] == "start")
         assert start[start.index("--dashboard-agent-listen-port") + 1] not in ("52365", "")
         assert port != "6380"
