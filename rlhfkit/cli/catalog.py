@@ -71,7 +71,7 @@ def config_class(command: Command) -> type | None:
     return next(iter(found.values()), None)
 
 
-class _ParserFound(Exception):
+class _ParserFound(BaseException):  # not Exception: a CLI's `except Exception` around its parse must not catch it
     def __init__(self, parser: argparse.ArgumentParser) -> None:
         super().__init__(parser.prog)
         self.parser = parser
