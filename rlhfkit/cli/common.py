@@ -8,7 +8,7 @@ import sys
 import warnings
 from collections.abc import Callable, Sequence
 
-from rlhfkit.errors import UserError
+from rlhfkit.errors import Preempted, UserError
 
 
 def quiet_libraries() -> None:
@@ -27,13 +27,18 @@ def quiet_libraries() -> None:
 
 def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None,
             prog: str = "rlhfkit") -> int:
-    """Run `main`; a UserError becomes one line on stderr (rank 0 only) and exit code 2."""
+    """Run `main`; a UserError becomes one line on stderr (rank 0 only) and exit code 2; a preempted run (SIGTERM,
+    checkpoint saved) says how to resume and exits 0."""
     try:
         code = main(argv)
     except UserError as e:
         if os.environ.get("RANK", "0") == "0":
             sys.stderr.write(f"{prog}: error: {e}\n")
         return UserError.exit_code
+    except Preempted as e:
+        if os.environ.get("RANK", "0") == "0":
+            sys.stderr.write(f"{prog}: {e}\n")
+        return Preempted.exit_code
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: interrupted\n")
         return 130
