@@ -5,14 +5,13 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import warnings
 from collections.abc import Callable, Sequence
 
 from rlhfkit.errors import Preempted, UserError
 
 
 def quiet_libraries() -> None:
-    """Keep the console for our progress bar and errors: silence chatty library loggers and warnings."""
+    """Keep the console for our progress bar and errors: silence chatty library loggers (warnings stay visible)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -21,8 +20,6 @@ def quiet_libraries() -> None:
     default_ds_accelerator()
     for name in ("DeepSpeed", "deepspeed", "torch.distributed", "transformers"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", category=UserWarning)
-    warnings.filterwarnings("ignore", category=FutureWarning)
 
 
 def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None,
