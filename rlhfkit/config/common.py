@@ -48,8 +48,9 @@ class StrategyArgs:
     overlap_comm: bool = arg(False, "Overlap gradient reduction with backward (DeepSpeed overlap_comm).")
     grad_accum_dtype: str | None = arg(None, "Gradient accumulation dtype (fp32 or bf16); default follows DeepSpeed.")
     use_dynamic_batch: bool = arg(False, "Cut each optimizer step's samples into micro-batches by token count "
-                                         "(--max_tokens_per_gpu) instead of --micro_train_batch_size samples; the "
-                                         "step's samples and its gradient stay the same.")
+                                         "(--max_tokens_per_gpu) instead of --micro_train_batch_size samples (RL "
+                                         "scoring: instead of --micro_rollout_batch_size); the step's samples and "
+                                         "its gradient stay the same. Not in train_kto.")
     max_tokens_per_gpu: int | None = arg(None, "Token budget of one forward/backward on one device with "
                                                "--use_dynamic_batch (packed: the samples' tokens; padded: rows x "
                                                "the longest row).")
