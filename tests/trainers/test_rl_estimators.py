@@ -72,7 +72,8 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("estimator", ["gae", "reinforce", "reinforce_baseline", "group_norm", "dr_grpo", "rloo"])
 def test_two_steps_of_every_estimator(demo_assets, reward_file, tmp_path, estimator):
-    extra = ["--save_value_network"] if estimator == "gae" else []
+    # gae also runs the critic's forwards packed (--packing_samples); the other estimators stay padded.
+    extra = ["--save_value_network", "--packing_samples"] if estimator == "gae" else []
     check(run_module(ppo_args(demo_assets, tmp_path, estimator, "--remote_rm_url", reward_file, *extra)))
     rows = train_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2]
@@ -98,7 +99,8 @@ def test_two_steps_of_every_estimator(demo_assets, reward_file, tmp_path, estima
 def test_reward_model_path_with_normalisation(demo_assets, tmp_path):
     # The demo model as a reward model: a value head is created on load (random), read at the last token.
     check(run_module(ppo_args(demo_assets, tmp_path, "reinforce", "--reward_pretrain", str(demo_assets.model_dir),
-                              "--normalize_reward", "--init_kl_coef", "0.05", "--kl_estimator", "k2")))
+                              "--normalize_reward", "--init_kl_coef", "0.05", "--kl_estimator", "k2",
+                              "--packing_samples")))  # reward model, reference and actor forwards packed
     rows = train_metrics(tmp_path)
     assert len(rows) == 2
     assert_finite(rows)
@@ -112,12 +114,14 @@ def test_loss_variants_and_eval(demo_assets, reward_file, tmp_path):
                               "--entropy_loss_coef", "0.01", "--enable_vllm_is_correction", "--clip_eps_high",
                               "0.28", "--max_epochs", "2", "--top_p", "0.9", "--eval_dataset",
                               str(demo_assets.rl_eval), "--max_samples", "8", "--eval_temperature", "1.0",
-                              "--eval_n_samples_per_prompt", "2", "--eval_steps", "1", "--temperature", "0.8")))
+                              "--eval_n_samples_per_prompt", "2", "--eval_steps", "1", "--temperature", "0.8",
+                              "--packing_samples", "--use_dynamic_batch", "--max_tokens_per_gpu", "48")))
     rows = train_metrics(tmp_path)
     assert_finite(rows)
     for key in ("train/actor/kl_loss", "train/actor/dual_clip_fraction", "train/actor/tis_weight_mean"):
         assert key in rows[-1], key
-    # Temperature-scaled log-probs: the engine's and the actor's agree (they differ only by float rounding).
+    # Temperature-scaled log-probs: the engine's and the actor's (packed, token-budget micro-batches) agree (they
+    # differ only by float rounding).
     assert all(r["train/rollout_logprob_diff"] < 1e-4 for r in rows)
     evals = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines() if "eval/pass@1" in x]
     assert [e["step"] for e in evals] == [1, 2]
