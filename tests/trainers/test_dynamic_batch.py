@@ -158,3 +158,43 @@ def test_rl_actor_and_critic_gradients_are_the_same_with_a_token_budget(demo_ass
     for run in runs:
         for role in ("actor", "critic"):
             assert_same_grads(run[role], one_batch[role])
+
+
+# -- reward model (the preference trainers' loop) ------------------------------------------------------------------
+def rm_step(demo_assets, pairs, micro: int, budget: int | None, packing: bool):
+    from functools import partial
+
+    from rlhfkit.data.collate import pair_collate
+    from rlhfkit.distributed.strategy import DeepSpeedStrategy
+    from rlhfkit.models.value_model import load_value_model
+    from rlhfkit.trainers.reward import RewardModelTrainer
+
+    strategy = DeepSpeedStrategy(strategy_args(micro, budget))
+    strategy.setup_distributed()
+    torch.manual_seed(0)  # the same random value head in every run
+    model = load_value_model(str(demo_assets.model_dir), dtype=torch.float32)
+    engine = strategy.prepare_train(model, 1e-3, 10)
+    trainer = RewardModelTrainer(strategy, engine, None, pairs, None, partial(pair_collate, pad_id=0, packing=packing),
+                                 max_epochs=1, max_steps=-1, logging_args=LoggingArgs(), ckpt_args=CheckpointArgs(),
+                                 logger=None, packing=packing)
+    batch = list(range(len(pairs)))
+    micro_batches = trainer.step_micro_batches(batch)
+    with GradientAtStep(model.named_parameters()) as grads:
+        metrics = trainer.train_batch(micro_batches, time.perf_counter(), batch)
+    return grads.grads, micro_batches, metrics["loss"]
+
+
+def test_reward_model_step_gradient_is_the_same_with_a_token_budget(demo_assets, restore_env):
+    gen = torch.Generator().manual_seed(4)
+    pairs = [{"prompt_ids": torch.randint(3, 1000, (p,), generator=gen),
+              "chosen_ids": torch.randint(3, 1000, (r,), generator=gen),
+              "rejected_ids": torch.randint(3, 1000, (r // 2 + 1,), generator=gen), "margin": 0.0}
+             for p, r in LENGTHS]
+    expected, _, loss = rm_step(demo_assets, pairs, 8, None, packing=False)  # the whole step in one micro-batch
+    for micro, budget, packing in ((2, None, False), (2, 128, False), (2, 128, True)):
+        got, micro_batches, step_loss = rm_step(demo_assets, pairs, micro, budget, packing)
+        if budget:
+            assert sorted(i for m in micro_batches for i in m) == list(range(8))
+            assert sorted(map(len, micro_batches)) != [2, 2, 2, 2]  # uneven micro-batches, weighted by their pairs
+        assert_same_grads(got, expected)
+        assert step_loss == pytest.approx(loss, abs=1e-6)
