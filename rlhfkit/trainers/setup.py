@@ -25,7 +25,8 @@ from rlhfkit.models.lora import apply_lora
 def make_strategy(model_args: ModelArgs, strategy_args: StrategyArgs) -> DeepSpeedStrategy:
     """A strategy whose batch arithmetic is validated; call `setup_distributed()` once inputs are checked."""
     return DeepSpeedStrategy(strategy_args, bf16=model_args.bf16,
-                             gradient_checkpointing=model_args.gradient_checkpointing)
+                             gradient_checkpointing=model_args.gradient_checkpointing,
+                             gradient_checkpointing_use_reentrant=model_args.gradient_checkpointing_use_reentrant)
 
 
 def load_tokenizer_for(model_args: ModelArgs, padding_side: str = "right") -> Any:
