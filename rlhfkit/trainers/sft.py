@@ -20,6 +20,7 @@ from rlhfkit.config.common import CheckpointArgs, LoggingArgs
 from rlhfkit.data.sampler import global_batches, micro_batches_for_rank
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
 from rlhfkit.logging.metrics import MetricsLogger, Progress
+from rlhfkit.models.moe import router_aux_loss
 from rlhfkit.models.policy import forward_logits
 
 Collate = Callable[[Sequence[Any]], dict[str, torch.Tensor]]
@@ -60,6 +61,7 @@ class SFTTrainer:
         self.args = strategy.args
         self.state = LoopState()
         self.history: list[dict[str, float]] = []  # per-step training metrics of the latest fit()
+        self._aux_losses: list[float] = []  # router load-balancing losses of the current optimizer step (MoE)
 
     def steps_per_epoch(self) -> int:
         return len(self.train_samples) // self.args.train_batch_size
@@ -68,14 +70,25 @@ class SFTTrainer:
         return self.steps_per_epoch() * self.max_epochs
 
     # -- one micro-batch ------------------------------------------------------------------------------------
+    def micro_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(loss to optimise, its cross-entropy part, the MoE router loss or None) of one on-device micro-batch:
+        loss = cross-entropy + aux_loss_coef x router load-balancing loss (`rlhfkit.models.moe`)."""
+        with router_aux_loss(self.engine, self.aux_loss_coef > 0) as aux:
+            logits = forward_logits(self.engine, batch)
+        ce = sft_loss(logits, batch["input_ids"], batch["loss_mask"])
+        if not aux:
+            return ce, ce, None
+        return ce + self.aux_loss_coef * aux[0], ce, aux[0]
+
     def micro_step(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
-        """Forward and backward one micro-batch; returns the (detached) loss and its token count."""
+        """Forward and backward one micro-batch; returns the (detached) cross-entropy and its token count."""
         batch = to_device(batch, self.strategy.device)
-        logits = forward_logits(self.engine, batch)
-        loss = sft_loss(logits, batch["input_ids"], batch["loss_mask"])
+        loss, ce, aux = self.micro_loss(batch)
         self.engine.backward(loss)
         self.engine.step()
-        return loss.detach().float(), int(batch["loss_mask"].sum())
+        if aux is not None:
+            self._aux_losses.append(aux.item())
+        return ce.detach().float(), int(batch["loss_mask"].sum())
 
     def train_batch(self, micro: Iterable[Sequence[int]], started: float) -> dict[str, float]:
         """One optimizer step over this rank's micro batches (sample indices); returns the step's metrics."""
@@ -85,12 +98,16 @@ class SFTTrainer:
             losses.append(loss)
             tokens += n
         elapsed = time.perf_counter() - started
-        return {
+        metrics = {
             "loss": self.strategy.all_reduce(torch.stack(losses).mean().item()),
             "lr": self.engine.get_lr()[0],
             "tokens_per_s": self.strategy.all_reduce(tokens, "sum") / max(elapsed, 1e-9),
             "epoch": self.state.epoch,
         }
+        if self._aux_losses:
+            metrics["aux_loss"] = self.strategy.all_reduce(sum(self._aux_losses) / len(self._aux_losses))
+            self._aux_losses.clear()
+        return metrics
 
     def progress_fields(self, metrics: dict[str, float]) -> dict[str, float]:
         """What the progress bar shows of a step's metrics."""
@@ -162,8 +179,9 @@ class SFTTrainer:
 
     # -- checkpoints ----------------------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
-        save_checkpoint(self.strategy, self.ckpt_args.ckpt_path, self.state.global_step, {"model": self.engine},
-                        vars(self.state), self.ckpt_args.max_ckpt_num)
+        c = self.ckpt_args
+        save_checkpoint(self.strategy, c.ckpt_path, self.state.global_step, {"model": self.engine}, vars(self.state),
+                        c.max_ckpt_num, max_gb=c.max_ckpt_mem, universal=c.use_ds_universal_ckpt)
 
     def resume(self) -> None:
         path = latest_checkpoint(self.ckpt_args.ckpt_path)
@@ -182,12 +200,14 @@ def run_sft(cfg: Any) -> SFTTrainer:
     from rlhfkit.data.readers import load_mixture
     from rlhfkit.data.sft_dataset import SFTDataset
     from rlhfkit.errors import UserError
+    from rlhfkit.models.moe import check_aux_loss_coef
     from rlhfkit.trainers.setup import load_tokenizer_for, load_trainable_lm, make_logger, make_strategy
 
     d = cfg.data
     if not d.dataset:
         raise UserError("--dataset is required: a local json/jsonl/parquet/csv/arrow file or dataset directory")
     strategy = make_strategy(cfg.model, cfg.strategy)  # validates batch arithmetic, joins no group yet
+    check_aux_loss_coef(cfg.train.aux_loss_coef, cfg.model.pretrain, d.packing_samples)
     tokenizer = load_tokenizer_for(cfg.model)
 
     def tokenised(spec: str, probs: str | None, split: str, max_samples: int, flag: str) -> SFTDataset:
