@@ -34,8 +34,8 @@ def _step_dirs(root: Path) -> list[Path]:
 
 
 def _is_engine(target: Any) -> bool:
-    """A DeepSpeed engine itself, as opposed to a role object (or Ray group) that saves its own engines."""
-    return hasattr(target, "module") and hasattr(target, "optimizer")
+    """A DeepSpeed engine itself (a torch module), as opposed to a role object or Ray group that saves its own."""
+    return isinstance(target, torch.nn.Module)
 
 
 def dir_bytes(path: Path) -> int:

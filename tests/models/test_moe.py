@@ -116,10 +116,10 @@ def test_sft_loss_adds_coef_times_router_loss(moe_dir):
     loss, ce, aux = micro_loss(COEF)
     assert aux is not None and aux.requires_grad
     assert aux.item() == pytest.approx(expected_aux, rel=1e-5)
-    assert float(ce) == pytest.approx(expected_ce, rel=1e-5)
-    assert float(loss) == pytest.approx(expected_ce + COEF * expected_aux, rel=1e-5)
+    assert ce.item() == pytest.approx(expected_ce, rel=1e-5)
+    assert loss.item() == pytest.approx(expected_ce + COEF * expected_aux, rel=1e-5)
     plain, plain_ce, plain_aux = micro_loss(0.0)
-    assert plain_aux is None and float(plain) == float(plain_ce) == pytest.approx(expected_ce, rel=1e-5)
+    assert plain_aux is None and plain.item() == plain_ce.item() == pytest.approx(expected_ce, rel=1e-5)
     assert model.config.output_router_logits is False  # the switch is put back after the forward
 
 
@@ -144,9 +144,9 @@ def test_dpo_loss_adds_coef_times_router_loss(moe_dir):
     with_aux, sums = loss(COEF)
     without, plain_sums = loss(0.0)
     assert sums["aux_loss"][0] / sums["aux_loss"][1] == pytest.approx(expected_aux, rel=1e-5)
-    assert float(with_aux) == pytest.approx(float(without) + COEF * expected_aux, rel=1e-5)
+    assert with_aux.item() == pytest.approx(without.item() + COEF * expected_aux, rel=1e-5)
     preference = plain_sums["preference_loss"][0] / plain_sums["preference_loss"][1]
-    assert float(without) == pytest.approx(preference, rel=1e-6) and "aux_loss" not in plain_sums
+    assert without.item() == pytest.approx(preference, rel=1e-6) and "aux_loss" not in plain_sums
 
 
 @pytest.fixture()
