@@ -10,6 +10,7 @@ the Transformers rollout engine, and `train_ppo_ray` acts on them.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +35,18 @@ class RLModelArgs:
     value_head_prefix: str = arg("score", "Attribute name of the linear value head of the reward model / critic.")
     remote_rm_timeout: float = arg(60.0, "Seconds one HTTP reward request may take before it is retried.")
     remote_rm_retries: int = arg(3, "Attempts per HTTP reward request before the run stops with an error.")
+
+
+@dataclass
+class UserCodeArgs:
+    reward_workers: int = arg(2, "Worker processes that run a --remote_rm_url reward function file; a batch is "
+                                 "scored in calls of --micro_rollout_batch_size samples spread over them.")
+    reward_timeout: float = arg(60.0, "Seconds one reward function call may take; a slower call is killed (its "
+                                      "worker replaced) and its samples get --reward_fallback.")
+    reward_fallback: float = arg(0.0, "Reward (and score) of a sample whose reward function call failed: raised, "
+                                      "timed out, crashed, or returned NaN/inf or the wrong number of values.")
+    max_reward_failure_ratio: float = arg(0.1, "Stop the run when more than this fraction of a step's samples "
+                                               "failed in the reward function (0: stop at the first failure).")
 
 
 @dataclass
@@ -147,6 +160,7 @@ class RLSaveArgs:
 class PPOConfig:
     model: ModelArgs = field(default_factory=ModelArgs)
     rl_model: RLModelArgs = field(default_factory=RLModelArgs)
+    user_code: UserCodeArgs = field(default_factory=UserCodeArgs)
     strategy: StrategyArgs = field(default_factory=StrategyArgs)
     data: RLDataArgs = field(default_factory=RLDataArgs)
     rollout: RolloutArgs = field(default_factory=RolloutArgs)
@@ -305,6 +319,18 @@ def _validate_sources(cfg: PPOConfig) -> None:
         raise UserError("--remote_rm_retries must be >= 1 and --remote_rm_timeout > 0")
 
 
+def _validate_user_code(cfg: PPOConfig) -> None:
+    u = cfg.user_code
+    if u.reward_workers < 1:
+        raise UserError(f"--reward_workers must be >= 1 (got {u.reward_workers})")
+    if not u.reward_timeout > 0:
+        raise UserError(f"--reward_timeout must be > 0 seconds (got {u.reward_timeout})")
+    if not math.isfinite(u.reward_fallback):
+        raise UserError(f"--reward_fallback must be a finite number (got {u.reward_fallback})")
+    if not 0 <= u.max_reward_failure_ratio <= 1:
+        raise UserError(f"--max_reward_failure_ratio must be in [0, 1] (got {u.max_reward_failure_ratio})")
+
+
 def _validate_resources(cfg: PPOConfig) -> None:
     res, r = cfg.resources, cfg.rollout
     counts = {f.name: getattr(res, f.name) for f in dataclasses.fields(res) if f.name.endswith(("_nodes", "_node"))}
@@ -326,6 +352,7 @@ def _validate_resources(cfg: PPOConfig) -> None:
 def validate_rl_config(cfg: PPOConfig) -> PPOConfig:
     """Fail fast (UserError, one line) on a config that cannot run; returns the config."""
     _validate_sources(cfg)
+    _validate_user_code(cfg)
     _validate_batches(cfg)
     _validate_algorithm(cfg)
     _validate_resources(cfg)

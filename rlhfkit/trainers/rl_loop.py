@@ -123,7 +123,8 @@ class RLTrainer:
         out = self.roles.reward.score({**experience.to_dict(), **texts})
         return {"rewards": torch.as_tensor(out["rewards"]).float().reshape(-1),
                 "scores": torch.as_tensor(out.get("scores", out["rewards"])).float().reshape(-1),
-                "extra_logs": dict(out.get("extra_logs") or {})}
+                "extra_logs": dict(out.get("extra_logs") or {}),
+                "metrics": dict(out.get("metrics") or {})}  # e.g. reward/failures of a reward function file
 
     # -- one step -------------------------------------------------------------------------------------------
     def make_experience(self, indices: Sequence[int]) -> tuple[Experience, dict[str, float]]:
@@ -163,7 +164,8 @@ class RLTrainer:
             "advantage_abs": float(masked_mean(exp.advantages.abs(), mask)),
             "return": float(masked_mean(exp.returns, mask)),
             "rollout_logprob_diff": float(masked_mean((exp.action_log_probs - exp.rollout_log_probs).abs(), mask)),
-            **{f"reward_extra/{k}": float(v) for k, v in reward["extra_logs"].items()}, **timings,
+            **{f"reward_extra/{k}": float(v) for k, v in reward["extra_logs"].items()}, **reward["metrics"],
+            **timings,
         }
         return exp, metrics
 

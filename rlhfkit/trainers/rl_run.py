@@ -12,6 +12,7 @@ import torch
 
 from rlhfkit.config.rl import (
     PPOConfig,
+    is_http,
     needs_critic,
     needs_reference,
     remote_reward_urls,
@@ -50,10 +51,14 @@ def num_update_steps(cfg: PPOConfig, num_prompts: int) -> int:
 
 
 def make_text_reward(cfg: PPOConfig) -> Any:
-    from rlhfkit.rollout.rewards import make_remote_reward
+    from rlhfkit.rollout.rewards import RewardFunction, make_remote_reward
 
-    m = cfg.rl_model
-    return make_remote_reward(remote_reward_urls(cfg), timeout=m.remote_rm_timeout, retries=m.remote_rm_retries)
+    m, code, urls = cfg.rl_model, cfg.user_code, remote_reward_urls(cfg)
+    if any(is_http(url) for url in urls):
+        return make_remote_reward(urls, timeout=m.remote_rm_timeout, retries=m.remote_rm_retries)
+    return RewardFunction(urls[0], workers=code.reward_workers, timeout=code.reward_timeout,
+                          fallback=code.reward_fallback, max_failure_ratio=code.max_reward_failure_ratio,
+                          call_size=cfg.rollout.micro_rollout_batch_size)
 
 
 def run_ppo(cfg: PPOConfig) -> Any:
