@@ -50,6 +50,15 @@ class UserCodeArgs:
 
 
 @dataclass
+class AgentArgs:
+    agent_func_path: str | None = arg(None, "Multi-turn agent file defining AgentExecutor and AgentInstance "
+                                            "(import their bases from rlhfkit.agents); its step rewards are the "
+                                            "reward, so no --remote_rm_url / --reward_pretrain.")
+    max_steps: int | None = arg(None, "Turns per agent episode (with --agent_func_path; default: until done or "
+                                      "--generate_max_len tokens). The RL-step cap is --max_rl_steps.")
+
+
+@dataclass
 class RLDataArgs:
     prompt_data: str | None = arg(None, "RL prompts: comma-separated local files (json, jsonl, parquet, csv, "
                                         "arrow) or dataset directories; @split picks a split.")
@@ -78,7 +87,7 @@ class RolloutArgs:
     micro_rollout_batch_size: int = arg(8, "Samples per forward pass when scoring (log-probs, values, rewards).")
     num_episodes: int = arg(1, "Passes over the prompt data.")
     max_epochs: int = arg(1, "Passes over each rollout batch when training on it.")
-    max_steps: int = arg(-1, "Stop after this many RL steps (-1: every episode); learning-rate schedules still "
+    max_rl_steps: int = arg(-1, "Stop after this many RL steps (-1: every episode); learning-rate schedules still "
                              "span the whole run, so a later --load_checkpoint continues them.")
     temperature: float = arg(1.0, "Sampling temperature (log-probs for training use the same temperature).")
     top_p: float = arg(1.0, "Nucleus sampling: sample from the smallest token set with this much probability.")
@@ -161,6 +170,7 @@ class PPOConfig:
     model: ModelArgs = field(default_factory=ModelArgs)
     rl_model: RLModelArgs = field(default_factory=RLModelArgs)
     user_code: UserCodeArgs = field(default_factory=UserCodeArgs)
+    agent: AgentArgs = field(default_factory=AgentArgs)
     strategy: StrategyArgs = field(default_factory=StrategyArgs)
     data: RLDataArgs = field(default_factory=RLDataArgs)
     rollout: RolloutArgs = field(default_factory=RolloutArgs)
@@ -300,6 +310,8 @@ def _validate_sources(cfg: PPOConfig) -> None:
     if not d.prompt_data:
         raise UserError("--prompt_data is required: the RL prompts (a local json/jsonl/parquet/csv file)")
     urls = remote_reward_urls(cfg)
+    if _validate_agent(cfg):
+        return
     if not m.reward_pretrain and not urls:
         raise UserError("no reward source: pass --reward_pretrain (a reward model) or --remote_rm_url (a Python "
                         "file with reward_func, or http://host:port/get_reward)")
@@ -317,6 +329,27 @@ def _validate_sources(cfg: PPOConfig) -> None:
         raise UserError("--advantage_estimator gae needs a critic: pass --critic_pretrain")
     if m.remote_rm_retries < 1 or m.remote_rm_timeout <= 0:
         raise UserError("--remote_rm_retries must be >= 1 and --remote_rm_timeout > 0")
+
+
+def _validate_agent(cfg: PPOConfig) -> bool:
+    """Checks of --agent_func_path / --max_steps; True when the agent is the reward source."""
+    a = cfg.agent
+    if a.agent_func_path is None:
+        if a.max_steps is not None:
+            raise UserError(f"--max_steps {a.max_steps} is the turn budget of an agent episode and needs "
+                            "--agent_func_path; to stop after N RL steps use --max_rl_steps N (renamed)")
+        return False
+    path = Path(a.agent_func_path).expanduser()
+    if path.suffix != ".py" or not path.is_file():
+        raise UserError(f"--agent_func_path {a.agent_func_path}: not an existing .py file")
+    if cfg.rl_model.reward_pretrain or cfg.rl_model.remote_rm_url:
+        raise UserError("--agent_func_path: the agent's step rewards are the reward; drop --reward_pretrain / "
+                        "--remote_rm_url")
+    if a.max_steps is not None and a.max_steps < 1:
+        raise UserError(f"--max_steps must be >= 1 turn (got {a.max_steps})")
+    if needs_critic(cfg) and not critic_path(cfg):
+        raise UserError("--advantage_estimator gae needs a critic: pass --critic_pretrain")
+    return True
 
 
 def _validate_user_code(cfg: PPOConfig) -> None:

@@ -96,9 +96,16 @@ def num_update_steps(cfg: PPOConfig, num_prompts: int) -> int:
 
 
 def make_text_reward(cfg: PPOConfig) -> Any:
-    """The --remote_rm_url source: HTTP reward servers, or a reward function file in its worker pool."""
+    """The --remote_rm_url source: HTTP reward servers, or a reward function file in its worker pool. None with
+    --agent_func_path (the episodes' step rewards are the reward), after importing the agent file once here so that
+    a broken one fails before any model loads."""
     from rlhfkit.rollout.rewards import RewardFunction, make_remote_reward
 
+    if cfg.agent.agent_func_path:
+        from rlhfkit.agents.episodes import load_agent_executor
+
+        load_agent_executor(cfg.agent.agent_func_path)
+        return None
     m, code, urls = cfg.rl_model, cfg.user_code, remote_reward_urls(cfg)
     if any(is_http(url) for url in urls):
         return make_remote_reward(urls, timeout=m.remote_rm_timeout, retries=m.remote_rm_retries)

@@ -130,7 +130,7 @@ def test_resume_continues_exactly(demo_assets, reward_file, tmp_path):
     check(run_module(ppo_args(demo_assets, full, "gae", *common)))
     ckpt = tmp_path / "ckpt"
     first = tmp_path / "first"
-    check(run_module(ppo_args(demo_assets, first, "gae", *common, "--max_steps", "2", "--save_steps", "2",
+    check(run_module(ppo_args(demo_assets, first, "gae", *common, "--max_rl_steps", "2", "--save_steps", "2",
                               "--ckpt_path", str(ckpt), "--save_hf_ckpt")))
     assert (ckpt / "latest").read_text() == "global_step2"
     assert sorted(p.name for p in (ckpt / "global_step2").iterdir() if p.is_dir()) == ["actor", "actor_hf", "critic"]
