@@ -27,11 +27,20 @@ budget is spent (truncated).
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
-FINISH_DONE, FINISH_TURNS, FINISH_BUDGET = "done", "turns", "budget"
+FINISH_DONE, FINISH_TURNS, FINISH_BUDGET, FINISH_FAILED = "done", "turns", "budget", "failed"
+
+
+class AgentFailure(Exception):
+    """The agent's own code failed (`kind`: exception or timeout); the episode ends and is counted as failed."""
+
+    def __init__(self, kind: str, text: str):
+        super().__init__(text)
+        self.kind = kind
 
 
 class Prompt(str):
@@ -60,6 +69,7 @@ class Episode:
     feedback_tokens: int = 0
     finish: str = FINISH_BUDGET
     extra_logs: dict[str, float] = field(default_factory=dict)
+    error: str = ""  # why a failed episode failed: "exception: step raised ValueError: ..." / "timeout: ..."
 
     @property
     def truncated(self) -> bool:
@@ -125,12 +135,27 @@ class AgentExecutorBase:
         self.llm_engine = llm_engine
         self.hf_tokenizer = hf_tokenizer
         self.result_queue = result_queue  # the seed's signature; episodes are returned, not queued
+        self.step_timeout: float | None = None
 
-    def bind(self, *, max_steps: int, max_length: int, llm_engine: Any, hf_tokenizer: Any) -> AgentExecutorBase:
+    def bind(self, *, max_steps: int, max_length: int, llm_engine: Any, hf_tokenizer: Any,
+             step_timeout: float | None = None) -> AgentExecutorBase:
         """What the run provides (OpenRLHF 0.11's executors take no constructor arguments)."""
         self.max_steps, self.max_length = max_steps, max_length
         self.llm_engine, self.hf_tokenizer = llm_engine, hf_tokenizer
+        self.step_timeout = step_timeout
         return self
+
+    async def _user(self, what: str, call: Any) -> Any:
+        """Await the agent's own code with the run's timeout; its failures become AgentFailure."""
+        timeout = getattr(self, "step_timeout", None)
+        try:
+            return await (asyncio.wait_for(call, timeout) if timeout else call)
+        except asyncio.TimeoutError:
+            raise AgentFailure("timeout", f"{what} took more than {timeout:g} s") from None
+        except Exception as e:  # noqa: BLE001 - the agent's code: its failure costs this episode
+            text = str(e).strip()
+            raise AgentFailure("exception", f"{what} raised {type(e).__name__}"
+                                            + (f": {text.splitlines()[0]}" if text else "")) from None
 
     def _prompt_ids(self, text: str, prompt: Any) -> list[int]:
         if isinstance(prompt, Prompt) and text == str(prompt):
@@ -147,10 +172,19 @@ class AgentExecutorBase:
         budget = int(max_length or self.max_length)
         if self.agent_instance_cls is None:
             raise TypeError("AgentExecutorBase needs the AgentInstance class: super().__init__(AgentInstance, ...)")
-        agent = await create_instance(self.agent_instance_cls)
-        first = await agent.reset({"observation": str(prompt), "label": label})
+        episode = Episode(prompt_ids=self._prompt_ids(str(prompt), prompt))
+        try:
+            return await self._episode(episode, prompt, label, sampling_params, tokenizer, engine, budget)
+        except AgentFailure as failure:
+            episode.finish, episode.error = FINISH_FAILED, f"{failure.kind}: {failure}"
+            return episode
+
+    async def _episode(self, episode: Episode, prompt: Any, label: Any, sampling_params: Any, tokenizer: Any,
+                       engine: Any, budget: int) -> Episode:
+        agent = await self._user("AgentInstance()", create_instance(self.agent_instance_cls))
+        first = await self._user("reset", agent.reset({"observation": str(prompt), "label": label}))
         observation = str((first or {}).get("observation", prompt))
-        episode = Episode(prompt_ids=self._prompt_ids(observation, prompt))
+        episode.prompt_ids = self._prompt_ids(observation, prompt)
         context = list(episode.prompt_ids)
         scores: float | None = None
         logs: dict[str, float] = {}
@@ -168,8 +202,8 @@ class AgentExecutorBase:
             episode.action_mask += [1] * len(action)
             episode.turns += 1
             action_text = tokenizer.decode(action, skip_special_tokens=True)
-            out = await agent.step({"observation_text": observation, "action_text": action_text, "label": label,
-                                    "sampling_params": sampling_params})
+            out = await self._user("step", agent.step({"observation_text": observation, "action_text": action_text,
+                                                       "label": label, "sampling_params": sampling_params}))
             out = out or {}
             episode.reward += _total(out.get("rewards"))
             if out.get("scores") is not None:

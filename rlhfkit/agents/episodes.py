@@ -102,22 +102,26 @@ def load_agent_executor(path: str) -> type:
     return cls
 
 
-def make_executor(cls: type, max_steps: int, max_length: int, llm_engine: Any, tokenizer: Any) -> AgentExecutorBase:
+def make_executor(cls: type, max_steps: int, max_length: int, llm_engine: Any, tokenizer: Any,
+                  step_timeout: float | None = None) -> AgentExecutorBase:
     """Build the file's AgentExecutor in the form it is written in, then bind what the run provides."""
     params = [p for p in inspect.signature(cls.__init__).parameters.values()
               if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     executor = cls(max_steps, max_length, llm_engine, tokenizer, None) if params else cls()
-    return executor.bind(max_steps=max_steps, max_length=max_length, llm_engine=llm_engine, hf_tokenizer=tokenizer)
+    return executor.bind(max_steps=max_steps, max_length=max_length, llm_engine=llm_engine, hf_tokenizer=tokenizer,
+                         step_timeout=step_timeout)
 
 
 def run_episodes(engine_generate: Callable[..., list], tokenizer: Any, agent_path: str,
                  requests: Sequence[dict[str, Any]], *, max_steps: int, max_length: int, seed: int | None = None,
-                 **sampling: Any) -> list[dict[str, Any]]:
+                 step_timeout: float | None = None, **sampling: Any) -> list[dict[str, Any]]:
     """One episode per request {"prompt": text, "prompt_ids": [...], "label": ...}, all at once; plain dicts
-    (Episode fields plus "truncated") in request order."""
+    (Episode fields plus "truncated") in request order. An AgentInstance that raises or whose reset/step takes
+    longer than `step_timeout` seconds ends its own episode as failed (an `async` step is cancelled; a blocking one
+    cannot be interrupted here)."""
     cls = load_agent_executor(agent_path)
     llm = BatchingGenerator(engine_generate, sampling, seed)
-    executor = make_executor(cls, max_steps, max_length, llm, tokenizer)
+    executor = make_executor(cls, max_steps, max_length, llm, tokenizer, step_timeout)
 
     async def run_all() -> list[Episode]:
         jobs = [executor.execute(Prompt(r["prompt"], r["prompt_ids"]), r.get("label"), dict(llm.sampling))
@@ -140,9 +144,12 @@ def run_episodes(engine_generate: Callable[..., list], tokenizer: Any, agent_pat
     return out
 
 
-def episodes_to_samples(episodes: Sequence[dict[str, Any]]) -> tuple[list[Any], dict[str, Any]]:
+def episodes_to_samples(episodes: Sequence[dict[str, Any]], fallback: float = 0.0, max_failure_ratio: float = 1.0,
+                        where: str = "agent", prompts: Sequence[str] | None = None) -> tuple[list[Any], dict[str, Any]]:
     """The RL loop's view of finished episodes: SampledSequences (with their action masks) and the reward
-    output ({"rewards", "scores", "extra_logs", "metrics"}) with the per-episode metrics under agent/."""
+    output ({"rewards", "scores", "extra_logs", "metrics"}) with the per-episode metrics under agent/. A failed
+    episode keeps its tokens and gets `fallback` as reward and score; more than `max_failure_ratio` of them failed
+    (any, with 0) is a UserError naming the agent, the first failure and its prompt."""
     import torch
 
     from rlhfkit.rollout.engine import FINISH_LENGTH, FINISH_STOP, SampledSequence
@@ -161,6 +168,22 @@ def episodes_to_samples(episodes: Sequence[dict[str, Any]]) -> tuple[list[Any], 
                "agent/truncated": sum(bool(e["truncated"]) for e in episodes) / n,
                "agent/done": sum(e["finish"] == "done" for e in episodes) / n,
                "agent/generate_batch_max": float(max(sizes, default=0))}
-    reward = {"rewards": torch.tensor([float(e["reward"]) for e in episodes]),
-              "scores": torch.tensor([float(e["score"]) for e in episodes]), "extra_logs": logs, "metrics": metrics}
+    failed = [i for i, e in enumerate(episodes) if e["finish"] == "failed"]
+    if failed and len(failed) > max_failure_ratio * len(episodes):
+        first = failed[0]
+        sample = repr(prompts[first][:160]) if prompts else ""
+        limit = ("--max_reward_failure_ratio 0 allows none" if max_failure_ratio == 0 else
+                 f"more than --max_reward_failure_ratio {max_failure_ratio:g}")
+        raise UserError(f"{where}: {episodes[first]['error']}; {len(failed)} of {len(episodes)} episodes failed this "
+                        f"step ({limit}); e.g. episode {first}: {sample}")
+    kinds: dict[str, int] = {}
+    for i in failed:
+        kind = episodes[i]["error"].split(":", 1)[0]
+        kinds[kind] = kinds.get(kind, 0) + 1
+    metrics.update({"agent/failures": float(len(failed)),
+                    **{f"agent/failure_kinds/{k}": float(v) for k, v in kinds.items()}})
+    rewards = [fallback if e["finish"] == "failed" else float(e["reward"]) for e in episodes]
+    scores = [fallback if e["finish"] == "failed" else float(e["score"]) for e in episodes]
+    reward = {"rewards": torch.tensor(rewards), "scores": torch.tensor(scores), "extra_logs": logs,
+              "metrics": metrics}
     return samples, reward

@@ -41,12 +41,15 @@ class RLModelArgs:
 class UserCodeArgs:
     reward_workers: int = arg(2, "Worker processes that run a --remote_rm_url reward function file; a batch is "
                                  "scored in calls of --micro_rollout_batch_size samples spread over them.")
-    reward_timeout: float = arg(60.0, "Seconds one reward function call may take; a slower call is killed (its "
-                                      "worker replaced) and its samples get --reward_fallback.")
+    reward_timeout: float = arg(60.0, "Seconds one reward function call (or agent reset/step) may take; a slower "
+                                      "call is killed (its worker replaced; an agent's episode ends) and its "
+                                      "samples get --reward_fallback.")
     reward_fallback: float = arg(0.0, "Reward (and score) of a sample whose reward function call failed: raised, "
-                                      "timed out, crashed, or returned NaN/inf or the wrong number of values.")
+                                      "timed out, crashed, or returned NaN/inf or the wrong number of values (or "
+                                      "whose agent episode failed).")
     max_reward_failure_ratio: float = arg(0.1, "Stop the run when more than this fraction of a step's samples "
-                                               "failed in the reward function (0: stop at the first failure).")
+                                               "failed in the reward function or agent (0: stop at the first "
+                                               "failure).")
 
 
 @dataclass

@@ -133,9 +133,12 @@ class RLTrainer:
             from rlhfkit.agents.episodes import episodes_to_samples
 
             requests = [{"prompt": p, "prompt_ids": i, "label": lab} for p, i, lab in zip(prompts, ids, labels)]
+            code = self.cfg.user_code
             episodes = self.roles.engine.generate_episodes(requests, agent, max_steps=self.cfg.agent.max_steps,
-                                                           max_length=self.cfg.data.generate_max_len, **sampling)
-            samples, episode_reward = episodes_to_samples(episodes)
+                                                           max_length=self.cfg.data.generate_max_len,
+                                                           step_timeout=code.reward_timeout, **sampling)
+            samples, episode_reward = episodes_to_samples(episodes, code.reward_fallback,
+                                                          code.max_reward_failure_ratio, f"agent {agent}", prompts)
         else:
             samples = self.roles.engine.generate(ids, max_new_tokens=self.cfg.data.generate_max_len, **sampling)
         self.roles.engine.sleep()

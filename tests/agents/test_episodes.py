@@ -149,3 +149,47 @@ def test_the_seed_template_runs_with_only_its_import_changed(engine, tokenizer):
     for e in eps:
         assert e["turns"] <= 2 and e["reward"] == 0.0 and e["finish"] in ("turns", "budget")
         assert e["extra_logs"] == {"step": float(e["turns"])}
+
+
+BAD_AGENT = """
+import asyncio
+from rlhfkit.agents import AgentInstanceBase, MultiTurnAgentExecutor
+
+
+class AgentInstance(AgentInstanceBase):
+    async def step(self, states, **kwargs):
+        if states["label"] == "raise":
+            raise ValueError("bad environment")
+        if states["label"] == "hang":
+            await asyncio.sleep(60)
+        return {"rewards": 1.0, "environment_feedback": "", "done": True}
+
+
+class AgentExecutor(MultiTurnAgentExecutor):
+    def __init__(self):
+        super().__init__(AgentInstance)
+"""
+
+
+def test_bad_and_timeout_agent_steps_cost_their_episode_only(engine, tokenizer, tmp_path):
+    path = tmp_path / "bad_agent.py"
+    path.write_text(BAD_AGENT)
+    reqs = requests(tokenizer, "ok", n=4)
+    reqs[1]["label"], reqs[2]["label"] = "raise", "hang"
+    eps = run_episodes(engine.generate, tokenizer, str(path), reqs, max_steps=2, max_length=6, seed=SEED,
+                       step_timeout=1.0, temperature=1.0, top_p=1.0, top_k=-1)
+    assert [e["finish"] for e in eps] == ["done", "failed", "failed", "done"]
+    assert eps[1]["error"] == "exception: step raised ValueError: bad environment"
+    assert eps[2]["error"] == "timeout: step took more than 1 s"
+    assert all(len(e["response_ids"]) > 0 for e in eps)  # a failed episode keeps the tokens it sampled
+    samples, reward = episodes_to_samples(eps, fallback=-1.0, max_failure_ratio=0.5, where="agent X")
+    assert reward["rewards"].tolist() == [1.0, -1.0, -1.0, 1.0] and len(samples) == 4
+    assert reward["metrics"]["agent/failures"] == 2.0
+    assert reward["metrics"]["agent/failure_kinds/exception"] == 1.0
+    assert reward["metrics"]["agent/failure_kinds/timeout"] == 1.0
+    from rlhfkit.errors import UserError
+
+    with pytest.raises(UserError, match=r"^agent X: exception: step raised ValueError: bad environment; 2 of 4 "
+                                        r"episodes failed this step \(more than --max_reward_failure_ratio 0.25\); "
+                                        r"e.g. episode 1: 'User: What is 11\+21\?\\nAssistant: '$"):
+        episodes_to_samples(eps, max_failure_ratio=0.25, where="agent X", prompts=[r["prompt"] for r in reqs])
