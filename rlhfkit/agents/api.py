@@ -152,6 +152,8 @@ class AgentExecutorBase:
             return await (asyncio.wait_for(call, timeout) if timeout else call)
         except asyncio.TimeoutError:
             raise AgentFailure("timeout", f"{what} took more than {timeout:g} s") from None
+        except AgentFailure:  # already said (an isolated instance's worker failed)
+            raise
         except Exception as e:  # noqa: BLE001 - the agent's code: its failure costs this episode
             text = str(e).strip()
             raise AgentFailure("exception", f"{what} raised {type(e).__name__}"

@@ -114,14 +114,20 @@ def make_executor(cls: type, max_steps: int, max_length: int, llm_engine: Any, t
 
 def run_episodes(engine_generate: Callable[..., list], tokenizer: Any, agent_path: str,
                  requests: Sequence[dict[str, Any]], *, max_steps: int, max_length: int, seed: int | None = None,
-                 step_timeout: float | None = None, **sampling: Any) -> list[dict[str, Any]]:
+                 step_timeout: float | None = None, agent_workers: int = 0, **sampling: Any) -> list[dict[str, Any]]:
     """One episode per request {"prompt": text, "prompt_ids": [...], "label": ...}, all at once; plain dicts
     (Episode fields plus "truncated") in request order. An AgentInstance that raises or whose reset/step takes
     longer than `step_timeout` seconds ends its own episode as failed (an `async` step is cancelled; a blocking one
-    cannot be interrupted here)."""
+    cannot be interrupted here). With `agent_workers` > 0 the AgentInstances run in that many worker processes
+    (rlhfkit.agents.isolation), where a crash or a blocking call past `step_timeout` costs the episode too."""
     cls = load_agent_executor(agent_path)
     llm = BatchingGenerator(engine_generate, sampling, seed)
     executor = make_executor(cls, max_steps, max_length, llm, tokenizer, step_timeout)
+    keys: list[str] = []
+    if agent_workers > 0:
+        from rlhfkit.agents.isolation import isolate
+
+        keys = isolate(executor, agent_path, agent_workers, step_timeout or 60.0)
 
     async def run_all() -> list[Episode]:
         jobs = [executor.execute(Prompt(r["prompt"], r["prompt_ids"]), r.get("label"), dict(llm.sampling))
@@ -135,6 +141,11 @@ def run_episodes(engine_generate: Callable[..., list], tokenizer: Any, agent_pat
     except Exception as e:  # noqa: BLE001 - the user's agent failed; say where
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise UserError(f"agent {agent_path}: an episode raised {type(e).__name__}: {first}") from e
+    finally:
+        if keys:
+            from rlhfkit.agents.isolation import release
+
+            release(agent_path, agent_workers, step_timeout or 60.0, keys)
     out = []
     for episode in episodes:
         if not isinstance(episode, Episode):

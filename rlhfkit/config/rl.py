@@ -39,8 +39,9 @@ class RLModelArgs:
 
 @dataclass
 class UserCodeArgs:
-    reward_workers: int = arg(2, "Worker processes that run a --remote_rm_url reward function file; a batch is "
-                                 "scored in calls of --micro_rollout_batch_size samples spread over them.")
+    reward_workers: int = arg(2, "Worker processes that run a --remote_rm_url reward function file (a batch is "
+                                 "scored in calls of --micro_rollout_batch_size samples spread over them), or the "
+                                 "AgentInstances of --agent_func_path episodes (per rollout engine).")
     reward_timeout: float = arg(60.0, "Seconds one reward function call (or agent reset/step) may take; a slower "
                                       "call is killed (its worker replaced; an agent's episode ends) and its "
                                       "samples get --reward_fallback.")

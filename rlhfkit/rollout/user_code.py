@@ -107,6 +107,31 @@ def _run(fn: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     return value
 
 
+def _object_call(module: Any, objects: dict[str, Any], name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """Objects that live in the worker between calls (PinnedWorkers): "new:<Class>:<key>" builds one (awaiting an
+    `async def __init__`), "call:<key>:<method>" calls a method, "drop:<key>" forgets it."""
+    op, _, rest = name.partition(":")
+    if op == "new":
+        class_name, _, key = rest.partition(":")
+        cls = getattr(module, class_name)
+        import inspect
+
+        if inspect.iscoroutinefunction(cls.__init__):
+            obj = cls.__new__(cls)
+            _run(cls.__init__, (obj, *args), kwargs)
+        else:
+            obj = cls(*args, **kwargs)
+        objects[key] = obj
+        return None
+    if op == "call":
+        key, _, method = rest.partition(":")
+        return _run(getattr(objects[key], method), args, kwargs)
+    if op == "drop":
+        objects.pop(rest, None)
+        return None
+    raise ValueError(f"unknown object operation {name!r}")
+
+
 def worker_main(fd: int, path: str) -> None:
     """Serve calls `(name, args, kwargs)` -> `("ok", value)` | `("error", text)` until the parent closes."""
     import threading
@@ -122,13 +147,17 @@ def worker_main(fd: int, path: str) -> None:
         _send(conn, ("ready", sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))))
     except OSError:  # the pool closed before this worker was needed
         return
+    objects: dict[str, Any] = {}
     while True:
         try:
             name, args, kwargs = _recv(conn)
         except (EOFError, OSError):
             return
         try:
-            reply = ("ok", _run(getattr(module, name), args, kwargs))
+            if ":" in name:
+                reply = ("ok", _object_call(module, objects, name, args, kwargs))
+            else:
+                reply = ("ok", _run(getattr(module, name), args, kwargs))
         except BaseException as e:  # noqa: BLE001 - SystemExit too: the user's code must not end the worker
             reply = ("error", describe(e))
         try:
@@ -309,3 +338,71 @@ class UserCodePool:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class PinnedWorkers:
+    """N workers of one file where the caller picks the worker, for objects that keep state in a worker between
+    calls (an agent episode's AgentInstance): `new`, `call`, `drop` on a key pinned to worker `key_index`. A worker
+    that dies (crash, or killed at a timeout) is replaced; the objects it held are gone, and calls on them fail."""
+
+    def __init__(self, path: str, workers: int = 1, timeout: float = 60.0, start_timeout: float = 120.0):
+        if workers < 1 or timeout <= 0:
+            raise ValueError(f"PinnedWorkers needs workers >= 1 and a positive timeout (got {workers}, {timeout})")
+        self.path = str(Path(path).expanduser().resolve())
+        self.timeout, self.start_timeout = float(timeout), float(start_timeout)
+        self._env = _worker_env()
+        self._workers = [_Worker(self.path, self._env) for _ in range(workers)]
+        try:
+            self.functions = set(self._workers[0].wait_ready(self.start_timeout))
+            for w in self._workers[1:]:
+                w.wait_ready(self.start_timeout)
+        except UserCodeLoadError:
+            for w in self._workers:
+                w.kill()
+            raise
+        import threading
+
+        self._locks = [threading.Lock() for _ in range(workers)]
+        self._births = [0] * workers  # how often each slot's worker was replaced
+        self._homes: dict[str, tuple[int, int]] = {}  # key -> (slot, birth) where the object lives
+        self._next = 0
+        self._meta = threading.Lock()  # _next and _homes: calls come from several threads
+        self.replaced = 0
+
+    def _call_slot(self, slot: int, name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> CallResult:
+        with self._locks[slot]:
+            worker = self._workers[slot]
+            result = worker.call(name, args, kwargs, self.timeout, self.start_timeout)
+            if not worker.alive:
+                self._workers[slot] = _Worker(self.path, self._env)
+                self._births[slot] += 1
+                self.replaced += 1
+            return result
+
+    def new(self, class_name: str, key: str, *args: Any, **kwargs: Any) -> CallResult:
+        with self._meta:
+            slot = self._next % len(self._workers)
+            self._next += 1
+            self._homes[key] = (slot, self._births[slot])
+        result = self._call_slot(slot, f"new:{class_name}:{key}", args, kwargs)
+        result.error = result.error.replace(f"new:{class_name}:{key}", f"{class_name}()")
+        return result
+
+    def call(self, key: str, method: str, *args: Any, **kwargs: Any) -> CallResult:
+        with self._meta:
+            slot, birth = self._homes[key]
+        if self._births[slot] != birth:
+            return CallResult(kind="crash", error=f"{method}: the worker that held this object died earlier")
+        result = self._call_slot(slot, f"call:{key}:{method}", args, kwargs)
+        result.error = result.error.replace(f"call:{key}:{method}", method)
+        return result
+
+    def drop(self, key: str) -> None:
+        with self._meta:
+            slot, birth = self._homes.pop(key, (None, None))
+        if slot is not None and self._births[slot] == birth:
+            self._call_slot(slot, f"drop:{key}", (), {})
+
+    def close(self) -> None:
+        for w in self._workers:
+            w.close()

@@ -138,7 +138,8 @@ class RLTrainer:
             code = self.cfg.user_code
             episodes = self.roles.engine.generate_episodes(requests, agent, max_steps=self.cfg.agent.max_steps,
                                                            max_length=self.cfg.data.generate_max_len,
-                                                           step_timeout=code.reward_timeout, **sampling)
+                                                           step_timeout=code.reward_timeout,
+                                                           agent_workers=code.reward_workers, **sampling)
             samples, episode_reward = episodes_to_samples(episodes, code.reward_fallback,
                                                           code.max_reward_failure_ratio, f"agent {agent}", prompts)
         else:

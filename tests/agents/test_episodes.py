@@ -193,3 +193,54 @@ def test_bad_and_timeout_agent_steps_cost_their_episode_only(engine, tokenizer, 
                                         r"episodes failed this step \(more than --max_reward_failure_ratio 0.25\); "
                                         r"e.g. episode 1: 'User: What is 11\+21\?\\nAssistant: '$"):
         episodes_to_samples(eps, max_failure_ratio=0.25, where="agent X", prompts=[r["prompt"] for r in reqs])
+
+
+CRASHING_AGENT = """
+import ctypes, os, time
+from rlhfkit.agents import AgentInstanceBase, MultiTurnAgentExecutor
+
+
+class AgentInstance(AgentInstanceBase):
+    async def __init__(self, *args, **kwargs):
+        self.turn = 0
+
+    async def step(self, states, **kwargs):
+        self.turn += 1
+        if states["label"] == "exit":
+            os._exit(3)
+        if states["label"] == "segfault":
+            ctypes.string_at(0)
+        if states["label"] == "block":
+            time.sleep(60)  # blocking: only a worker process can be stopped
+        return {"rewards": 0.5, "environment_feedback": " again: ", "done": self.turn >= 2,
+                "extra_logs": {"pid": os.getpid()}}
+
+
+class AgentExecutor(MultiTurnAgentExecutor):
+    def __init__(self):
+        super().__init__(AgentInstance)
+
+    async def execute(self, prompt, label, sampling_params):
+        return await super().execute(prompt, label, {**sampling_params, "max_tokens": 3})
+"""
+
+
+def test_crash_and_timeout_of_isolated_agent_instances_cost_their_episode(engine, tokenizer, tmp_path):
+    import os
+
+    path = tmp_path / "crashing_agent.py"
+    path.write_text(CRASHING_AGENT)
+    reqs = requests(tokenizer, "ok", n=4)
+    reqs[1]["label"], reqs[2]["label"], reqs[3]["label"] = "exit", "segfault", "block"
+    eps = run_episodes(engine.generate, tokenizer, str(path), reqs, max_steps=3, max_length=30, seed=SEED,
+                       step_timeout=2.0, agent_workers=4, temperature=1.0, top_p=1.0, top_k=-1)
+    assert [e["finish"] for e in eps] == ["done", "failed", "failed", "failed"]
+    assert eps[0]["reward"] == 1.0 and eps[0]["turns"] == 2 and eps[0]["extra_logs"]["pid"] != os.getpid()
+    assert eps[1]["error"] == "crash: step: the worker exited (exit code 3)"
+    assert eps[2]["error"] == "crash: step: the worker died (signal SIGSEGV)"
+    assert eps[3]["error"] == "timeout: step took more than 2 s (killed)"
+    # the workers were replaced: the same file runs again at once in this process
+    again = run_episodes(engine.generate, tokenizer, str(path), requests(tokenizer, "ok", n=2), max_steps=3,
+                         max_length=30, seed=SEED, step_timeout=2.0, agent_workers=4, temperature=1.0, top_p=1.0,
+                         top_k=-1)
+    assert [e["finish"] for e in again] == ["done", "done"]
