@@ -2,9 +2,9 @@
 
 `run_episodes(generate, tokenizer, agent_path, requests, ...)` loads the agent file's `AgentExecutor`, builds it in
 whichever of OpenRLHF's two forms it is written (constructor arguments or none), and runs one `execute` per request
-concurrently. Every `await llm_engine.generate(...)` of the episodes lands in a `BatchingGenerator`, which lets the
-event loop settle (every episode that can reach its next generation does), then hands all waiting contexts to the
-engine in one `generate` call per token budget.
+concurrently. Every `await llm_engine.generate(...)` of the episodes lands in a `BatchingGenerator`, which waits
+until every running episode waits on a generation (or nothing new arrived for `IDLE_S`: an episode busy in its
+environment), then hands all waiting contexts to the engine in one `generate` call per token budget.
 """
 
 from __future__ import annotations
@@ -29,21 +29,30 @@ class BatchingGenerator:
     `engine_generate(prompt_ids, max_new_tokens=..., seed=..., **sampling)` is the engine's own batch generate.
     Request i of batch call k samples with seed + 1_000 * k + i (reproducible for a given arrival order)."""
 
-    SETTLE_TICKS = 4  # event-loop turns to wait so that every episode that can ask has asked
+    IDLE_S = 0.05  # no new request for this long: the episodes not waiting yet are busy in their environments
 
     def __init__(self, engine_generate: Callable[..., list], sampling: dict[str, Any], seed: int | None):
         self.engine_generate = engine_generate
         self.sampling = dict(sampling)
         self.seed = seed
         self.calls = 0
+        self.active = 0  # episodes still running (run_episodes counts them)
         self.batch_sizes: list[int] = []
         self._pending: list[tuple[list[int], int, asyncio.Future]] = []
         self._flushing = False
+        self._arrived: asyncio.Event | None = None
+
+    def episode_finished(self) -> None:
+        self.active -= 1
+        if self._arrived is not None:
+            self._arrived.set()
 
     async def generate(self, context_ids: Sequence[int], max_new_tokens: int, sampling_params: Any = None) -> Any:
         self._check(sampling_params)
         future = asyncio.get_running_loop().create_future()
         self._pending.append((list(context_ids), int(max_new_tokens), future))
+        if self._arrived is not None:
+            self._arrived.set()
         if not self._flushing:
             self._flushing = True
             asyncio.get_running_loop().create_task(self._flush())
@@ -61,8 +70,13 @@ class BatchingGenerator:
                             "trainer's log-probs would not match the sampled tokens: set them with flags")
 
     async def _flush(self) -> None:
-        for _ in range(self.SETTLE_TICKS):
-            await asyncio.sleep(0)
+        self._arrived = asyncio.Event()
+        while len(self._pending) < self.active:
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), self.IDLE_S)
+            except asyncio.TimeoutError:
+                break
         batch, self._pending, self._flushing = self._pending, [], False
         by_budget: dict[int, list[tuple[list[int], asyncio.Future]]] = {}
         for ids, budget, future in batch:
@@ -129,10 +143,16 @@ def run_episodes(engine_generate: Callable[..., list], tokenizer: Any, agent_pat
 
         keys = isolate(executor, agent_path, agent_workers, step_timeout or 60.0)
 
+    async def one(request: dict[str, Any]) -> Episode:
+        try:
+            return await executor.execute(Prompt(request["prompt"], request["prompt_ids"]), request.get("label"),
+                                          dict(llm.sampling))
+        finally:
+            llm.episode_finished()
+
     async def run_all() -> list[Episode]:
-        jobs = [executor.execute(Prompt(r["prompt"], r["prompt_ids"]), r.get("label"), dict(llm.sampling))
-                for r in requests]
-        return list(await asyncio.gather(*jobs))
+        llm.active = len(requests)
+        return list(await asyncio.gather(*[one(r) for r in requests]))
 
     try:
         episodes = asyncio.run(run_all())

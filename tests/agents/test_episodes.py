@@ -244,3 +244,4 @@ def test_crash_and_timeout_of_isolated_agent_instances_cost_their_episode(engine
                          max_length=30, seed=SEED, step_timeout=2.0, agent_workers=4, temperature=1.0, top_p=1.0,
                          top_k=-1)
     assert [e["finish"] for e in again] == ["done", "done"]
+    assert set(again[0]["batch_sizes"]) == {2}  # each turn of both episodes in one engine call, workers or not
