@@ -16,6 +16,7 @@ import torch
 
 from rlhfkit.algorithms.sft_loss import sft_loss
 from rlhfkit.data.tokens import as_long
+from rlhfkit.models.moe import router_aux_loss
 from rlhfkit.models.policy import forward_logits
 from rlhfkit.trainers.loop import Collate, TrainerLoop, to_device
 
@@ -24,15 +25,33 @@ class SFTTrainer(TrainerLoop):
     kind = "sft"
 
     # -- one micro-batch ------------------------------------------------------------------------------------
-    def micro_step(self, batch: dict[str, torch.Tensor], step_tokens: float) -> tuple[torch.Tensor, int]:
-        """Forward and backward one micro-batch, its loss summed over its target tokens and divided by
-        `step_tokens`; returns the (detached) summed loss and the micro-batch's target count."""
+    def micro_loss(self, batch: dict[str, torch.Tensor], step_tokens: float | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(loss to optimise, its cross-entropy part, the MoE router loss or None) of one on-device micro-batch.
+
+        The cross-entropy part is the micro-batch's summed token NLL divided by `step_tokens` (the optimizer step's
+        target count on this rank; default: this micro-batch's own, i.e. its mean), and the MoE router
+        load-balancing loss (`rlhfkit.models.moe`) counts with aux_loss_coef x the micro-batch's share of those
+        tokens, so micro-batches of any size add up to the step's loss."""
+        with router_aux_loss(self.engine, self.aux_loss_coef > 0) as aux:
+            logits = forward_logits(self.engine, batch)
+        targets = int(batch["loss_mask"][:, 1:].sum())
+        step_tokens = step_tokens or max(targets, 1)
+        ce = sft_loss(logits, batch["input_ids"], batch["loss_mask"], sample_ids=batch.get("sample_ids"),
+                      num_tokens=step_tokens)
+        if not aux:
+            return ce, ce, None
+        return ce + self.aux_loss_coef * aux[0] * (targets / step_tokens), ce, aux[0]
+
+    def micro_step(self, batch: dict[str, torch.Tensor], step_tokens: float
+                   ) -> tuple[torch.Tensor, int, float | None]:
+        """Forward and backward one micro-batch (`micro_loss` with the step's token count); returns the (detached)
+        cross-entropy part, the micro-batch's token count and the MoE router loss (None for dense models /
+        --aux_loss_coef 0)."""
         batch = to_device(batch, self.strategy.device)
-        logits = forward_logits(self.engine, batch)
-        loss = sft_loss(logits, batch["input_ids"], batch["loss_mask"], reduction="sum",
-                        sample_ids=batch.get("sample_ids"))
-        self.backward_and_step(loss / step_tokens)
-        return loss.detach().double(), int(batch["loss_mask"].sum())
+        loss, ce, aux = self.micro_loss(batch, step_tokens)
+        self.backward_and_step(loss)
+        return ce.detach().double(), int(batch["loss_mask"].sum()), None if aux is None else aux.item()
 
     def target_tokens(self, indices: Iterable[int]) -> int:
         """Target tokens of these training samples (the first token of a sample is never one)."""
@@ -44,21 +63,27 @@ class SFTTrainer(TrainerLoop):
         step_tokens = max(self.target_tokens(global_batch), 1)
         # DeepSpeed averages gradients over ranks: each rank's share is normalised by step_tokens / world.
         per_rank = step_tokens / self.strategy.world_size
-        loss_sum, tokens = torch.zeros((), dtype=torch.float64), 0
+        loss_sum, tokens, aux_losses = torch.zeros((), dtype=torch.float64), 0, []
         for batch, real in self.micro_batches(micro, global_batch):
             self.micro_scale = 1.0 if real else 0.0
-            loss, n = self.micro_step(batch, per_rank)
+            loss, n, aux = self.micro_step(batch, per_rank)
             if real:
                 loss_sum += loss.cpu()
                 tokens += n
+                if aux is not None:
+                    aux_losses.append(aux)
         self.micro_scale = 1.0
         elapsed = time.perf_counter() - started
-        return {
-            "loss": self.strategy.all_reduce(loss_sum.item(), "sum") / step_tokens,
+        metrics = {
+            # Each rank's parts sum to its tokens' NLL / per_rank, so the step's token mean is their sum / world.
+            "loss": self.strategy.all_reduce(loss_sum.item(), "sum") / self.strategy.world_size,
             "lr": self.engine.get_lr()[0],
             "tokens_per_s": self.strategy.all_reduce(tokens, "sum") / max(elapsed, 1e-9),
             "epoch": self.state.epoch,
         }
+        if aux_losses:  # every rank has them or none does (same model, same --aux_loss_coef)
+            metrics["aux_loss"] = self.strategy.all_reduce(sum(aux_losses) / len(aux_losses))
+        return metrics
 
     def progress_fields(self, metrics: dict[str, float]) -> dict[str, float]:
         """What the progress bar shows of a step's metrics."""
@@ -98,6 +123,7 @@ def run_sft(cfg: Any) -> SFTTrainer:
     from rlhfkit.data.readers import load_mixture
     from rlhfkit.data.sft_dataset import SFTDataset
     from rlhfkit.errors import UserError
+    from rlhfkit.models.moe import check_aux_loss_coef
     from rlhfkit.trainers.setup import load_tokenizer_for, load_trainable_lm, make_logger, make_strategy
 
     validate_sft_config(cfg)
@@ -105,6 +131,7 @@ def run_sft(cfg: Any) -> SFTTrainer:
     if not d.dataset:
         raise UserError("--dataset is required: a local json/jsonl/parquet/csv/arrow file or dataset directory")
     strategy = make_strategy(cfg.model, cfg.strategy)  # validates batch arithmetic, joins no group yet
+    check_aux_loss_coef(cfg.train.aux_loss_coef, cfg.model.pretrain, d.packing_samples)
     tokenizer = load_tokenizer_for(cfg.model)
 
     def tokenised(spec: str, probs: str | None, split: str, max_samples: int, flag: str) -> SFTDataset:
