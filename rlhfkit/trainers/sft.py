@@ -38,6 +38,15 @@ def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
 
 
+def non_pad_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """Real tokens of a padded (attention_mask) or packed (sample_ids, -1 = padding) batch."""
+    if "attention_mask" in batch:
+        return int(batch["attention_mask"].sum())
+    if "sample_ids" in batch:
+        return int((batch["sample_ids"] >= 0).sum())
+    return int(batch["input_ids"].numel())
+
+
 class SFTTrainer:
     kind = "sft"
 
@@ -78,17 +87,23 @@ class SFTTrainer:
         return loss.detach().float(), int(batch["loss_mask"].sum())
 
     def train_batch(self, micro: Iterable[Sequence[int]], started: float) -> dict[str, float]:
-        """One optimizer step over this rank's micro batches (sample indices); returns the step's metrics."""
-        losses, tokens = [], 0
+        """One optimizer step over this rank's micro batches (sample indices); returns the step's metrics.
+
+        `tokens_per_s` counts every non-pad token processed, `loss_tokens_per_s` the target tokens only."""
+        losses, loss_tokens, tokens = [], 0, 0
         for indices in micro:
-            loss, n = self.micro_step(self.collate([self.train_samples[i] for i in indices]))
+            batch = self.collate([self.train_samples[i] for i in indices])
+            tokens += non_pad_tokens(batch)
+            loss, n = self.micro_step(batch)
             losses.append(loss)
-            tokens += n
-        elapsed = time.perf_counter() - started
+            loss_tokens += n
+        elapsed = max(time.perf_counter() - started, 1e-9)
+        totals = self.strategy.all_reduce(torch.tensor([tokens, loss_tokens], dtype=torch.float64), "sum")
         return {
             "loss": self.strategy.all_reduce(torch.stack(losses).mean().item()),
             "lr": self.engine.get_lr()[0],
-            "tokens_per_s": self.strategy.all_reduce(tokens, "sum") / max(elapsed, 1e-9),
+            "tokens_per_s": float(totals[0]) / elapsed,
+            "loss_tokens_per_s": float(totals[1]) / elapsed,
             "epoch": self.state.epoch,
         }
 
