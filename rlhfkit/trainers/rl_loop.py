@@ -26,9 +26,11 @@ from rlhfkit.algorithms.advantages import compute_advantages
 from rlhfkit.algorithms.kl import compute_approx_kl, make_kl_controller
 from rlhfkit.algorithms.masking import masked_mean
 from rlhfkit.checkpoint.ckpt import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlhfkit.checkpoint.preemption import PreemptionWatch, preemption_message
 from rlhfkit.config.rl import PPOConfig, reward_clip_bounds
 from rlhfkit.data.sampler import global_batches
 from rlhfkit.data.tokens import encode, with_bos
+from rlhfkit.errors import Preempted
 from rlhfkit.logging.metrics import MetricsLogger, Progress
 from rlhfkit.trainers.experience import Experience, experience_from_samples
 from rlhfkit.trainers.replay_buffer import one_optimizer_step
@@ -55,6 +57,20 @@ class RLState:
     kl_coef: float = 0.0
 
 
+REPORT_ROLLOUT_STEPS = 5  # the run report shows rollouts of the first and last step and of about this many more
+REPORT_ROLLOUTS_PER_STEP = 4
+
+
+def _report_rows(texts: dict[str, list], rewards: torch.Tensor) -> list[dict[str, Any]]:
+    """The first few (prompt, response, reward) of a rollout batch, for the run report."""
+    rows = []
+    for prompt, query, reward in zip(texts["prompts"], texts["queries"], rewards.tolist()):
+        rows.append({"prompt": prompt, "response": query[len(prompt):], "reward": reward})
+        if len(rows) == REPORT_ROLLOUTS_PER_STEP:
+            break
+    return rows
+
+
 def _mean(t: torch.Tensor) -> float:
     return float(t.float().mean()) if t.numel() else 0.0
 
@@ -79,6 +95,7 @@ class RLTrainer:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self._prompt_ids: dict[tuple[int, int], list[int]] = {}
         self._last_eval_step = -1
+        self._last_rollouts: list[dict[str, Any]] = []
 
     # -- sizes ----------------------------------------------------------------------------------------------
     def steps_per_episode(self) -> int:
@@ -156,6 +173,7 @@ class RLTrainer:
             token_kl=exp.kl if a.init_kl_coef > 0 else None, values=exp.values, n_samples_per_prompt=n,
             gamma=a.gamma, lambd=a.lambd, kl_coef=self.kl_ctl.value, use_kl_loss=a.use_kl_loss,
             std_norm=not a.no_advantage_std_norm)
+        self._last_rollouts = _report_rows(texts, raw)
         kl_per_sample = masked_mean(exp.kl, mask, dim=-1) if exp.kl is not None else torch.zeros(len(exp))
         lengths = exp.info["response_length"]
         metrics = {
@@ -218,6 +236,11 @@ class RLTrainer:
 
     # -- the loop -------------------------------------------------------------------------------------------
     def fit(self) -> list[dict[str, float]]:
+        """Train; on SIGTERM save a checkpoint at the next step boundary and raise Preempted (the CLI exits 0)."""
+        with PreemptionWatch(self.strategy) as self._preemption:
+            return self._fit()
+
+    def _fit(self) -> list[dict[str, float]]:
         cfg, log = self.cfg, self.cfg.logging
         if cfg.checkpoint.load_checkpoint:
             self.resume()
@@ -237,12 +260,20 @@ class RLTrainer:
                 history.append(metrics)
                 if step % log.logging_steps == 0:
                     self.logger.log(step, metrics)
+                if step == 1 or step == total or step % max(total // REPORT_ROLLOUT_STEPS, 1) == 0:
+                    self.logger.log_samples(step, self._last_rollouts)
                 bar.update({"reward": metrics["reward"], "len": metrics["response_length"], "kl": metrics["kl"],
                             "pg": metrics.get("actor/policy_loss", 0.0)})
                 if log.eval_steps > 0 and step % log.eval_steps == 0:
                     self.evaluate(step)
-                if cfg.checkpoint.save_steps > 0 and step % cfg.checkpoint.save_steps == 0:
+                saved = cfg.checkpoint.save_steps > 0 and step % cfg.checkpoint.save_steps == 0
+                if saved:
                     self.save_checkpoint()
+                if self._preemption.requested():
+                    bar.close()
+                    if not saved:
+                        self.save_checkpoint()
+                    raise Preempted(preemption_message(step, cfg.checkpoint.ckpt_path))
             if self.state.batch_in_episode >= len(batches):
                 self.state.episode += 1
                 self.state.batch_in_episode = 0
