@@ -31,8 +31,8 @@ LR = 1e-5
 BF16 = False  # the GPU suite (bench/gpu/suite.py) sets it
 BETA = 0.1
 # case: (model, max_len, prompt tokens (0: the demo's short questions), steps, warm-up steps)
-CASES = {"tiny-short": ("tiny", 128, 0, 12, 2), "25m-short": ("25m", 128, 0, 8, 2),
-         "25m-128": ("25m", 128, 112, 6, 2)}
+CASES = {"tiny-short": ("tiny", 128, 0, 10, 2), "25m-short": ("25m", 128, 0, 6, 2),
+         "25m-128": ("25m", 128, 112, 4, 1)}
 
 
 def write_data(workdir: Path, assets, models: dict[str, Path], case: str) -> Path:
@@ -122,9 +122,6 @@ def main() -> None:
     cases = args.case or list(CASES)
     for case in cases:
         write_data(workdir, assets, models, case)
-    results = {}
-    for case in cases:  # one case at a time, each with its own warm-up
-        results.update(interleaved(Path(__file__), [case], args.repeats, args.threads, CASES[case][4]))
     sizes = {name: count_params(path) / 1e6 for name, path in models.items()}
 
     def describe(case: str) -> str:
@@ -136,8 +133,11 @@ def main() -> None:
                 f"step, fp32, AdamW (fused in both), lr {LR} constant, grad clip 1.0, {args.threads} torch "
                 f"threads per process, {args.repeats} interleaved runs per system; step time = median gap between "
                 "optimizer-step ends after the warm-up steps.")
-    path = write_section("dpo", "DPO step time", table(results, describe=describe), started_load, settings,
-                         Path(args.results) if args.results else None)
+    results = {}
+    for case in cases:  # one case at a time, each with its own warm-up; the section is rewritten after each
+        results.update(interleaved(Path(__file__), [case], args.repeats, args.threads, CASES[case][4]))
+        path = write_section("dpo", "DPO step time", table(results, describe=describe), started_load, settings,
+                             Path(args.results) if args.results else None)
     print(f"results: {path}")
 
 

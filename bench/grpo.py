@@ -33,7 +33,7 @@ PROMPTS, SAMPLES, NEW_TOKENS, MICRO = 16, 8, 32, 64
 LR = 1e-6
 BF16 = False  # the GPU suite (bench/gpu/suite.py) sets it
 # case: (model, steps, warm-up steps)
-CASES = {"tiny": ("tiny", 5, 1), "25m": ("25m", 4, 1)}
+CASES = {"tiny": ("tiny", 4, 1), "25m": ("25m", 3, 1)}
 REWARD_FILE = ROOT / "rlhfkit" / "demo" / "reward_func.py"
 
 
@@ -133,22 +133,22 @@ def main() -> None:
     assets, models = build_models(workdir)
     write_prompts(workdir, assets)
     cases = args.case or list(CASES)
-    results = {}
-    for case in cases:
-        results.update(interleaved(Path(__file__), [case], args.repeats, args.threads, CASES[case][2]))
     sizes = {name: count_params(path) / 1e6 for name, path in models.items()}
-    lines = table(results, describe=lambda case: f"{CASES[case][0]} ({sizes[CASES[case][0]]:.1f}M)")
-    lines += ["", "Mean response length (tokens): " + "; ".join(
-        f"{case}: rlhfkit {r['rlhfkit']['extra'].get('response_length', float('nan')):.1f}, TRL "
-        f"{r['trl']['extra'].get('response_length', float('nan')):.1f}" for case, r in results.items())]
     settings = (f"Settings: {PROMPTS} prompts x {SAMPLES} samples, at most {NEW_TOKENS} new tokens, temperature 1, "
                 f"exact-match reward, group-normalised advantages, no KL / reference, one optimizer step per rollout "
                 f"(2 micro-batches of {MICRO}), fp32, AdamW, lr {LR}; rlhfkit `train_ppo` (one process, Transformers "
                 f"engine) vs TRL GRPOTrainer (model.generate); {args.threads} torch threads per process, "
                 f"{args.repeats} interleaved runs per system; step time = median gap between optimizer-step ends "
                 "after the warm-up step (generation, scoring, training: the whole RL step).")
-    path = write_section("grpo", "GRPO step time", lines, started_load, settings,
-                         Path(args.results) if args.results else None)
+    results = {}
+    for case in cases:  # the section is rewritten after each case
+        results.update(interleaved(Path(__file__), [case], args.repeats, args.threads, CASES[case][2]))
+        lines = table(results, describe=lambda case: f"{CASES[case][0]} ({sizes[CASES[case][0]]:.1f}M)")
+        lines += ["", "Mean response length (tokens): " + "; ".join(
+            f"{case}: rlhfkit {r['rlhfkit']['extra'].get('response_length', float('nan')):.1f}, TRL "
+            f"{r['trl']['extra'].get('response_length', float('nan')):.1f}" for case, r in results.items())]
+        path = write_section("grpo", "GRPO step time", lines, started_load, settings,
+                             Path(args.results) if args.results else None)
     print(f"results: {path}")
 
 

@@ -120,9 +120,6 @@ def main() -> None:
     cases = args.case or list(CASES)
     for case in cases:
         write_data(workdir, assets, models, case)
-    results = {}
-    for case in cases:  # one case at a time, each with its own warm-up
-        results.update(interleaved(Path(__file__), [case], args.repeats, args.threads, CASES[case][4]))
     sizes = {name: count_params(path) / 1e6 for name, path in models.items()}
 
     def describe(case: str) -> str:
@@ -134,8 +131,11 @@ def main() -> None:
                 f"clip 1.0, loss on answer tokens, no packing, no gradient checkpointing, {args.threads} torch "
                 f"threads per process, {args.repeats} interleaved runs per system; step time = median gap between "
                 "optimizer-step ends after the warm-up steps.")
-    path = write_section("sft", "SFT step time", table(results, describe=describe), started_load, settings,
-                         Path(args.results) if args.results else None)
+    results = {}
+    for case in cases:  # one case at a time, each with its own warm-up; the section is rewritten after each
+        results.update(interleaved(Path(__file__), [case], args.repeats, args.threads, CASES[case][4]))
+        path = write_section("sft", "SFT step time", table(results, describe=describe), started_load, settings,
+                             Path(args.results) if args.results else None)
     print(f"results: {path}")
 
 
