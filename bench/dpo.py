@@ -2,7 +2,7 @@
 
 Same model, preference pairs, batch (8 pairs, one micro-batch), max_len, beta 0.1, sigmoid loss, a frozen reference
 model forwarded every step (no precomputed reference log-probs), fp32, AdamW, gradient clipping 1.0. Cases: the
-demo model and a ~25M-parameter random-init Llama on the demo's short pairs, and the 25M model on ~112-token
+demo model and a ~25M-parameter random-init Llama on the demo's short pairs, and the 25M model on ~104-token
 prompts (max_len 128).
 
     .venv/bin/python bench/dpo.py [--case 25m-128] [--repeats 2] [--threads 2]
@@ -32,7 +32,7 @@ BF16 = False  # the GPU suite (bench/gpu/suite.py) sets it
 BETA = 0.1
 # case: (model, max_len, prompt tokens (0: the demo's short questions), steps, warm-up steps)
 CASES = {"tiny-short": ("tiny", 128, 0, 10, 2), "25m-short": ("25m", 128, 0, 6, 2),
-         "25m-128": ("25m", 128, 112, 4, 1)}
+         "25m-128": ("25m", 128, 104, 4, 1)}
 
 
 def write_data(workdir: Path, assets, models: dict[str, Path], case: str) -> Path:

@@ -2,7 +2,8 @@
 
 Same model, data, batch (16 samples, one micro-batch), max_len, fp32, AdamW, gradient clipping 1.0, no gradient
 checkpointing, no packing, loss on the answer tokens only. Cases: the demo model and a ~25M-parameter random-init
-Llama on the demo's short question/answer records, and the 25M model on prompts filling 128 and 512 tokens.
+Llama on the demo's short question/answer records, and the 25M model on prompts of about 104 and 488 tokens
+(max_len 128 and 512).
 
     .venv/bin/python bench/sft.py [--case 25m-512] [--repeats 2] [--threads 2]
 """
@@ -29,8 +30,8 @@ BATCH = 16
 LR = 1e-4
 BF16 = False  # the GPU suite (bench/gpu/suite.py) sets it
 # case: (model, max_len, prompt tokens (0: the demo's short questions), steps, warm-up steps)
-CASES = {"tiny-short": ("tiny", 128, 0, 12, 2), "25m-short": ("25m", 128, 0, 8, 2),
-         "25m-128": ("25m", 128, 112, 6, 2), "25m-512": ("25m", 512, 496, 5, 1)}
+CASES = {"tiny-short": ("tiny", 128, 0, 12, 2), "25m-short": ("25m", 128, 0, 6, 2),
+         "25m-128": ("25m", 128, 104, 4, 1), "25m-512": ("25m", 512, 488, 3, 1)}
 
 
 def write_data(workdir: Path, assets, models: dict[str, Path], case: str) -> Path:
