@@ -81,10 +81,12 @@ class RngState:
 class DeepSpeedStrategy:
     """Owns the process group and turns models into DeepSpeed engines."""
 
-    def __init__(self, args: StrategyArgs, bf16: bool = False, gradient_checkpointing: bool = False):
+    def __init__(self, args: StrategyArgs, bf16: bool = False, gradient_checkpointing: bool = False,
+                 gradient_checkpointing_use_reentrant: bool = False):
         self.args = args
         self.bf16 = bf16
         self.gradient_checkpointing = gradient_checkpointing
+        self.gradient_checkpointing_use_reentrant = gradient_checkpointing_use_reentrant
         self.accumulation_steps = validate_batch_sizes(args.train_batch_size, args.micro_train_batch_size,
                                                        world_size_from_env())
 
@@ -203,7 +205,7 @@ class DeepSpeedStrategy:
         at world size 1 without a DeepSpeed feature a `LocalEngine` with the same interface and numbers."""
         if self.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
             model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False})
+                gradient_checkpointing_kwargs={"use_reentrant": self.gradient_checkpointing_use_reentrant})
         if self.uses_local_engine():
             model = model.to(self.device)
             optimizer = self.make_optimizer(model, learning_rate)

@@ -14,7 +14,6 @@ Ray: a running cluster when RAY_ADDRESS is set (`ray job submit` sets it), else 
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from typing import Any
 import torch
 
 from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference, samples_per_rollout, validate_rl_config
-from rlhfkit.distributed.placement import ResourcePlan, RoleDemand
+from rlhfkit.distributed.placement import ResourcePlan, RoleDemand, connect_ray, unwrap_user_error
 from rlhfkit.errors import UserError
 from rlhfkit.rollout.vllm_engine import check_vllm_args
 from rlhfkit.trainers.rl_loop import RLTrainer
@@ -84,6 +83,7 @@ class RayRunPlan:
 def check_ray_config(cfg: PPOConfig, use_gpu: bool | None = None, cpus_per_bundle: float = 1.0) -> RayRunPlan:
     """Config checks that need no data and no Ray: RL config, placement, engines, batch splits. UserError."""
     from rlhfkit.models.loading import check_model_path
+    from rlhfkit.models.moe import check_aux_loss_coef
 
     validate_rl_config(cfg)
     use_gpu = local_gpus() if use_gpu is None else use_gpu
@@ -109,6 +109,7 @@ def check_ray_config(cfg: PPOConfig, use_gpu: bool | None = None, cpus_per_bundl
     if cfg.model.lora_rank > 0 and cfg.resources.deepspeed_enable_sleep and use_gpu:
         raise UserError("--deepspeed_enable_sleep with --lora_rank is not supported; drop one of them")
     check_model_path(cfg.model.pretrain)
+    check_aux_loss_coef(cfg.algo.aux_loss_coef, cfg.model.pretrain, cfg.data.packing_samples)
     if cfg.rl_model.reward_pretrain:
         check_model_path(cfg.rl_model.reward_pretrain, "--reward_pretrain")
     if needs_critic(cfg) and cfg.rl_model.critic_pretrain:
@@ -161,28 +162,6 @@ class RayRLTrainer(RLTrainer):
         self.sync_seconds.append(time.perf_counter() - started)
         for callback in self.after_sync:
             callback(self)
-
-
-def connect_ray(min_cpus: float) -> bool:
-    """Join the cluster named by RAY_ADDRESS, or start a local one; True when this call started Ray."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    for key, value in {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}.items():
-        os.environ.setdefault(key, value)
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address="auto", logging_level="ERROR")
-    else:  # a new local cluster (never a stale `ray start` address); logical CPUs: roles mostly take turns, so
-        # a small machine may host more bundles than cores
-        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(min_cpus)), include_dashboard=False,
-                 logging_level="ERROR")
-    return True
-
-
-def _unwrap_user_error(e: BaseException) -> BaseException:
-    cause = getattr(e, "cause", None)
-    return UserError(str(cause)) if isinstance(cause, UserError) else e
 
 
 @dataclass
@@ -279,7 +258,7 @@ def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None, after_s
         try:
             roles, ray_roles = build_ray_roles(cfg, run)
         except ray.exceptions.RayTaskError as e:
-            raise _unwrap_user_error(e) from None
+            raise unwrap_user_error(e) from None
         strategy.print(f"train_ppo_ray: placement {run.plan.describe()}; roles and engines up in "
                        f"{time.perf_counter() - started:.1f} s; weight sync: {run.sync_backend}")
         logger = make_logger(strategy, cfg.logging, cfg.checkpoint.save_path, "ppo_ray", cfg)
