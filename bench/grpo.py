@@ -68,7 +68,7 @@ def child_rlhfkit(model: Path, prompts: Path, out: Path, steps: int) -> StepCloc
         "--remote_rm_url", str(REWARD_FILE), "--advantage_estimator", "group_norm", "--n_samples_per_prompt",
         str(SAMPLES), "--rollout_batch_size", str(PROMPTS), "--micro_rollout_batch_size", str(MICRO),
         "--train_batch_size", str(PROMPTS * SAMPLES), "--micro_train_batch_size", str(MICRO), "--num_episodes", "1",
-        "--max_steps", str(steps), "--generate_max_len", str(NEW_TOKENS), "--prompt_max_len", "64",
+        "--max_rl_steps", str(steps), "--generate_max_len", str(NEW_TOKENS), "--prompt_max_len", "64",
         "--temperature", "1.0", "--actor_learning_rate", str(LR), "--lr_warmup_ratio", "0", "--init_kl_coef", "0",
         *(["--bf16"] if BF16 else []), "--zero_stage", "0", "--save_path", str(out), "--disable_progress_bar",
         "--logging_steps", "1",
