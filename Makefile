@@ -11,7 +11,7 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: install demo test lint docs clean
+.PHONY: install demo test lint bench docs clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -41,6 +41,15 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q --durations=25 tests
+
+# Side-by-side benchmarks against TRL 1.16.0 (installed into bench/.trl, never into the venv); each script writes
+# its section of bench/results/<date>-<machine>.md. BENCH_ARGS passes options to every script (e.g. --repeats 3).
+BENCH_ARGS ?=
+bench: install
+	$(PY) bench/sft.py $(BENCH_ARGS)
+	$(PY) bench/dpo.py $(BENCH_ARGS)
+	$(PY) bench/grpo.py $(BENCH_ARGS)
+	$(PY) bench/generate.py $(BENCH_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check rlhfkit tests bench examples docs/_hooks

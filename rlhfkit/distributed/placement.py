@@ -54,6 +54,7 @@ class Slot:
     num_cpus: float
     num_gpus: float
     bundle_count: int = 1  # a tensor-parallel vLLM engine spans bundle_index .. bundle_index + bundle_count - 1
+    threads: int = 1  # CPU threads of the actor (OMP_NUM_THREADS): the CPUs of its bundles (see plan_slots)
 
 
 def plan_pools(demands: list[RoleDemand], *, colocate_all: bool, colocate_actor_ref: bool,
@@ -105,8 +106,12 @@ def plan_slots(demands: list[RoleDemand], pools: list[Pool], *, use_gpu: bool,
         for member in pool.members:
             demand = by_name[member]
             per = demand.devices_per_rank
+            # Members of a pool ask Ray for a fraction of the bundle, but colocated roles take turns (the engine
+            # sleeps while the actor trains), so each runs as many threads as the bundle has CPUs: measured on a
+            # 2-core machine, a GRPO step of the hybrid engine takes 1.18 s with 2 threads, 1.45-1.76 s with 1.
+            threads = max(1, int(cpus_per_bundle * per))
             slots[member] = [Slot(pool.name, r * per, num_cpus=cpus_per_bundle * fraction,
-                                  num_gpus=fraction if use_gpu else 0.0, bundle_count=per)
+                                  num_gpus=fraction if use_gpu else 0.0, bundle_count=per, threads=threads)
                              for r in range(demand.ranks)]
     return slots
 

@@ -28,7 +28,8 @@ import torch
 
 from rlhfkit.distributed.placement import ResourcePlan, Slot
 
-#: Environment of every role process: one thread per process (oversubscription is the main CPU trap).
+#: Environment of every role process. Threads: one unless the actor's slot says how many CPUs its bundle has
+#: (`worker_env(slot=...)`); oversubscription is the main CPU trap.
 WORKER_ENV = {
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
@@ -52,9 +53,12 @@ def kill_actors(actors: Sequence[Any]) -> None:
             pass
 
 
-def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Env vars for a role's Ray actors: WORKER_ENV, offline switches of this process, and `extra`."""
+def worker_env(extra: dict[str, str] | None = None, slot: Slot | None = None) -> dict[str, str]:
+    """Env vars for a role's Ray actors: WORKER_ENV, as many threads as the slot's bundle has CPUs, offline
+    switches of this process, and `extra`."""
     env = dict(WORKER_ENV)
+    if slot is not None:
+        env.update(OMP_NUM_THREADS=str(slot.threads), MKL_NUM_THREADS=str(slot.threads))
     env.update({k: os.environ[k] for k in _PASS_THROUGH if k in os.environ})
     env.update(extra or {})
     return env
@@ -197,7 +201,7 @@ class RayActorGroup:
             # library is imported in that process.
             worker = remote_cls.options(
                 num_cpus=slot.num_cpus, num_gpus=slot.num_gpus, scheduling_strategy=plan.scheduling(slot),
-            ).remote(rank, self.world_size, worker_env(env))
+            ).remote(rank, self.world_size, worker_env(env, slot))
             self.workers.append(worker)
         master_addr, master_port = self.rank0_address()
         self._setup = [w.setup.remote(master_addr, master_port, factory, offload_between_calls)

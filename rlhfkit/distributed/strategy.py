@@ -1,5 +1,9 @@
 """DeepSpeed ZeRO 0-3 behind one small interface: prepare models, step, reduce, save and load.
 
+At world size 1 without a DeepSpeed feature (fp32, no offload, ZeRO < 3) training runs on a plain-torch
+`LocalEngine` with the same interface and arithmetic (`rlhfkit/distributed/local_engine.py`): DeepSpeed's gradient
+all-reduce machinery costs time even over one rank.
+
 Batching rule (shared by every trainer): an optimizer step consumes `train_batch_size` samples in total; each
 rank runs micro-batches of `micro_train_batch_size`; DeepSpeed accumulates
 `train_batch_size / (micro_train_batch_size * world_size)` of them and averages gradients over ranks.
@@ -20,6 +24,7 @@ from torch import nn
 
 from rlhfkit.config.common import StrategyArgs
 from rlhfkit.distributed.launch import default_ds_accelerator, init_distributed, world_size_from_env
+from rlhfkit.distributed.local_engine import LocalEngine
 from rlhfkit.errors import UserError
 
 default_ds_accelerator()
@@ -35,6 +40,18 @@ def validate_batch_sizes(train_batch_size: int, micro_batch_size: int, world_siz
         raise UserError(f"{names[0]} {train_batch_size} is not divisible by {names[1]} {micro_batch_size} x "
                         f"world size {world_size} = {per_step}; pick a multiple of {per_step}")
     return train_batch_size // per_step
+
+
+def adamw_kernel(model: nn.Module) -> dict[str, bool]:
+    """`fused=True` where torch has a fused AdamW kernel for every parameter's device (CPU and CUDA in torch 2.13:
+    17.6 ms instead of 75 ms per step on 26.7M fp32 parameters on CPU), else `foreach=True`."""
+    from torch.optim.optimizer import _get_fused_kernels_supported_devices
+
+    supported = set(_get_fused_kernels_supported_devices())
+    params = [p for p in model.parameters() if p.requires_grad]
+    if params and all(p.device.type in supported and p.is_floating_point() for p in params):
+        return {"fused": True}
+    return {"foreach": True}
 
 
 def set_seed(seed: int) -> None:
@@ -166,7 +183,7 @@ class DeepSpeedStrategy:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
             return DeepSpeedCPUAdam(groups, lr=learning_rate, betas=betas, adamw_mode=True)
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas)
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **adamw_kernel(model))
 
     def make_scheduler(self, optimizer: torch.optim.Optimizer, num_update_steps: int) -> Any:
         from transformers import get_scheduler
@@ -176,13 +193,27 @@ class DeepSpeedStrategy:
         return get_scheduler(self.args.lr_scheduler, optimizer, num_warmup_steps=warmup,
                              num_training_steps=max(num_update_steps, 1), scheduler_specific_kwargs=kwargs)
 
-    def prepare_train(self, model: nn.Module, learning_rate: float, num_update_steps: int) -> Any:
-        """A DeepSpeed engine that owns `model`, its AdamW optimizer and the LR schedule."""
-        import deepspeed
+    def uses_local_engine(self) -> bool:
+        """True when DeepSpeed would add only cost: one process, fp32, no optimizer offload, no ZeRO-3 sharding
+        (ZeRO-1/2 partition nothing over one rank). See `rlhfkit/distributed/local_engine.py`."""
+        a = self.args
+        return (self.world_size == 1 and not self.bf16 and not a.adam_offload and a.zero_stage < 3
+                and a.grad_accum_dtype in (None, "fp32"))
 
+    def prepare_train(self, model: nn.Module, learning_rate: float, num_update_steps: int) -> Any:
+        """A training engine that owns `model`, its AdamW optimizer and the LR schedule: a DeepSpeed engine, or
+        at world size 1 without a DeepSpeed feature a `LocalEngine` with the same interface and numbers."""
         if self.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": self.gradient_checkpointing_use_reentrant})
+        if self.uses_local_engine():
+            model = model.to(self.device)
+            optimizer = self.make_optimizer(model, learning_rate)
+            scheduler = self.make_scheduler(optimizer, num_update_steps)
+            return LocalEngine(model, optimizer, scheduler, self.accumulation_steps, self.args.max_norm,
+                               self.args.train_batch_size)
+        import deepspeed
+
         optimizer = self.make_optimizer(model, learning_rate)
         scheduler = self.make_scheduler(optimizer, num_update_steps)
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,

@@ -290,7 +290,7 @@ def create_engine_actors(engine_cls: type, plan: Any, slots: Sequence[Any], make
         engines.append(remote_cls.options(num_cpus=slot.num_cpus,
                                           num_gpus=slot.num_gpus if use_gpu_per_slot else 0.0,
                                           scheduling_strategy=plan.scheduling(slot),
-                                          ).remote(make_args(i), worker_env(env)))
+                                          ).remote(make_args(i), worker_env(env, slot)))
     if wait:
         ray.get([e.info.remote() for e in engines])
     return engines

@@ -41,6 +41,12 @@ class OptimizerStep:
         return self.real is None or self.real[k]
 
 
+def one_optimizer_step(samples: int, train_batch_size: int, max_epochs: int) -> bool:
+    """True when training on `samples` samples makes exactly one optimizer step: the weights that produced the
+    rollout's old log-probs are then unchanged until after the last micro-batch's backward."""
+    return max_epochs == 1 and train_batch_size == samples
+
+
 class ReplayBuffer:
     def __init__(self, experience: Experience, train_batch_size: int, micro_batch_size: int, *, rank: int = 0,
                  world_size: int = 1, seed: int = 0, shuffle: bool = True, max_tokens: int | None = None,

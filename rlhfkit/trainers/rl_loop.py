@@ -33,6 +33,7 @@ from rlhfkit.data.tokens import encode, with_bos
 from rlhfkit.errors import Preempted
 from rlhfkit.logging.metrics import MetricsLogger, Progress
 from rlhfkit.trainers.experience import Experience, experience_from_samples
+from rlhfkit.trainers.replay_buffer import one_optimizer_step
 
 
 @dataclass
@@ -174,7 +175,8 @@ class RLTrainer:
         batch = exp.to_dict()
         exp.base_action_log_probs = self.roles.ref.log_probs(batch) if self.roles.ref is not None else None
         exp.values = self.roles.critic.values(batch) if self.roles.critic is not None else None
-        exp.action_log_probs = self.roles.actor.log_probs(batch)
+        reuse_old = self.reuses_old_log_probs(len(exp))
+        exp.action_log_probs = None if reuse_old else self.roles.actor.log_probs(batch)
         timings["time/score_s"] = time.perf_counter() - started
 
         mask = exp.action_mask
@@ -182,7 +184,7 @@ class RLTrainer:
         bounds = reward_clip_bounds(cfg)
         exp.rewards = raw.clamp(*bounds) if bounds else raw.clone()
         exp.info.update(reward=raw, score=reward["scores"])
-        if exp.base_action_log_probs is not None:
+        if exp.base_action_log_probs is not None and not reuse_old:
             exp.kl = compute_approx_kl(exp.action_log_probs, exp.base_action_log_probs, a.kl_estimator, mask)
         exp.advantages, exp.returns = compute_advantages(
             a.advantage_estimator, rewards=exp.rewards, action_mask=mask,
@@ -198,23 +200,40 @@ class RLTrainer:
             "truncated": _mean(exp.info["truncated"]), "kl": _mean(kl_per_sample), "kl_coef": self.kl_ctl.value,
             "advantage_abs": float(masked_mean(exp.advantages.abs(), mask)),
             "return": float(masked_mean(exp.returns, mask)),
-            "rollout_logprob_diff": float(masked_mean((exp.action_log_probs - exp.rollout_log_probs).abs(), mask)),
+            **({} if reuse_old else {"rollout_logprob_diff": float(
+                masked_mean((exp.action_log_probs - exp.rollout_log_probs).abs(), mask))}),
             **{f"reward_extra/{k}": float(v) for k, v in reward["extra_logs"].items()}, **reward["metrics"],
             **timings,
         }
         return exp, metrics
+
+    def reuses_old_log_probs(self, samples: int) -> bool:
+        """Whether this step leaves the old-policy log-probs to the actor's training forward instead of an extra
+        actor forward: the actor makes one optimizer step on the rollout (so its weights are still the rollout's
+        old policy during that step; `roles.reused_old_log_probs`), and no KL penalty needs them in the rewards
+        before training (no reference, --init_kl_coef 0, or the KL as a loss: --use_kl_loss)."""
+        a = self.cfg.algo
+        kl_in_reward = self.roles.ref is not None and a.init_kl_coef > 0 and not a.use_kl_loss
+        actor_trains = self.state.global_step + 1 > a.freezing_actor_steps
+        one_step = one_optimizer_step(samples, self.cfg.strategy.train_batch_size, self.cfg.rollout.max_epochs)
+        return actor_trains and not kl_in_reward and one_step
 
     def train_step(self, indices: Sequence[int]) -> dict[str, float]:
         step_started = time.perf_counter()
         exp, metrics = self.make_experience(indices)
         batch = exp.to_dict()
         seed = self.cfg.strategy.seed * 1_000_003 + self.state.global_step
+        logged = (self.state.global_step + 1) % self.cfg.logging.logging_steps == 0
         started = time.perf_counter()
         if self.roles.critic is not None:
             metrics.update({f"critic/{k}": v for k, v in self.roles.critic.train(batch, seed=seed).items()})
         actor_trains = self.state.global_step + 1 > self.cfg.algo.freezing_actor_steps
         if actor_trains:
-            actor_metrics = self.roles.actor.train(batch, kl_coef=self.kl_ctl.value, seed=seed)
+            actor_metrics = self.roles.actor.train(batch, kl_coef=self.kl_ctl.value, seed=seed,
+                                                   entropy_metric=logged)
+            for name in ("kl", "rollout_logprob_diff"):  # from the training forward when it gave the old log-probs
+                if f"old_{name}" in actor_metrics:
+                    metrics[name] = actor_metrics.pop(f"old_{name}")
             metrics.update({f"actor/{k}": v for k, v in actor_metrics.items()})
         metrics["time/train_s"] = time.perf_counter() - started
         started = time.perf_counter()
@@ -224,6 +243,10 @@ class RLTrainer:
         self.kl_ctl.update(metrics["kl"], len(exp))
         self.state.kl_coef = self.kl_ctl.value
         metrics["time/step_s"] = time.perf_counter() - step_started
+        # Throughput counts every non-pad token the step processed (prompts and responses) and, separately, the
+        # response tokens the policy loss is taken over.
+        metrics["tokens_per_s"] = float(exp.attention_mask.sum()) / metrics["time/step_s"]
+        metrics["response_tokens_per_s"] = float(exp.action_mask.sum()) / metrics["time/step_s"]
         return metrics
 
     def sync_weights(self) -> None:

@@ -32,7 +32,7 @@ from rlhfkit.models.moe import router_aux_loss
 from rlhfkit.models.policy import attn_implementation_of, forward_logits, model_dtype, model_inputs
 from rlhfkit.models.value_model import load_value_model, sequence_rewards, token_values
 from rlhfkit.trainers.experience import Experience, as_experience, gather_actions, pad_columns
-from rlhfkit.trainers.replay_buffer import OptimizerStep, ReplayBuffer
+from rlhfkit.trainers.replay_buffer import OptimizerStep, ReplayBuffer, one_optimizer_step
 from rlhfkit.trainers.setup import load_tokenizer_for, load_trainable_lm, make_strategy
 
 KL_LOG_RATIO_CLAMP = 10.0  # bounds exp() in the k3 KL loss when policy and reference drift far apart
@@ -135,6 +135,24 @@ def sample_rewards(model: Any, exp: Experience, packed: bool = False, normalize:
     return sequence_rewards(model, batch, normalize=normalize)
 
 
+def reused_old_log_probs(logp: torch.Tensor, micro: Experience, kl_estimator: str
+                         ) -> tuple[torch.Tensor, dict[str, tuple[float, float]]]:
+    """Old log-probs when the policy has not moved since the rollout: the current ones, detached (exactly what an
+    extra no-grad forward would give, without that forward). Also the scoring metrics the RL loop computes from
+    old log-probs otherwise, each with its weight: `old_kl` (per-sample mean KL to the reference, a mean over
+    samples) and `old_rollout_logprob_diff` (a mean over response tokens)."""
+    old = logp.detach()
+    mask = micro.action_mask
+    stats: dict[str, tuple[float, float]] = {}
+    if micro.rollout_log_probs is not None:
+        diff = masked_mean((old - micro.rollout_log_probs).abs(), mask)
+        stats["old_rollout_logprob_diff"] = (float(diff), float(mask.sum()))
+    if micro.base_action_log_probs is not None:
+        kl = compute_approx_kl(old, micro.base_action_log_probs, kl_estimator, mask)
+        stats["old_kl"] = (float(masked_mean(kl, mask, dim=-1).mean()), float(mask.shape[0]))
+    return old, stats
+
+
 def hf_state_dict(strategy: DeepSpeedStrategy, engine: Any) -> dict[str, torch.Tensor] | None:
     """The policy's weights under Transformers names (LoRA merged in), on CPU; None off rank 0."""
     module = strategy.unwrap(engine)
@@ -200,7 +218,8 @@ class _TrainedRole:
                       ) -> dict[str, float]:
         """--max_epochs passes over the experience in optimizer steps. `micro_step(micro, step)` runs forward,
         backward and step on one micro batch and returns its stats with their weight; the result is the weighted
-        mean of every stat over every micro batch of every rank, the mean grad norm and the learning rate."""
+        mean of every stat over every micro batch of every rank (weighted by `weight`, or by the stat's own weight
+        when `micro_step` gives it as a (value, weight) pair), the mean grad norm and the learning rate."""
         sums: dict[str, float] = defaultdict(float)
         weights: dict[str, float] = defaultdict(float)
         buffer = self._buffer(exp, seed)
@@ -213,8 +232,9 @@ class _TrainedRole:
                     self._micro_weight = 1.0 if step.is_real(k) else 0.0
                     stats, weight = micro_step(micro.to(self.device), step)
                     for name, v in stats.items():
-                        sums[name] += v * weight * self._micro_weight
-                        weights[name] += weight * self._micro_weight
+                        v, w = v if isinstance(v, tuple) else (v, weight)  # a stat may bring its own weight
+                        sums[name] += v * w * self._micro_weight
+                        weights[name] += w * self._micro_weight
                 self._micro_weight = 1.0
                 norm = self.engine.get_global_grad_norm()
                 if norm is not None:
@@ -264,14 +284,25 @@ class ActorRole(_TrainedRole):
         finally:
             self.engine.train()
 
-    def train(self, batch: Experience | dict[str, Any], kl_coef: float = 0.0, seed: int = 0) -> dict[str, float]:
-        """--max_epochs passes of PPO updates over the experience; returns the step's actor metrics."""
-        exp = as_experience(batch)
-        if exp.advantages is None or exp.action_log_probs is None:
-            raise ValueError("ActorRole.train needs advantages and action_log_probs in the experience")
-        return self._train_epochs(exp, seed, lambda micro, step: self._micro_step(micro, step, kl_coef))
+    def train(self, batch: Experience | dict[str, Any], kl_coef: float = 0.0, seed: int = 0,
+              entropy_metric: bool = True) -> dict[str, float]:
+        """--max_epochs passes of PPO updates over the experience; returns the step's actor metrics.
 
-    def _micro_step(self, micro: Experience, step: OptimizerStep, kl_coef: float) -> tuple[dict[str, float], float]:
+        Without `action_log_probs` the experience must make exactly one optimizer step: the policy has then not
+        moved since the rollout, so the old log-probs are the current ones (`reused_old_log_probs`). The entropy
+        is computed when it is in the loss or `entropy_metric` asks for the metric (a step that is logged)."""
+        exp = as_experience(batch)
+        if exp.advantages is None:
+            raise ValueError("ActorRole.train needs advantages in the experience")
+        one_step = one_optimizer_step(len(exp), self.cfg.strategy.train_batch_size, self.cfg.rollout.max_epochs)
+        if exp.action_log_probs is None and not one_step:
+            raise ValueError("ActorRole.train without action_log_probs needs one optimizer step per rollout "
+                             "(max_epochs 1 and train_batch_size == the experience's samples)")
+        return self._train_epochs(exp, seed, lambda micro, step: self._micro_step(micro, step, kl_coef,
+                                                                                   entropy_metric))
+
+    def _micro_step(self, micro: Experience, step: OptimizerStep, kl_coef: float,
+                    entropy_metric: bool = True) -> tuple[dict[str, float], float]:
         a = self.cfg.algo
         mask = micro.action_mask
         with router_aux_loss(self.engine, a.aux_loss_coef > 0) as aux:
@@ -279,13 +310,16 @@ class ActorRole(_TrainedRole):
         if self.temperature != 1.0:
             logits = logits / self.temperature
         logp = token_logprobs(logits, micro.action_tokens())
+        reused_stats = {}
+        if micro.action_log_probs is None:
+            micro.action_log_probs, reused_stats = reused_old_log_probs(logp, micro, a.kl_estimator)
         agg_kwargs = {"norm_len": self.cfg.data.generate_max_len} if self.agg == "seq_mean_token_sum_norm" else {}
         tis = a.enable_vllm_is_correction and micro.rollout_log_probs is not None
         loss, info = policy_loss(logp, micro.action_log_probs, micro.advantages, mask, clip_eps_low=self.clip_low,
                                  clip_eps_high=self.clip_high, dual_clip=a.dual_clip,
                                  rollout_logp=micro.rollout_log_probs if tis else None,
                                  tis_cap=a.vllm_is_truncated_threshold if tis else None, agg=self.agg, **agg_kwargs)
-        stats = {"policy_loss": loss.item(), **{k: v.item() for k, v in info.items()}}
+        stats = {"policy_loss": loss.item(), **{k: v.item() for k, v in info.items()}, **reused_stats}
         total = loss
         if a.use_kl_loss and micro.base_action_log_probs is not None:
             kl = compute_approx_kl(logp, micro.base_action_log_probs, a.kl_estimator, mask,
@@ -298,7 +332,7 @@ class ActorRole(_TrainedRole):
             entropy_loss = aggregate_loss(entropy, mask, self.agg, **agg_kwargs)
             total = total - a.entropy_loss_coef * entropy_loss
             stats["entropy"] = masked_mean(entropy.detach(), mask).item()
-        else:
+        elif entropy_metric:
             with torch.no_grad():
                 stats["entropy"] = masked_mean(entropy_from_logits(logits.detach()), mask).item()
         if aux:  # MoE router load balancing (rlhfkit.models.moe)

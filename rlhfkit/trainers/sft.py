@@ -21,6 +21,15 @@ from rlhfkit.models.policy import forward_logits
 from rlhfkit.trainers.loop import Collate, TrainerLoop, to_device
 
 
+def non_pad_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """Real tokens of a padded (attention_mask) or packed (sample_ids, -1 = padding) batch."""
+    if "attention_mask" in batch:
+        return int(batch["attention_mask"].sum())
+    if "sample_ids" in batch:
+        return int((batch["sample_ids"] >= 0).sum())
+    return int(batch["input_ids"].numel())
+
+
 class SFTTrainer(TrainerLoop):
     kind = "sft"
 
@@ -59,26 +68,31 @@ class SFTTrainer(TrainerLoop):
 
     def train_batch(self, micro: Sequence[Sequence[int]], started: float,
                     global_batch: Sequence[int]) -> dict[str, float]:
-        """One optimizer step over this rank's micro batches (sample indices); returns the step's metrics."""
+        """One optimizer step over this rank's micro batches (sample indices); returns the step's metrics.
+
+        `tokens_per_s` counts every non-pad token processed, `loss_tokens_per_s` the target tokens only."""
         step_tokens = max(self.target_tokens(global_batch), 1)
         # DeepSpeed averages gradients over ranks: each rank's share is normalised by step_tokens / world.
         per_rank = step_tokens / self.strategy.world_size
-        loss_sum, tokens, aux_losses = torch.zeros((), dtype=torch.float64), 0, []
+        loss_sum, loss_tokens, tokens, aux_losses = torch.zeros((), dtype=torch.float64), 0, 0, []
         for batch, real in self.micro_batches(micro, global_batch):
             self.micro_scale = 1.0 if real else 0.0
             loss, n, aux = self.micro_step(batch, per_rank)
             if real:
                 loss_sum += loss.cpu()
-                tokens += n
+                tokens += non_pad_tokens(batch)
+                loss_tokens += n
                 if aux is not None:
                     aux_losses.append(aux)
         self.micro_scale = 1.0
-        elapsed = time.perf_counter() - started
+        elapsed = max(time.perf_counter() - started, 1e-9)
+        totals = self.strategy.all_reduce(torch.tensor([tokens, loss_tokens], dtype=torch.float64), "sum")
         metrics = {
             # Each rank's parts sum to its tokens' NLL / per_rank, so the step's token mean is their sum / world.
             "loss": self.strategy.all_reduce(loss_sum.item(), "sum") / self.strategy.world_size,
             "lr": self.engine.get_lr()[0],
-            "tokens_per_s": self.strategy.all_reduce(tokens, "sum") / max(elapsed, 1e-9),
+            "tokens_per_s": float(totals[0]) / elapsed,
+            "loss_tokens_per_s": float(totals[1]) / elapsed,
             "epoch": self.state.epoch,
         }
         if aux_losses:  # every rank has them or none does (same model, same --aux_loss_coef)

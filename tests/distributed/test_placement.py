@@ -50,3 +50,17 @@ def test_colocated_guest_larger_than_owner_is_a_user_error():
     with pytest.raises(UserError, match="--colocate_actor_ref: ref needs 4 devices but the actor has 2"):
         plan_pools([RoleDemand("actor", 2), RoleDemand("ref", 4)], colocate_all=False, colocate_actor_ref=True,
                    colocate_critic_reward=False)
+
+
+def test_threads_follow_the_bundle_cpus_and_colocated_roles_share_them():
+    from rlhfkit.distributed.ray_groups import worker_env
+
+    plan = ResourcePlan.make([RoleDemand("actor", 2), RoleDemand("ref", 2), RoleDemand("vllm", 1, devices_per_rank=2)],
+                             colocate_all=True, cpus_per_bundle=2)
+    actor, engine = plan.slots["actor"][0], plan.slots["vllm"][0]
+    assert actor.num_cpus == pytest.approx(2 / 3) and actor.threads == 2  # takes turns with ref and the engine
+    assert engine.threads == 4  # a tensor-parallel engine spans two bundles
+    assert worker_env(slot=actor)["OMP_NUM_THREADS"] == "2" and worker_env(slot=engine)["MKL_NUM_THREADS"] == "4"
+    assert worker_env()["OMP_NUM_THREADS"] == "1"
+    half = ResourcePlan.make([RoleDemand("actor", 1)], cpus_per_bundle=0.5)
+    assert half.slots["actor"][0].threads == 1

@@ -49,3 +49,17 @@ def test_two_colocated_groups_form_their_own_gloo_worlds(ray_cluster):
         ref.kill()
     finally:
         plan.remove()
+
+
+def test_colocated_roles_run_as_many_threads_as_their_bundle_has_cpus(ray_cluster):
+    ray = ray_cluster
+    plan = ResourcePlan.make([RoleDemand("actor", 1), RoleDemand("ref", 1)], colocate_actor_ref=True,
+                             use_gpu=False, cpus_per_bundle=2).create()
+    try:
+        groups = [RayActorGroup(name, EchoRole, plan, plan.slots[name]) for name in ("actor", "ref")]
+        for group in groups:
+            where = ray.get(group.workers[0].call.remote("where", (), {}))
+            assert where["threads"] == 2 and where["resources"] == {"CPU": pytest.approx(1.0)}
+            group.kill()
+    finally:
+        plan.remove()

@@ -72,3 +72,50 @@ def test_lora_weights_are_exported_merged_under_transformers_names(model_and_tok
     # The adapter is unmerged again: the trainable model is unchanged by the export.
     with torch.no_grad():
         torch.testing.assert_close(peft_model(ids).logits, expected)
+
+
+def test_reused_old_log_probs_train_like_an_extra_forward(demo_assets, restore_env):
+    """One optimizer step per rollout: the actor trained without old log-probs (it takes its own training forward's,
+    detached) ends with the weights and metrics of the actor given them by the extra no-grad forward."""
+    from rlhfkit.algorithms.kl import compute_approx_kl
+    from rlhfkit.algorithms.masking import masked_mean
+    from rlhfkit.config.base import parse_config
+    from rlhfkit.config.rl import PPOConfig
+    from rlhfkit.trainers.roles import ActorRole
+
+    cfg = parse_config(PPOConfig, [
+        "--pretrain", str(demo_assets.model_dir), "--train_batch_size", "6", "--micro_train_batch_size", "3",
+        "--micro_rollout_batch_size", "3", "--rollout_batch_size", "3", "--n_samples_per_prompt", "2",
+        "--actor_learning_rate", "1e-2", "--lr_warmup_ratio", "0", "--zero_stage", "0", "--use_kl_loss",
+        "--init_kl_coef", "0.1", "--temperature", "0.9"], "test")
+    g = torch.Generator().manual_seed(0)
+    exp = experience_from_samples([SampledSequence([1] + torch.randint(3, 60, (p,), generator=g).tolist(),
+                                                   torch.randint(3, 60, (r,), generator=g).tolist(),
+                                                   (-torch.rand(r, generator=g) * 3).tolist(), "length")
+                                   for p, r in [(3, 5), (6, 2), (2, 7), (4, 4), (5, 1), (3, 6)]], pad_id=0)
+    exp.advantages = torch.randn(exp.action_mask.shape, generator=g) * exp.action_mask
+    exp.base_action_log_probs = -torch.rand(exp.action_mask.shape, generator=g) * 3
+    extra_forward, reusing = ActorRole(cfg, 1), ActorRole(cfg, 1)
+    given = exp.to_dict()
+    given["action_log_probs"] = extra_forward.log_probs(exp)
+    expected = extra_forward.train(given, kl_coef=0.1, seed=3)
+    got = reusing.train(exp.to_dict(), kl_coef=0.1, seed=3, entropy_metric=False)
+
+    for key in ("policy_loss", "kl_loss", "grad_norm"):
+        assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
+    assert "entropy" in expected and "entropy" not in got  # not computed when the step is not logged
+    mask = exp.action_mask
+    loop_kl = masked_mean(compute_approx_kl(given["action_log_probs"], exp.base_action_log_probs, "k1", mask),
+                          mask, dim=-1).mean()
+    assert got["old_kl"] == pytest.approx(float(loop_kl), abs=1e-5)
+    loop_diff = masked_mean((given["action_log_probs"] - exp.rollout_log_probs).abs(), mask)
+    assert got["old_rollout_logprob_diff"] == pytest.approx(float(loop_diff), abs=1e-5)
+    before = extra_forward.state_dict()
+    for name, w in reusing.state_dict().items():
+        torch.testing.assert_close(w, before[name], rtol=0, atol=1e-6)
+    from transformers import AutoModelForCausalLM
+
+    initial = AutoModelForCausalLM.from_pretrained(demo_assets.model_dir).state_dict()
+    assert max(float((w - initial[name]).abs().max()) for name, w in before.items()) > 1e-3  # the step moved it
+    with pytest.raises(ValueError, match="one optimizer step"):
+        reusing.train({**exp.select(slice(0, 3)).to_dict()}, kl_coef=0.1)

