@@ -17,6 +17,7 @@ COMMANDS = {
     "train_ppo": ("train_ppo", "online RL (PPO, REINFORCE++, GRPO, RLOO) in one process"),
     "train_ppo_ray": ("train_ppo_ray", "online RL with Ray roles and rollout engines"),
     "serve_rm": ("serve_rm", "HTTP server for a reward model"),
+    "report": ("report", "write the HTML report of a run directory"),
 }
 
 

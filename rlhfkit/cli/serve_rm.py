@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from rlhfkit.cli.common import quiet_libraries, run_cli
 from rlhfkit.config.base import parse_config
-from rlhfkit.config.preference import ServeRMConfig
+from rlhfkit.config.preference import ServeRMConfig, validate_serve_rm_config
 
 PROG = "rlhfkit.cli.serve_rm"
 
@@ -22,6 +22,7 @@ PROG = "rlhfkit.cli.serve_rm"
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_libraries()
     cfg = parse_config(ServeRMConfig, argv, PROG, __doc__)
+    validate_serve_rm_config(cfg)
     from rlhfkit.models.loading import resolve_attn_implementation
     from rlhfkit.rollout.reward_server import RewardServer, load_scorer
 
@@ -30,7 +31,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          normalize=cfg.normalize_reward, batch_size=cfg.batch_size, bf16=cfg.bf16,
                          attn_implementation=attn, use_fast_tokenizer=not cfg.disable_fast_tokenizer)
     server = RewardServer(scorer, host=cfg.host, port=cfg.port, api_key=cfg.api_key, batch_size=cfg.batch_size,
-                          batch_wait_ms=cfg.batch_wait_ms, max_body_bytes=cfg.max_body_bytes).start()
+                          batch_wait_ms=cfg.batch_wait_ms, max_body_bytes=cfg.max_body_bytes,
+                          max_queries_per_request=cfg.max_queries_per_request, request_timeout=cfg.request_timeout,
+                          client_timeout=cfg.client_timeout).start()
     if not server.api_key and cfg.host not in ("127.0.0.1", "localhost", "::1"):
         sys.stderr.write(f"{PROG}: warning: listening on {cfg.host} without --api_key; anyone who can reach "
                          "this port can use the model\n")

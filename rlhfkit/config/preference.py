@@ -128,10 +128,32 @@ class ServeRMConfig:
     batch_size: int = arg(16, "Most queries scored in one forward pass.")
     batch_wait_ms: float = arg(5.0, "How long the batching worker waits for more requests to fill a batch.")
     max_body_bytes: int = arg(10 * 2**20, "Largest request body accepted (bigger ones get 413).")
+    max_queries_per_request: int = arg(4096, "Most queries in one request (more get 413; rlhfkit's own client "
+                                             "splits its batches to fit).")
+    request_timeout: float = arg(300.0, "Seconds a request may wait for its scores; then it gets 503 and its "
+                                        "unscored queries are dropped.")
+    client_timeout: float = arg(30.0, "Seconds a client may take to send its whole request body (slower ones get "
+                                      "408).")
     bf16: bool = arg(False, "Run the reward model in bfloat16.")
     attn_implementation: str = arg("sdpa", "Attention kernel.", choices=("sdpa", "eager", "flash_attention_2"))
     flash_attn: bool = arg(False, "Use flash_attention_2.")
     disable_fast_tokenizer: bool = arg(False, "Load the slow (Python) tokenizer.")
+
+
+def validate_serve_rm_config(cfg: ServeRMConfig) -> None:
+    """Fail fast, before the model loads, on settings the server cannot run with."""
+    if not cfg.reward_pretrain:
+        raise UserError("--reward_pretrain is required: the reward model directory written by train_rm")
+    if not 0 <= cfg.port <= 65535:
+        raise UserError(f"--port {cfg.port} is not a TCP port; use 1-65535 (or 0 to pick a free one)")
+    for flag in ("max_len", "batch_size", "max_body_bytes", "max_queries_per_request"):
+        if getattr(cfg, flag) < 1:
+            raise UserError(f"--{flag} must be at least 1 (got {getattr(cfg, flag)})")
+    for flag in ("request_timeout", "client_timeout"):
+        if not getattr(cfg, flag) > 0:
+            raise UserError(f"--{flag} must be a positive number of seconds (got {getattr(cfg, flag)})")
+    if cfg.batch_wait_ms < 0:
+        raise UserError(f"--batch_wait_ms must be >= 0 (got {cfg.batch_wait_ms})")
 
 
 def validate_rm_config(cfg: RMConfig) -> None:

@@ -114,6 +114,9 @@ class PreferenceDataset(_TruncatingDataset):
             prompt = require_field(record, prompt_key, where, "--prompt_key") if prompt_key else None
             chosen = require_field(record, chosen_key, where, "--chosen_key")
             rejected = require_field(record, rejected_key, where, "--rejected_key")
+            if chosen == rejected:
+                raise UserError(f"{where}: the {chosen_key!r} and {rejected_key!r} responses are identical, so the "
+                                f"pair says nothing about preference; fix or remove this record")
             prompt_ids, responses = encode_pair(prompt, [(chosen, "--chosen_key"), (rejected, "--rejected_key")],
                                                 where, "--prompt_key")
             fitted = self._fit(prompt_ids, responses)

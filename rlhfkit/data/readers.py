@@ -73,9 +73,15 @@ def looks_like_hub_name(spec: str) -> bool:
 
 
 # -- single files -------------------------------------------------------------------------------------------
+def _lines(text: str) -> list[str]:
+    """JSON lines split on newlines only: str.splitlines would also split on U+2028/U+2029/U+0085 and other
+    separators that are valid unescaped inside a JSON string."""
+    return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
+
+
 def _read_jsonl_text(text: str, source: str) -> list[Any]:
     rows = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    for lineno, line in enumerate(_lines(text), start=1):
         if not line.strip():
             continue
         try:
@@ -94,7 +100,7 @@ def _read_json(path: Path, split: str) -> tuple[list[Any], bool]:
         data = json.loads(text)
     except json.JSONDecodeError as whole:
         # Not one JSON document: maybe JSON lines in a .json file. Report the more telling of the two errors.
-        first_line = text.lstrip().splitlines()[0]
+        first_line = _lines(text.lstrip())[0]
         try:
             json.loads(first_line)
         except json.JSONDecodeError:
@@ -125,7 +131,7 @@ def _load_json_file(path: Path) -> Any:
 
 def _read_text(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")  # a UTF-8 byte-order mark is allowed and dropped
     except UnicodeDecodeError as e:
         raise UserError(f"{path}: not UTF-8 text (byte {e.start}); is it really a JSON file?") from None
     except OSError as e:

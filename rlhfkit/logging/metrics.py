@@ -1,6 +1,8 @@
 """Metrics sinks: a JSONL file always, TensorBoard and Weights & Biases on request, and a console progress bar.
 
-Only rank 0 writes. Every record carries `step` and a wall-clock `time`.
+Only rank 0 writes. Every record carries `step` and a wall-clock `time`. The run directory also gets the
+environment (`rlhfkit_env.json`) at the start, sample rollouts (`samples.jsonl`) when a trainer logs them, and
+the HTML run report (`report.html`, rlhfkit.logging.html_report) when the logger closes.
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,7 @@ from typing import Any
 from tqdm import tqdm
 
 from rlhfkit.config.common import LoggingArgs
+from rlhfkit.logging import html_report
 
 
 def _clean(metrics: dict[str, Any]) -> dict[str, float]:
@@ -33,6 +37,7 @@ class MetricsLogger:
     def __init__(self, args: LoggingArgs, run_dir: str, run_name: str, config: dict[str, Any],
                  enabled: bool = True):
         self.enabled = enabled
+        self.run_dir = Path(run_dir)
         self.path = Path(args.metrics_path or os.path.join(run_dir, "metrics.jsonl"))
         self._file = None
         self._tb = None
@@ -40,6 +45,9 @@ class MetricsLogger:
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / html_report.ENV_NAME).write_text(
+            json.dumps(html_report.capture_environment(), indent=1, default=str))
         self._file = self.path.open("a")
         if args.use_tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -62,9 +70,23 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.log({f"{prefix}/{k}": v for k, v in values.items()}, step=step)
 
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """A few rollouts (prompt, response, reward) for the run report's table."""
+        if not self.enabled or not rows:
+            return
+        with (self.run_dir / html_report.SAMPLES_NAME).open("a", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps({"step": step, **row}, default=str) + "\n")
+
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
+            self._file = None
+            try:
+                html_report.write_report(self.run_dir, self.path)
+            except Exception as e:  # noqa: BLE001 - a report must never hide the run's own outcome
+                sys.stderr.write(f"rlhfkit: could not write the run report in {self.run_dir}: "
+                                 f"{e.__class__.__name__}: {e}\n")
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:

@@ -17,6 +17,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from rlhfkit.config.common import ModelArgs
 from rlhfkit.errors import UserError
 
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -64,6 +65,12 @@ def load_tokenizer(path: str, *, use_fast: bool = True, flag: str = "--pretrain"
         tok.pad_token = tok.eos_token
     tok.padding_side = padding_side
     return tok
+
+
+def load_tokenizer_for(model_args: ModelArgs, padding_side: str = "right") -> PreTrainedTokenizerBase:
+    """The tokenizer of `--pretrain`, as the model flags ask (`--disable_fast_tokenizer`)."""
+    path = check_model_path(model_args.pretrain)
+    return load_tokenizer(path, use_fast=not model_args.disable_fast_tokenizer, padding_side=padding_side)
 
 
 def load_causal_lm(path: str, *, attn_implementation: str = "sdpa", dtype: torch.dtype = torch.float32,

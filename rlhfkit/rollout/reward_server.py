@@ -4,13 +4,18 @@ The protocol is OpenRLHF's remote reward model (`--remote_rm_url http://host:por
 (`prompts`, `labels`) are accepted and ignored. Standard library only (`http.server.ThreadingHTTPServer`):
 
 - Each request is handled on its own thread, which validates it and hands its queries to ONE batching worker.
-  The worker collects the queries of concurrent requests (up to --batch_size, waiting at most --batch_wait_ms
-  for more) and scores them in one forward pass, so the model is only ever used by one thread.
+  The worker fills each forward pass of up to --batch_size queries round-robin from every waiting request
+  (waiting at most --batch_wait_ms for more), so the model is only ever used by one thread and a request with
+  thousands of queries shares the model with small ones instead of blocking them until it is done. A request
+  that times out is cancelled: the worker drops its queries not yet scored.
 - Binds 127.0.0.1 unless told otherwise. With an API key (`--api_key` or env RLHFKIT_RM_API_KEY) every request
   but `GET /health` needs `Authorization: Bearer <key>` (compared in constant time).
-- Errors are JSON `{"error": ...}`: 400 bad JSON or types (query must be a non-empty list of strings), 401 missing
-  or wrong token, 404 unknown path, 411 no Content-Length, 413 body over --max_body_bytes, 503 scoring failed or
-  timed out. A bad request never stops the server.
+- Errors are JSON `{"error": ...}`: 400 bad JSON or types (query must be a non-empty list of strings; lone
+  surrogates and too deeply nested JSON included), 401 missing or wrong token, 404 unknown path, 408 a client
+  that takes longer than --client_timeout to send its request, 411 no Content-Length, 413 a body over
+  --max_body_bytes or more than --max_queries_per_request queries (the body is read and discarded first, up to a
+  bound, so the client sees the answer instead of a reset connection), 503 scoring failed or timed out. A bad
+  request never stops the server.
 
 Scoring a text: bos + text + eos (added when missing), the last --max_len tokens kept, reward read at the last
 token (`sequence_rewards`), optionally normalised with the `reward_mean` / `reward_std` train_rm saved.
@@ -37,6 +42,7 @@ from rlhfkit.models.value_model import sequence_rewards
 
 API_KEY_ENV = "RLHFKIT_RM_API_KEY"
 REWARD_PATH = "/get_reward"
+DRAIN_LIMIT_BYTES = 256 * 2**20  # a refused body bigger than this is not read: the connection is reset instead
 HEALTH_PATH = "/health"
 
 
@@ -102,12 +108,17 @@ def load_scorer(path: str, *, value_head_prefix: str = "score", max_len: int = 2
 class _Job:
     texts: list[str]
     done: threading.Event = field(default_factory=threading.Event)
-    rewards: list[float] | None = None
+    rewards: list[float] = field(default_factory=list)
     error: str | None = None
+    cancelled: bool = False
+
+    @property
+    def pending(self) -> int:
+        return len(self.texts) - len(self.rewards)
 
 
 class _BatchingWorker:
-    """One thread that owns the model: it merges queued jobs into batches and scores them."""
+    """One thread that owns the model: it fills batches fairly from the waiting jobs and scores them."""
 
     def __init__(self, scorer: RewardScorer, batch_size: int, wait_s: float):
         self.scorer = scorer
@@ -117,42 +128,66 @@ class _BatchingWorker:
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="reward-batcher", daemon=True)
         self.batches_run = 0
+        self.active: list[_Job] = []  # jobs with queries not yet scored, oldest first (worker thread only)
 
-    def _collect(self, first: _Job) -> list[_Job]:
-        jobs, count = [first], len(first.texts)
-        deadline = time.monotonic() + self.wait_s
-        while count < self.batch_size:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+    def _admit(self, block_s: float) -> None:
+        """Move queued jobs into the active list, waiting up to `block_s` for the first one."""
+        try:
+            self.active.append(self.jobs.get(timeout=block_s) if block_s > 0 else self.jobs.get_nowait())
+            while True:
+                self.active.append(self.jobs.get_nowait())
+        except queue.Empty:
+            pass
+
+    def _fill(self) -> list[tuple[_Job, int]]:
+        """Round-robin over the active jobs: each contributes its next query in turn until the batch is full."""
+        for job in self.active:
+            if job.cancelled:
+                job.done.set()
+        self.active = [j for j in self.active if not j.cancelled]
+        taken = {id(j): 0 for j in self.active}
+        picks: list[tuple[_Job, int]] = []
+        while len(picks) < self.batch_size:
+            progressed = False
+            for job in self.active:
+                if taken[id(job)] < job.pending and len(picks) < self.batch_size:
+                    picks.append((job, len(job.rewards) + taken[id(job)]))
+                    taken[id(job)] += 1
+                    progressed = True
+            if not progressed:
                 break
-            try:
-                job = self.jobs.get(timeout=remaining)
-            except queue.Empty:
-                break
-            jobs.append(job)
-            count += len(job.texts)
-        return jobs
+        return picks
 
     def _run(self) -> None:
         while not self.stopping.is_set():
-            try:
-                first = self.jobs.get(timeout=0.1)
-            except queue.Empty:
+            self._admit(0.1 if not self.active else 0)
+            if not self.active:
                 continue
-            jobs = self._collect(first)
+            if sum(j.pending for j in self.active) < self.batch_size and self.wait_s > 0:
+                deadline = time.monotonic() + self.wait_s  # a short wait lets concurrent requests share the pass
+                while sum(j.pending for j in self.active) < self.batch_size and time.monotonic() < deadline:
+                    self._admit(deadline - time.monotonic())
+            picks = self._fill()
+            if not picks:
+                continue
             try:
-                rewards = self.scorer.score([t for job in jobs for t in job.texts])
-            except Exception as e:  # noqa: BLE001 - report to the waiting requests, keep serving
-                for job in jobs:
+                rewards = self.scorer.score([job.texts[i] for job, i in picks])
+            except Exception as e:  # noqa: BLE001 - report to the requests in this batch, keep serving
+                for job in {id(j): j for j, _ in picks}.values():
                     job.error = f"{type(e).__name__}: {e}"
+                    job.cancelled = True
+                    job.done.set()
             else:
-                offset = 0
-                for job in jobs:
-                    job.rewards = rewards[offset:offset + len(job.texts)]
-                    offset += len(job.texts)
+                for (job, _), reward in zip(picks, rewards):  # picks of one job are in order
+                    job.rewards.append(reward)
             self.batches_run += 1
-            for job in jobs:
-                job.done.set()
+            for job in self.active:
+                if job.pending == 0:
+                    job.done.set()
+            self.active = [j for j in self.active if j.pending > 0 and not j.cancelled]
+        for job in self.active:
+            job.error = "server is shutting down"
+            job.done.set()
         while not self.jobs.empty():  # fail whatever arrived during shutdown
             job = self.jobs.get_nowait()
             job.error = "server is shutting down"
@@ -162,7 +197,7 @@ class _BatchingWorker:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "rlhfkit-reward-server"
-    timeout = 60  # seconds a client may take to send its request
+    timeout = 30  # seconds a client may stay silent while sending its request line and headers
 
     @property
     def owner(self) -> RewardServer:
@@ -216,10 +251,15 @@ class _Handler(BaseHTTPRequestHandler):
         if problem:
             self._reply(400, {"error": problem})
             return
+        if len(texts) > self.owner.max_queries_per_request:
+            self._reply(413, {"error": f"{len(texts)} queries in one request is over the limit of "
+                                       f"{self.owner.max_queries_per_request}; split the batch"})
+            return
         job = _Job(texts)
         self.owner.worker.jobs.put(job)
         if not job.done.wait(self.owner.request_timeout):
-            self._reply(503, {"error": "scoring timed out"})
+            job.cancelled = True  # the worker drops what it has not scored yet
+            self._reply(503, {"error": f"scoring timed out after {self.owner.request_timeout:g} s"})
         elif job.error is not None:
             self._reply(503, {"error": f"scoring failed: {job.error}"})
         else:
@@ -240,8 +280,49 @@ class _Handler(BaseHTTPRequestHandler):
         if length > self.owner.max_body_bytes:
             self._reply(413, {"error": f"body of {length} bytes is over the limit of {self.owner.max_body_bytes}"},
                         close=True)
+            self._discard(min(length, DRAIN_LIMIT_BYTES))
             return None
-        return self.rfile.read(length)
+        body = self._read_exactly(length)
+        if body is None:
+            self._reply(408, {"error": f"the request body did not arrive within {self.owner.client_timeout:g} s"},
+                        close=True)
+        return body
+
+    def _read_exactly(self, length: int) -> bytes | None:
+        """`length` body bytes, or None when the client is slower than --client_timeout in all (slow clients
+        cannot hold a thread for long by trickling a byte at a time)."""
+        deadline = time.monotonic() + self.owner.client_timeout
+        chunks, got = [], 0
+        try:
+            while got < length:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self.connection.settimeout(remaining)
+                chunk = self.rfile.read1(min(length - got, 1 << 20))
+                if not chunk:
+                    return None
+                chunks.append(chunk)
+                got += len(chunk)
+        except (TimeoutError, OSError):
+            return None
+        finally:
+            self.connection.settimeout(self.timeout)
+        return b"".join(chunks)
+
+    def _discard(self, length: int) -> None:
+        """Read and drop up to `length` bytes of a refused body so the client reads our answer (closing with
+        unread data would reset the connection before it does)."""
+        deadline = time.monotonic() + min(self.owner.client_timeout, 10.0)
+        try:
+            while length > 0 and time.monotonic() < deadline:
+                self.connection.settimeout(max(deadline - time.monotonic(), 0.01))
+                chunk = self.rfile.read1(min(length, 1 << 20))
+                if not chunk:
+                    break
+                length -= len(chunk)
+        except (TimeoutError, OSError):
+            pass
 
 
 def parse_request(body: bytes) -> tuple[list[str], str | None]:
@@ -250,11 +331,18 @@ def parse_request(body: bytes) -> tuple[list[str], str | None]:
         payload = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         return [], f"body is not valid JSON ({e})"
+    except RecursionError:
+        return [], "body is nested too deeply"
     if not isinstance(payload, dict) or "query" not in payload:
         return [], 'expected a JSON object {"query": [text, ...]}'
     texts = payload["query"]
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
         return [], '"query" must be a non-empty list of strings'
+    for i, text in enumerate(texts):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate (JSON "\ud800") is valid JSON but no text
+            return [], f'"query"[{i}] holds a lone UTF-16 surrogate; send valid Unicode text'
     return texts, None
 
 
@@ -272,15 +360,19 @@ class RewardServer:
 
     def __init__(self, scorer: RewardScorer, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
                  batch_size: int | None = None, batch_wait_ms: float = 5.0, max_body_bytes: int = 10 * 2**20,
-                 request_timeout: float = 300.0, verbose: bool = False):
-        if max_body_bytes < 1:
-            raise UserError(f"--max_body_bytes {max_body_bytes} must be positive")
+                 max_queries_per_request: int = 4096, request_timeout: float = 300.0, client_timeout: float = 30.0,
+                 verbose: bool = False):
+        if max_body_bytes < 1 or max_queries_per_request < 1 or request_timeout <= 0 or client_timeout <= 0:
+            raise ValueError("max_body_bytes, max_queries_per_request, request_timeout and client_timeout must be "
+                             "positive")
         self.scorer = scorer
         self.host = host
         self.port = port
         self.api_key = api_key if api_key is not None else (os.environ.get(API_KEY_ENV) or None)
         self.max_body_bytes = max_body_bytes
+        self.max_queries_per_request = max_queries_per_request
         self.request_timeout = request_timeout
+        self.client_timeout = client_timeout
         self.verbose = verbose
         self.worker = _BatchingWorker(scorer, batch_size or scorer.batch_size, max(batch_wait_ms, 0.0) / 1000)
         self.httpd: _HTTPServer | None = None

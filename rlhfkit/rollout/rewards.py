@@ -150,17 +150,55 @@ def _http_error(e: urllib.error.HTTPError) -> str:
     return f"HTTP {e.code}: {detail or e.reason}"
 
 
-class HTTPRewardClient:
-    """Reward servers at one or more URLs; a batch is split over them and posted in parallel."""
+class _TooLarge(Exception):
+    """A reward server answered 413: the request holds too many queries or bytes."""
 
-    def __init__(self, urls: Sequence[str], timeout: float = 60.0, retries: int = 3, backoff: float = 0.5):
+
+def _merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Concatenate parsed reward outputs; extra logs are averaged weighted by sample count."""
+    logs: dict[str, float] = {}
+    for key in {k for r in results for k in r["extra_logs"]}:
+        values = [(r["extra_logs"][key], len(r["rewards"])) for r in results if key in r["extra_logs"]]
+        logs[key] = sum(v * w for v, w in values) / max(sum(w for _, w in values), 1)
+    return {"rewards": torch.cat([r["rewards"] for r in results]),
+            "scores": torch.cat([r["scores"] for r in results]), "extra_logs": logs}
+
+
+class HTTPRewardClient:
+    """Reward servers at one or more URLs; a batch is split over them and posted in parallel, each share in
+    requests of at most `max_queries` queries (halved whenever a server answers 413, so a batch larger than a
+    server's --max_queries_per_request or --max_body_bytes still gets scored)."""
+
+    def __init__(self, urls: Sequence[str], timeout: float = 60.0, retries: int = 3, backoff: float = 0.5,
+                 max_queries: int = 1024):
         if not urls:
             raise UserError("--remote_rm_url: no reward server URL given")
+        self.max_queries = max_queries
         self.urls = list(urls)
         self.timeout = timeout
         self.retries = max(1, retries)
         self.backoff = backoff
         self._pool = ThreadPoolExecutor(max_workers=len(self.urls), thread_name_prefix="reward-http")
+
+    def _post_part(self, url: str, payload: dict[str, list]) -> dict[str, Any]:
+        """Post one server's share in requests of at most `self.max_queries` queries (halved on a 413 until the
+        server accepts them) and merge the answers."""
+        n = len(payload["query"])
+        outputs, start = [], 0
+        while start < n:
+            size = min(self.max_queries, n - start)
+            part = {k: v[start:start + size] for k, v in payload.items()}
+            try:
+                outputs.append((self._request(url, part), size))
+            except _TooLarge as e:
+                if size == 1:
+                    raise UserError(f"reward server {url} refused a single query as too large ({e}); raise the "
+                                    "server's --max_body_bytes or shorten the responses") from None
+                self.max_queries = max(1, size // 2)
+                continue
+            start += size
+        results = [parse_reward_output(out, size, f"reward server {url}") for out, size in outputs]
+        return _merge_results(results)
 
     def _request(self, url: str, payload: dict[str, Any]) -> Any:
         last_text = "unknown error"
@@ -169,6 +207,8 @@ class HTTPRewardClient:
                 return _post_json(url, payload, self.timeout)
             except urllib.error.HTTPError as e:
                 last_text = _http_error(e)
+                if e.code == 413:
+                    raise _TooLarge(last_text) from None
                 if e.code < 500:  # the server understood and refused: retrying will not help
                     break
             except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
@@ -190,14 +230,8 @@ class HTTPRewardClient:
         for i in range(parts):
             lo, hi = bounds[i], bounds[i + 1]
             payload = {"query": queries[lo:hi], "prompts": prompts[lo:hi], "labels": labels[lo:hi]}
-            jobs.append((self.urls[i], hi - lo, self._pool.submit(self._request, self.urls[i], payload)))
-        results = [parse_reward_output(job.result(), size, f"reward server {url}") for url, size, job in jobs]
-        logs: dict[str, float] = {}
-        for key in {k for r in results for k in r["extra_logs"]}:
-            values = [(r["extra_logs"][key], len(r["rewards"])) for r in results if key in r["extra_logs"]]
-            logs[key] = sum(v * w for v, w in values) / max(sum(w for _, w in values), 1)
-        return {"rewards": torch.cat([r["rewards"] for r in results]),
-                "scores": torch.cat([r["scores"] for r in results]), "extra_logs": logs}
+            jobs.append(self._pool.submit(self._post_part, self.urls[i], payload))
+        return _merge_results([job.result() for job in jobs])
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)

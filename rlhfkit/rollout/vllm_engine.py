@@ -3,7 +3,7 @@
 Layout: `VLLMEngine` owns one `vllm.LLM` in its own process (a Ray actor started by `create_engine_actors`);
 `RolloutEngineGroup` is the handle the RL loop holds: it spreads prompts over the engine actors in contiguous
 slices, gathers the samples back in prompt order, and fans weight updates and sleep/wake out to every engine.
-The same group drives Transformers engines in Ray actors (`--vllm_num_engines 0`, see `trainers/ray_run.py`).
+The same group drives Transformers engines in Ray actors (`--vllm_num_engines 0`, see `hf_engine_actor.py`).
 
 Sampling: one request per prompt, each with its own seed (seed + the prompt's index in the whole batch), so the
 n repeats of a prompt differ and the samples do not depend on how many engines share the batch. Log-probs follow

@@ -19,9 +19,15 @@ from typing import Any
 import torch
 
 from rlhfkit.algorithms.preference_losses import kto_kl_reference_point, kto_loss
-from rlhfkit.trainers.dpo import FrozenReference, load_frozen_model, sequence_logps
-from rlhfkit.trainers.reward import PreferenceTrainer, Sums
-from rlhfkit.trainers.sft import to_device
+from rlhfkit.trainers.loop import to_device
+from rlhfkit.trainers.preference import (
+    FrozenReference,
+    PreferenceTrainer,
+    Sums,
+    load_frozen_model,
+    prepare_policy_and_reference,
+    sequence_logps,
+)
 
 
 def by_label(values: torch.Tensor, labels: torch.Tensor) -> tuple[tuple[float, float], tuple[float, float]]:
@@ -96,7 +102,6 @@ def run_kto(cfg: Any) -> KTOTrainer:
 
     from rlhfkit.config.preference import validate_kto_config
     from rlhfkit.data.collate import unpaired_collate
-    from rlhfkit.trainers.dpo import prepare_policy_and_reference
 
     validate_kto_config(cfg)
     run = prepare_policy_and_reference(cfg, "kto", load_unpaired_datasets)

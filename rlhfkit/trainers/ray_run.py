@@ -2,9 +2,10 @@
 
 Same loop as `train_ppo` (`rl_loop.RLTrainer`); only the role handles differ: `RayActorGroup`s wrapping the
 local roles of `roles.py` (one object per rank, their own torch.distributed world each) and a
-`RolloutEngineGroup` over vLLM engines (`--vllm_num_engines N`) or one Transformers engine (`0`). The only
-method the Ray run replaces is `sync_weights`: weights stream from the actor's rank 0 straight to the engines
-(`RolloutEngineGroup.sync_from`) instead of passing through the driver as one state dict.
+`RolloutEngineGroup` over vLLM engines (`--vllm_num_engines N`) or one Transformers engine actor (`0`,
+`rollout/hf_engine_actor.py`). The only method the Ray run replaces is `sync_weights`: weights stream from the
+actor's rank 0 straight to the engines (`RolloutEngineGroup.sync_from`) instead of passing through the driver as
+one state dict.
 
 Everything a user can get wrong is checked before Ray starts (`prepare_ray_run`): the RL config, the placement
 arithmetic (colocation, hybrid engine), the engine settings, the model paths, the prompts and the reward source.
@@ -32,7 +33,7 @@ from rlhfkit.config.rl import (
 )
 from rlhfkit.distributed.placement import ResourcePlan, RoleDemand
 from rlhfkit.errors import UserError
-from rlhfkit.rollout.vllm_engine import StagedWeights, apply_env, check_vllm_args
+from rlhfkit.rollout.vllm_engine import check_vllm_args
 from rlhfkit.trainers.rl_loop import RLTrainer
 
 #: How each role method is dispatched over a group's ranks (roles.py's docstring); the rest broadcast.
@@ -122,8 +123,7 @@ def check_ray_config(cfg: PPOConfig, use_gpu: bool | None = None, cpus_per_bundl
 
 def prepare_ray_run(cfg: PPOConfig, use_gpu: bool | None = None, cpus_per_bundle: float = 1.0) -> RayRunPlan:
     """`check_ray_config` plus the tokenizer, the prompts and the text reward source (still no Ray)."""
-    from rlhfkit.trainers.rl_run import load_prompts, make_text_reward, num_update_steps
-    from rlhfkit.trainers.setup import load_tokenizer_for
+    from rlhfkit.trainers.setup import load_prompts, load_tokenizer_for, make_text_reward, num_update_steps
 
     run = check_ray_config(cfg, use_gpu, cpus_per_bundle)
     run.tokenizer = load_tokenizer_for(cfg.model)
@@ -144,39 +144,6 @@ class DriverStrategy:
 
     def print(self, *args: Any) -> None:
         print(*args, flush=True)
-
-
-class HFEngineActor(StagedWeights):
-    """The Transformers rollout engine as a Ray actor (`--vllm_num_engines 0`), with staged weight updates."""
-
-    def __init__(self, cfg: PPOConfig, env: dict[str, str] | None = None):
-        from rlhfkit.models.loading import resolve_attn_implementation
-        from rlhfkit.rollout.hf_engine import HFRolloutEngine
-        from rlhfkit.trainers.setup import load_tokenizer_for
-
-        apply_env(env or {})
-        device = torch.device("cuda") if torch.cuda.is_available() else None
-        dtype = torch.bfloat16 if cfg.model.bf16 else torch.float32
-        self.engine = HFRolloutEngine.from_pretrained(
-            cfg.model.pretrain, load_tokenizer_for(cfg.model), dtype=dtype,
-            attn_implementation=resolve_attn_implementation(cfg.model.attn_implementation, cfg.model.flash_attn),
-            max_batch_size=max(cfg.rollout.micro_rollout_batch_size, 256), device=device)
-        self._staged = []
-
-    def generate(self, prompt_ids: Any, *, seed: int | None = None, seed_offset: int = 0, **sampling: Any) -> Any:
-        return self.engine.generate(prompt_ids, seed=None if seed is None else seed + seed_offset, **sampling)
-
-    def _apply(self, staged: list[tuple[str, torch.Tensor]]) -> int:
-        return self.engine.update_weights(dict(staged))
-
-    def sleep(self) -> None:
-        self.engine.sleep()
-
-    def wake(self) -> None:
-        self.engine.wake()
-
-    def info(self) -> dict[str, Any]:
-        return {"kind": "transformers", "pid": os.getpid(), "asleep": False, "sleep_supported": False}
 
 
 class RayRLTrainer(RLTrainer):
@@ -236,6 +203,7 @@ class RayRoles:
 def build_ray_roles(cfg: PPOConfig, run: RayRunPlan) -> tuple[Any, RayRoles]:
     """Placement groups, role groups and engines; returns (RoleHandles, RayRoles)."""
     from rlhfkit.distributed.ray_groups import RayActorGroup
+    from rlhfkit.rollout.hf_engine_actor import HFEngineActor
     from rlhfkit.rollout.vllm_engine import (
         RolloutEngineGroup,
         VLLMEngineArgs,

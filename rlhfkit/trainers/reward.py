@@ -1,113 +1,34 @@
-"""Reward-model training on preference pairs, and the loop shared by the preference trainers (RM, DPO, KTO).
+"""Reward-model training on preference pairs.
 
 Reward model: a causal-LM backbone with a scalar head (`rlhfkit.models.value_model`), read at the last token of
 prompt + response. Chosen and rejected rows go through ONE forward pass (`pair_collate`: chosen rows first), and
 the Bradley-Terry pairwise loss (`pairwise_rm_loss`, Ouyang et al. 2022, InstructGPT; margin as in Llama 2,
 Touvron et al. 2023) pushes r(chosen) above r(rejected). After training, the mean and standard deviation of the
 rewards over the training pairs are written into the saved config (`reward_mean`, `reward_std`, plus
-`normalize_reward`) so that PPO and serve_rm can normalise rewards later.
-
-`PreferenceTrainer` is the SFT loop (rlhfkit.trainers.sft) with one change: a micro step returns named metrics as
-(sum, weight) pairs, reduced over micro batches and ranks into weighted means. So accuracies, per-label means and
-losses are all exact over the whole optimizer step, whatever the micro-batch split.
+`normalize_reward`) so that PPO and serve_rm can normalise rewards later. The loop is `PreferenceTrainer`
+(`rlhfkit.trainers.preference`).
 """
 
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from rlhfkit.algorithms.preference_losses import pairwise_rm_loss
 from rlhfkit.models.value_model import sequence_rewards
-from rlhfkit.trainers.sft import SFTTrainer, to_device
-
-Sums = dict[str, tuple[float, float]]  # metric name -> (sum, weight); the reported value is sum / weight
-
-
-def add_sums(total: dict[str, list[float]], part: Sums) -> None:
-    for name, (value, weight) in part.items():
-        acc = total.setdefault(name, [0.0, 0.0])
-        acc[0] += float(value)
-        acc[1] += float(weight)
-
-
-class PreferenceTrainer(SFTTrainer):
-    """SFTTrainer's loop with named, weighted metrics. Subclasses define `train_step`
-    (forward, backward, step on one micro batch) and `eval_step` (forward only); both return `Sums`."""
-
-    kind = "preference"
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.last_eval: dict[str, float] | None = None  # metrics of the latest evaluate()
-
-    def train_step(self, batch: dict[str, torch.Tensor]) -> Sums:
-        raise NotImplementedError
-
-    def eval_step(self, batch: dict[str, torch.Tensor]) -> Sums:
-        raise NotImplementedError
-
-    def reduce(self, total: dict[str, list[float]]) -> dict[str, float]:
-        """Weighted means over ranks: one all-reduce of every sum and weight (same key order on every rank)."""
-        names = sorted(total)
-        flat = torch.tensor([total[n][i] for n in names for i in (0, 1)], dtype=torch.float64)
-        flat = self.strategy.all_reduce(flat, "sum")
-        return {n: (flat[2 * k] / flat[2 * k + 1]).item() if flat[2 * k + 1] > 0 else float("nan")
-                for k, n in enumerate(names)}
-
-    def train_batch(self, micro: Iterable[Sequence[int]], started: float) -> dict[str, float]:
-        sums: dict[str, list[float]] = {}
-        for indices in micro:
-            add_sums(sums, self.train_step(self.collate([self.train_samples[i] for i in indices])))
-        metrics = self.reduce(sums)
-        metrics.update(lr=self.engine.get_lr()[0], epoch=self.state.epoch,
-                       samples_per_s=self.args.train_batch_size / max(time.perf_counter() - started, 1e-9))
-        return metrics
-
-    def progress_fields(self, metrics: dict[str, float]) -> dict[str, float]:
-        return {k: metrics[k] for k in ("loss", "acc") if k in metrics}
-
-    def sharded_batches(self, samples: Sequence[Any], limit: int | None = None):
-        """This rank's share of `samples` in micro batches, yielded as (batch, is_real). Every rank yields the
-        same number of batches (a rank that runs out repeats sample 0 with is_real False), because ZeRO-3
-        forward passes are collective."""
-        n = len(samples) if limit is None or limit < 0 else min(limit, len(samples))
-        rank, world, m = self.strategy.rank, self.strategy.world_size, self.args.micro_train_batch_size
-        mine = list(range(rank, n, world))
-        num_batches = math.ceil(math.ceil(n / world) / m)
-        for b in range(num_batches):
-            chunk = mine[b * m:(b + 1) * m]
-            yield self.collate([samples[i] for i in (chunk or [0])]), bool(chunk)
-
-    @torch.no_grad()
-    def evaluate(self, step: int) -> dict[str, float] | None:
-        """Metrics of `eval_step` over the whole eval set (sharded over ranks), logged with prefix `eval`."""
-        if not self.eval_samples:
-            return None
-        self.engine.eval()
-        sums: dict[str, list[float]] = {}
-        for batch, real in self.sharded_batches(self.eval_samples):
-            part = self.eval_step(batch)
-            add_sums(sums, part if real else {k: (0.0, 0.0) for k in part})
-        self.engine.train()
-        metrics = self.reduce(sums)
-        self.logger.log(step, metrics, prefix="eval")
-        self.strategy.print(f"{self.kind} eval at step {step}: " +
-                            ", ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items())))
-        self.last_eval = metrics
-        return metrics
-
-
-def pair_sums(loss: torch.Tensor, chosen: torch.Tensor, rejected: torch.Tensor) -> Sums:
-    """Loss, accuracy (chosen scored above rejected), mean chosen/rejected scores and their margin."""
-    n = chosen.numel()
-    return {"loss": (loss.item() * n, n), "acc": ((chosen > rejected).sum().item(), n),
-            "chosen_reward": (chosen.sum().item(), n), "rejected_reward": (rejected.sum().item(), n),
-            "margin": ((chosen - rejected).sum().item(), n)}
+from rlhfkit.trainers.loop import to_device
+from rlhfkit.trainers.preference import (
+    PreferenceTrainer,
+    Sums,
+    check_enough_samples,
+    load_frozen_model,
+    load_pair_datasets,
+    pair_sums,
+    sequence_logps,
+)
 
 
 class RewardModelTrainer(PreferenceTrainer):
@@ -155,33 +76,6 @@ class RewardModelTrainer(PreferenceTrainer):
         mean = total / max(count, 1.0)
         var = squares / max(count, 1.0) - mean * mean
         return mean, math.sqrt(max(var, 0.0) * count / max(count - 1.0, 1.0))
-
-
-def load_pair_datasets(cfg: Any, tokenizer: Any, need_margin: bool = False) -> tuple[Any, Any]:
-    """Tokenised (train, eval or None) PreferenceDatasets from the data and pair sections of `cfg`."""
-    from rlhfkit.data.preference_dataset import PreferenceDataset
-    from rlhfkit.data.readers import load_mixture
-
-    d, p = cfg.data, cfg.pairs
-
-    def build(spec: str, probs: str | None, split: str, max_samples: int | None, flag: str) -> PreferenceDataset:
-        records = load_mixture(spec, probs, split, max_samples, cfg.strategy.seed, arg_name=flag)
-        return PreferenceDataset(records, tokenizer, d.max_len, prompt_key=p.prompt_key, chosen_key=p.chosen_key,
-                                 rejected_key=p.rejected_key, margin_key=p.margin_key if need_margin else None,
-                                 input_template=d.input_template, apply_chat_template=d.apply_chat_template,
-                                 tokenizer_chat_template=d.tokenizer_chat_template)
-
-    train = build(d.dataset, d.dataset_probs, d.dataset_split, d.max_samples, "--dataset")
-    evalset = build(d.eval_dataset, None, d.eval_split, None, "--eval_dataset") if d.eval_dataset else None
-    return train, evalset
-
-
-def check_enough_samples(train: Sequence[Any], train_batch_size: int) -> None:
-    from rlhfkit.errors import UserError
-
-    if len(train) < train_batch_size:
-        raise UserError(f"--dataset has {len(train)} usable samples, fewer than one --train_batch_size "
-                        f"({train_batch_size})")
 
 
 def run_rm(cfg: Any) -> RewardModelTrainer:
@@ -254,7 +148,6 @@ def preference_accuracy(model_or_path: Any, records: Sequence[Any], tokenizer: A
     """
     from rlhfkit.data.collate import pair_collate
     from rlhfkit.data.preference_dataset import PreferenceDataset
-    from rlhfkit.trainers.dpo import load_frozen_model, sequence_logps
 
     model = load_frozen_model(model_or_path, value_head_prefix)
     ref = load_frozen_model(ref_model_or_path, value_head_prefix) if ref_model_or_path is not None else None

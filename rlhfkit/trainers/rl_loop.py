@@ -54,6 +54,20 @@ class RLState:
     kl_coef: float = 0.0
 
 
+REPORT_ROLLOUT_STEPS = 5  # the run report shows rollouts of the first and last step and of about this many more
+REPORT_ROLLOUTS_PER_STEP = 4
+
+
+def _report_rows(texts: dict[str, list], rewards: torch.Tensor) -> list[dict[str, Any]]:
+    """The first few (prompt, response, reward) of a rollout batch, for the run report."""
+    rows = []
+    for prompt, query, reward in zip(texts["prompts"], texts["queries"], rewards.tolist()):
+        rows.append({"prompt": prompt, "response": query[len(prompt):], "reward": reward})
+        if len(rows) == REPORT_ROLLOUTS_PER_STEP:
+            break
+    return rows
+
+
 def _mean(t: torch.Tensor) -> float:
     return float(t.float().mean()) if t.numel() else 0.0
 
@@ -78,6 +92,7 @@ class RLTrainer:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self._prompt_ids: dict[tuple[int, int], list[int]] = {}
         self._last_eval_step = -1
+        self._last_rollouts: list[dict[str, Any]] = []
 
     # -- sizes ----------------------------------------------------------------------------------------------
     def steps_per_episode(self) -> int:
@@ -154,6 +169,7 @@ class RLTrainer:
             token_kl=exp.kl if a.init_kl_coef > 0 else None, values=exp.values, n_samples_per_prompt=n,
             gamma=a.gamma, lambd=a.lambd, kl_coef=self.kl_ctl.value, use_kl_loss=a.use_kl_loss,
             std_norm=not a.no_advantage_std_norm)
+        self._last_rollouts = _report_rows(texts, raw)
         kl_per_sample = masked_mean(exp.kl, mask, dim=-1) if exp.kl is not None else torch.zeros(len(exp))
         lengths = exp.info["response_length"]
         metrics = {
@@ -214,6 +230,8 @@ class RLTrainer:
                 history.append(metrics)
                 if step % log.logging_steps == 0:
                     self.logger.log(step, metrics)
+                if step == 1 or step == total or step % max(total // REPORT_ROLLOUT_STEPS, 1) == 0:
+                    self.logger.log_samples(step, self._last_rollouts)
                 bar.update({"reward": metrics["reward"], "len": metrics["response_length"], "kl": metrics["kl"],
                             "pg": metrics.get("actor/policy_loss", 0.0)})
                 if log.eval_steps > 0 and step % log.eval_steps == 0:

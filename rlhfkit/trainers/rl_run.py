@@ -10,50 +10,7 @@ from typing import Any
 
 import torch
 
-from rlhfkit.config.rl import (
-    PPOConfig,
-    needs_critic,
-    needs_reference,
-    remote_reward_urls,
-    samples_per_rollout,
-    validate_rl_config,
-)
-from rlhfkit.errors import UserError
-
-
-def load_prompts(cfg: PPOConfig, tokenizer: Any) -> tuple[Any, Any | None]:
-    """(training prompts, evaluation prompts or None) as PromptDatasets."""
-    from rlhfkit.data.prompt_dataset import PromptDataset
-    from rlhfkit.data.readers import load_mixture
-
-    d = cfg.data
-    records = load_mixture(d.prompt_data, d.prompt_data_probs, d.prompt_split, d.max_samples, cfg.strategy.seed,
-                           arg_name="--prompt_data")
-    prompts = PromptDataset.from_args(records, tokenizer, d)
-    eval_prompts = None
-    if d.eval_dataset:
-        eval_records = load_mixture(d.eval_dataset, None, d.eval_split, None, cfg.strategy.seed,
-                                    arg_name="--eval_dataset")
-        eval_prompts = PromptDataset.from_args(eval_records, tokenizer, d)
-    if len(prompts) < cfg.rollout.rollout_batch_size:
-        raise UserError(f"--prompt_data has {len(prompts)} prompts, fewer than one --rollout_batch_size "
-                        f"({cfg.rollout.rollout_batch_size})")
-    return prompts, eval_prompts
-
-
-def num_update_steps(cfg: PPOConfig, num_prompts: int) -> int:
-    """Optimizer steps of the whole run (for the learning-rate schedules)."""
-    r = cfg.rollout
-    rollout_steps = (num_prompts // r.rollout_batch_size) * r.num_episodes
-    per_rollout = samples_per_rollout(cfg) // cfg.strategy.train_batch_size
-    return max(rollout_steps * per_rollout * r.max_epochs, 1)
-
-
-def make_text_reward(cfg: PPOConfig) -> Any:
-    from rlhfkit.rollout.rewards import make_remote_reward
-
-    m = cfg.rl_model
-    return make_remote_reward(remote_reward_urls(cfg), timeout=m.remote_rm_timeout, retries=m.remote_rm_retries)
+from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference, validate_rl_config
 
 
 def run_ppo(cfg: PPOConfig) -> Any:
@@ -62,7 +19,14 @@ def run_ppo(cfg: PPOConfig) -> Any:
     from rlhfkit.rollout.hf_engine import HFRolloutEngine
     from rlhfkit.trainers.rl_loop import RLTrainer, RoleHandles
     from rlhfkit.trainers.roles import ActorRole, CriticRole, ReferenceRole, RewardModelRole
-    from rlhfkit.trainers.setup import load_tokenizer_for, make_logger, make_strategy
+    from rlhfkit.trainers.setup import (
+        load_prompts,
+        load_tokenizer_for,
+        make_logger,
+        make_strategy,
+        make_text_reward,
+        num_update_steps,
+    )
 
     validate_rl_config(cfg)
     tokenizer = load_tokenizer_for(cfg.model)

@@ -1,4 +1,5 @@
-"""Assembly shared by the trainers: strategy, tokenizer and model (with LoRA), logger, run directory."""
+"""Assembly shared by the trainers: strategy, tokenizer and model (with LoRA), logger, run directory, and the RL
+runs' prompts, reward source and step count."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from typing import Any
 import torch
 
 from rlhfkit.config.common import LoggingArgs, ModelArgs, StrategyArgs
+from rlhfkit.config.rl import PPOConfig, remote_reward_urls, samples_per_rollout
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
+from rlhfkit.errors import UserError
 from rlhfkit.logging.metrics import MetricsLogger
 from rlhfkit.models.loading import (
     check_model_path,
     load_causal_lm,
-    load_tokenizer,
+    load_tokenizer_for,  # noqa: F401 - the assembly helpers are imported from here
     resolve_attn_implementation,
 )
 from rlhfkit.models.lora import apply_lora
@@ -26,11 +29,6 @@ def make_strategy(model_args: ModelArgs, strategy_args: StrategyArgs) -> DeepSpe
     """A strategy whose batch arithmetic is validated; call `setup_distributed()` once inputs are checked."""
     return DeepSpeedStrategy(strategy_args, bf16=model_args.bf16,
                              gradient_checkpointing=model_args.gradient_checkpointing)
-
-
-def load_tokenizer_for(model_args: ModelArgs, padding_side: str = "right") -> Any:
-    path = check_model_path(model_args.pretrain)
-    return load_tokenizer(path, use_fast=not model_args.disable_fast_tokenizer, padding_side=padding_side)
 
 
 def load_trainable_lm(model_args: ModelArgs, path: str | None = None, flag: str = "--pretrain") -> Any:
@@ -66,3 +64,39 @@ def build_strategy(model_args: ModelArgs, strategy_args: StrategyArgs) -> DeepSp
     strategy = make_strategy(model_args, strategy_args)
     strategy.setup_distributed()
     return strategy
+
+
+# -- the RL runs (train_ppo, train_ppo_ray) ------------------------------------------------------------------
+def load_prompts(cfg: PPOConfig, tokenizer: Any) -> tuple[Any, Any | None]:
+    """(training prompts, evaluation prompts or None) as PromptDatasets."""
+    from rlhfkit.data.prompt_dataset import PromptDataset
+    from rlhfkit.data.readers import load_mixture
+
+    d = cfg.data
+    records = load_mixture(d.prompt_data, d.prompt_data_probs, d.prompt_split, d.max_samples, cfg.strategy.seed,
+                           arg_name="--prompt_data")
+    prompts = PromptDataset.from_args(records, tokenizer, d)
+    eval_prompts = None
+    if d.eval_dataset:
+        eval_records = load_mixture(d.eval_dataset, None, d.eval_split, None, cfg.strategy.seed,
+                                    arg_name="--eval_dataset")
+        eval_prompts = PromptDataset.from_args(eval_records, tokenizer, d)
+    if len(prompts) < cfg.rollout.rollout_batch_size:
+        raise UserError(f"--prompt_data has {len(prompts)} prompts, fewer than one --rollout_batch_size "
+                        f"({cfg.rollout.rollout_batch_size})")
+    return prompts, eval_prompts
+
+
+def num_update_steps(cfg: PPOConfig, num_prompts: int) -> int:
+    """Optimizer steps of the whole run (for the learning-rate schedules)."""
+    r = cfg.rollout
+    rollout_steps = (num_prompts // r.rollout_batch_size) * r.num_episodes
+    per_rollout = samples_per_rollout(cfg) // cfg.strategy.train_batch_size
+    return max(rollout_steps * per_rollout * r.max_epochs, 1)
+
+
+def make_text_reward(cfg: PPOConfig) -> Any:
+    from rlhfkit.rollout.rewards import make_remote_reward
+
+    m = cfg.rl_model
+    return make_remote_reward(remote_reward_urls(cfg), timeout=m.remote_rm_timeout, retries=m.remote_rm_retries)

@@ -71,3 +71,9 @@ def test_unpaired_labels(tok):
     assert parts(ds[0], "prompt_ids", "response_ids") == [[BOS, ID["hi"]], ids("hello </s>")]
     with pytest.raises(UserError, match="record 1: --label_key holds 'maybe'; KTO labels are true/false"):
         UnpairedDataset([{"input": "hi", "output": "ok", "label": "maybe"}], tok, 64)
+
+
+def test_identical_chosen_and_rejected_is_an_error_naming_the_record(tok):
+    pairs = [{"q": "hi", "chosen": "a", "rejected": "b"}, {"q": "hi", "chosen": "same", "rejected": "same"}]
+    with pytest.raises(UserError, match=r"record 2: the 'chosen' and 'rejected' responses are identical"):
+        PreferenceDataset(pairs, tok, 64, prompt_key="q")

@@ -189,3 +189,21 @@ def test_unsplit_directories_reject_other_splits(tmp_path):
     assert load_records(f"{tmp_path / 'files'}@train") == ROWS
     with pytest.raises(UserError, match="files@validation: this source has no splits"):
         load_records(f"{tmp_path / 'files'}@validation")
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "json"])
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\u0085", "\x1c", "\x0b"])
+def test_unicode_line_separators_inside_strings_are_not_line_breaks(tmp_path, suffix, separator):
+    # json.dumps(ensure_ascii=False) writes these unescaped; they are valid inside JSON strings, but
+    # str.splitlines() treats them as line ends (the old reader called such lines "not valid JSON").
+    rows = [{"input": f"a{separator}b", "output": "c"}, {"input": "d", "output": f"e{separator}"}]
+    path = tmp_path / f"d.{suffix}"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    assert load_records(str(path)) == rows
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "json"])
+def test_utf8_byte_order_mark_and_crlf_are_accepted(tmp_path, suffix):
+    path = tmp_path / f"d.{suffix}"
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\r\n" for r in ROWS).encode())
+    assert load_records(str(path)) == ROWS

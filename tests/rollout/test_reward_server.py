@@ -169,3 +169,123 @@ def test_cli_bad_model_path_is_one_line_exit_2(tmp_path):
                            "--port", "0"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "--reward_pretrain" in proc.stderr
+
+
+# -- abuse: malformed bodies, oversize requests, slow clients, starvation ---------------------------------------
+@pytest.fixture(scope="module")
+def guarded(reward_dir):
+    """A server with small limits so each abuse is cheap to produce."""
+    from rlhfkit.rollout.reward_server import RewardServer, load_scorer
+
+    scorer = load_scorer(str(reward_dir), max_len=64, batch_size=8)
+    srv = RewardServer(scorer, port=0, batch_wait_ms=5, max_body_bytes=2**20, max_queries_per_request=64,
+                       client_timeout=2.0).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("body, fragment", [
+    (b'{"query": ["\\ud800"]}', "lone UTF-16 surrogate"),
+    (b'{"query": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+])
+def test_malformed_unicode_and_deep_nesting_get_400(guarded, reward_dir, body, fragment):
+    status, answer = post(guarded.port, body)
+    assert status == 400 and fragment in answer["error"]
+    assert post(guarded.port, {"query": QUERIES[:1]}) == (200, {"rewards": pytest.approx(
+        expected_rewards(reward_dir, QUERIES[:1]), abs=1e-5)})
+
+
+def test_too_many_queries_get_413_and_an_oversize_body_is_answered_not_reset(guarded):
+    status, answer = post(guarded.port, {"query": ["a"] * 65})
+    assert status == 413 and "over the limit of 64" in answer["error"]
+    # 3 MB over a 1 MB limit: the server reads and drops the body, so the client gets the 413 (not EPIPE/RST)
+    status, answer = post(guarded.port, json.dumps({"query": ["b" * 3 * 2**20]}).encode())
+    assert status == 413 and "over the limit" in answer["error"]
+    assert post(guarded.port, {"query": ["ok"]})[0] == 200
+
+
+def test_a_slow_client_times_out_with_408(guarded):
+    import socket
+
+    body = json.dumps({"query": ["slow"]}).encode()
+    with socket.create_connection(("127.0.0.1", guarded.port), timeout=20) as sock:
+        sock.sendall(b"POST /get_reward HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+        started = time.monotonic()
+        for byte in body[:4]:  # a byte every 0.8 s: each arrives within the socket timeout, the whole does not
+            sock.sendall(bytes([byte]))
+            time.sleep(0.8)
+        answer = sock.recv(65536).decode()
+    assert answer.startswith("HTTP/1.1 408") and "did not arrive within 2 s" in answer
+    assert time.monotonic() - started < 10
+    assert post(guarded.port, {"query": ["ok"]})[0] == 200
+
+
+def test_a_large_request_does_not_starve_small_ones(guarded, reward_dir):
+    truth = dict(zip(QUERIES, expected_rewards(reward_dir, QUERIES)))
+    big = [QUERIES[i % 4] for i in range(64)]  # 8 forward passes of 8
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        big_job = pool.submit(post, guarded.port, {"query": big})
+        time.sleep(0.05)
+        small_started = time.monotonic()
+        small = post(guarded.port, {"query": QUERIES[:1]})
+        small_done = time.monotonic()
+        status, answer = big_job.result()
+        big_done = time.monotonic()
+    assert small[0] == 200 and small[1]["rewards"] == pytest.approx([truth[QUERIES[0]]], abs=1e-5)
+    assert status == 200 and answer["rewards"] == pytest.approx([truth[q] for q in big], abs=1e-5)
+    assert small_done < big_done, (small_done - small_started, big_done - small_started)
+
+
+def test_a_timed_out_request_is_cancelled(reward_dir):
+    from rlhfkit.rollout.reward_server import RewardServer, load_scorer
+
+    scorer = load_scorer(str(reward_dir), max_len=64, batch_size=1)
+    slow_score = scorer.score
+    scorer.score = lambda texts: (time.sleep(0.2), slow_score(texts))[1]  # 0.2 s a query: a real, slow model
+    with RewardServer(scorer, port=0, batch_wait_ms=0, request_timeout=0.5) as srv:
+        status, answer = post(srv.port, {"query": ["x"] * 50})
+        assert status == 503 and "timed out" in answer["error"]
+        time.sleep(0.5)
+        batches = srv.worker.batches_run
+        time.sleep(1.0)
+        assert srv.worker.batches_run == batches  # the other ~45 queries were dropped, not scored
+        assert post(srv.port, {"query": ["ok"]})[0] == 200
+
+
+def test_the_reward_client_splits_batches_to_fit_the_server(guarded, reward_dir):
+    from rlhfkit.rollout.rewards import HTTPRewardClient
+
+    truth = dict(zip(QUERIES, expected_rewards(reward_dir, QUERIES)))
+    queries = [QUERIES[i % 4] for i in range(150)]  # over the server's 64 queries per request
+    client = HTTPRewardClient([guarded.url], max_queries=1024)
+    try:
+        out = client.score({"queries": queries, "prompts": [""] * 150, "labels": [None] * 150})
+    finally:
+        client.close()
+    assert out["rewards"].tolist() == pytest.approx([truth[q] for q in queries], abs=1e-5)
+    assert client.max_queries <= 64
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--port", "70000"], "--port 70000 is not a TCP port"),
+    (["--max_queries_per_request", "0"], "--max_queries_per_request must be at least 1"),
+    (["--client_timeout", "0"], "--client_timeout must be a positive number"),
+])
+def test_bad_server_flags_are_user_errors(tmp_path, flags, fragment):
+    from rlhfkit.config.base import parse_config
+    from rlhfkit.config.preference import ServeRMConfig, validate_serve_rm_config
+    from rlhfkit.errors import UserError
+
+    with pytest.raises(UserError, match=fragment):
+        validate_serve_rm_config(parse_config(ServeRMConfig, ["--reward_pretrain", "x", *flags], "serve_rm"))
+
+
+def test_bad_port_fails_before_the_model_loads(tmp_path):
+    # The model path does not exist either: the port is checked first, before anything loads.
+    proc = subprocess.run([sys.executable, "-m", "rlhfkit.cli.serve_rm", "--reward_pretrain", str(tmp_path / "none"),
+                           "--port", "70000"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2 and "--port 70000 is not a TCP port" in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

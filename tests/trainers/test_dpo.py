@@ -80,7 +80,7 @@ def test_packed_and_padded_sequence_logps_agree(max_assets):
     from rlhfkit.data.collate import pair_collate
     from rlhfkit.data.preference_dataset import PreferenceDataset
     from rlhfkit.models.loading import load_causal_lm, load_tokenizer
-    from rlhfkit.trainers.dpo import sequence_logps
+    from rlhfkit.trainers.preference import sequence_logps
 
     tok = load_tokenizer(str(max_assets.model_dir))
     recs = [json.loads(line) for line in open(max_assets.pref_eval)][:5]

@@ -59,8 +59,8 @@ def test_kl_reference_point_uses_mismatched_pairs(max_assets):
     from rlhfkit.data.preference_dataset import UnpairedDataset
     from rlhfkit.distributed.strategy import DeepSpeedStrategy
     from rlhfkit.models.loading import load_causal_lm, load_tokenizer
-    from rlhfkit.trainers.dpo import FrozenReference
     from rlhfkit.trainers.kto import KTOTrainer
+    from rlhfkit.trainers.preference import FrozenReference
 
     tok = load_tokenizer(str(max_assets.model_dir))
     recs = [json.loads(line) for line in open(max_assets.kto_eval)][:4]

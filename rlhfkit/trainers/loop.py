@@ -1,0 +1,133 @@
+"""The training loop every offline trainer (SFT, reward model, DPO, KTO) runs, and the helpers they share.
+
+The loop is written out in full (nanoGPT style): for each global batch, every rank runs its micro-batches,
+DeepSpeed accumulates and steps; metrics are reduced over ranks and logged by rank 0. A trainer subclasses
+`TrainerLoop` and says what one optimizer step (`train_batch`) and an evaluation (`evaluate`) are.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlhfkit.checkpoint.ckpt import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlhfkit.config.common import CheckpointArgs, LoggingArgs
+from rlhfkit.data.sampler import global_batches, micro_batches_for_rank
+from rlhfkit.distributed.strategy import DeepSpeedStrategy
+from rlhfkit.logging.metrics import MetricsLogger, Progress
+
+Collate = Callable[[Sequence[Any]], dict[str, torch.Tensor]]
+
+
+@dataclass
+class LoopState:
+    """Where training is: restored on resume so the data order continues exactly."""
+
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    global_step: int = 0
+
+
+def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+
+
+class TrainerLoop:
+    """Epochs of global batches, logging, periodic evaluation and checkpoints, resume. Subclasses define
+    `train_batch` (one optimizer step over this rank's micro batches), `evaluate` and `progress_fields`."""
+
+    kind = "loop"
+
+    def __init__(self, strategy: DeepSpeedStrategy, engine: Any, tokenizer: Any, train_samples: Sequence[Any],
+                 eval_samples: Sequence[Any] | None, collate: Collate, *, max_epochs: int, max_steps: int,
+                 logging_args: LoggingArgs, ckpt_args: CheckpointArgs, logger: MetricsLogger,
+                 aux_loss_coef: float = 0.0):
+        self.strategy = strategy
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.train_samples = train_samples
+        self.eval_samples = eval_samples
+        self.collate = collate
+        self.max_epochs = max_epochs
+        self.max_steps = max_steps
+        self.log_args = logging_args
+        self.ckpt_args = ckpt_args
+        self.logger = logger
+        self.aux_loss_coef = aux_loss_coef
+        self.args = strategy.args
+        self.state = LoopState()
+        self.history: list[dict[str, float]] = []  # per-step training metrics of the latest fit()
+
+    def steps_per_epoch(self) -> int:
+        return len(self.train_samples) // self.args.train_batch_size
+
+    def total_steps(self) -> int:
+        return self.steps_per_epoch() * self.max_epochs
+
+    def train_batch(self, micro: Iterable[Sequence[int]], started: float) -> dict[str, float]:
+        """One optimizer step over this rank's micro batches (sample indices); returns the step's metrics."""
+        raise NotImplementedError
+
+    def progress_fields(self, metrics: dict[str, float]) -> dict[str, float]:
+        """What the progress bar shows of a step's metrics."""
+        raise NotImplementedError
+
+    def evaluate(self, step: int) -> Any:
+        raise NotImplementedError
+
+    # -- the loop -------------------------------------------------------------------------------------------
+    def fit(self) -> list[dict[str, float]]:
+        """Train; returns the per-step metrics (rank 0 also logs them), also kept as `self.history`."""
+        if self.ckpt_args.load_checkpoint:
+            self.resume()
+        history: list[dict[str, float]] = []
+        self.history = history
+        total = self.total_steps() if self.max_steps < 0 else min(self.max_steps, self.total_steps())
+        bar = Progress(total, self.state.global_step, self.kind, self.strategy.is_rank0 and
+                       not self.log_args.disable_progress_bar)
+        rank, world = self.strategy.rank, self.strategy.world_size
+        while self.state.epoch < self.max_epochs and self.state.global_step < total:
+            batches = global_batches(len(self.train_samples), self.args.train_batch_size, self.args.seed,
+                                     self.state.epoch)
+            while self.state.batch_in_epoch < len(batches) and self.state.global_step < total:
+                started = time.perf_counter()
+                micro = micro_batches_for_rank(batches[self.state.batch_in_epoch],
+                                               self.args.micro_train_batch_size, rank, world)
+                metrics = self.train_batch(micro, started)
+                self.state.batch_in_epoch += 1
+                self.state.global_step += 1
+                history.append(metrics)
+                step = self.state.global_step
+                if step % self.log_args.logging_steps == 0:
+                    self.logger.log(step, metrics)
+                bar.update(self.progress_fields(metrics))
+                if self.log_args.eval_steps > 0 and step % self.log_args.eval_steps == 0:
+                    self.evaluate(step)
+                if self.ckpt_args.save_steps > 0 and step % self.ckpt_args.save_steps == 0:
+                    self.save_checkpoint()
+            if self.state.batch_in_epoch >= len(batches):
+                if self.log_args.eval_steps < 0:
+                    self.evaluate(self.state.global_step)
+                self.state.epoch += 1
+                self.state.batch_in_epoch = 0
+        bar.close()
+        return history
+
+    # -- checkpoints ----------------------------------------------------------------------------------------
+    def save_checkpoint(self) -> None:
+        save_checkpoint(self.strategy, self.ckpt_args.ckpt_path, self.state.global_step, {"model": self.engine},
+                        vars(self.state), self.ckpt_args.max_ckpt_num)
+
+    def resume(self) -> None:
+        path = latest_checkpoint(self.ckpt_args.ckpt_path)
+        if path is None:
+            self.strategy.print(f"no checkpoint in {self.ckpt_args.ckpt_path}; starting from scratch")
+            return
+        saved = load_checkpoint(self.strategy, path, {"model": self.engine})
+        self.state = LoopState(epoch=saved["epoch"], batch_in_epoch=saved["batch_in_epoch"],
+                               global_step=saved["global_step"])
+        self.strategy.print(f"resumed from {path} at step {self.state.global_step}")

@@ -1,0 +1,288 @@
+"""What the preference trainers (reward model, DPO, KTO) share: the loop with named, weighted metrics, sequence
+log-probs of a batch, the frozen reference model, and the assembly of a policy with its reference.
+
+`PreferenceTrainer` is the shared loop (`loop.TrainerLoop`) where a micro step returns named metrics as
+(sum, weight) pairs, reduced over micro batches and ranks into weighted means. So accuracies, per-label means and
+losses are all exact over the whole optimizer step, whatever the micro-batch split.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from rlhfkit.algorithms.sft_loss import shifted_target_mask, token_logprobs
+from rlhfkit.distributed.strategy import DeepSpeedStrategy
+from rlhfkit.models.policy import attn_implementation_of, model_dtype, model_inputs
+from rlhfkit.trainers.loop import TrainerLoop
+
+Sums = dict[str, tuple[float, float]]  # metric name -> (sum, weight); the reported value is sum / weight
+
+
+def add_sums(total: dict[str, list[float]], part: Sums) -> None:
+    for name, (value, weight) in part.items():
+        acc = total.setdefault(name, [0.0, 0.0])
+        acc[0] += float(value)
+        acc[1] += float(weight)
+
+
+class PreferenceTrainer(TrainerLoop):
+    """The shared loop with named, weighted metrics. Subclasses define `train_step`
+    (forward, backward, step on one micro batch) and `eval_step` (forward only); both return `Sums`."""
+
+    kind = "preference"
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.last_eval: dict[str, float] | None = None  # metrics of the latest evaluate()
+
+    def train_step(self, batch: dict[str, torch.Tensor]) -> Sums:
+        raise NotImplementedError
+
+    def eval_step(self, batch: dict[str, torch.Tensor]) -> Sums:
+        raise NotImplementedError
+
+    def reduce(self, total: dict[str, list[float]]) -> dict[str, float]:
+        """Weighted means over ranks: one all-reduce of every sum and weight (same key order on every rank)."""
+        names = sorted(total)
+        flat = torch.tensor([total[n][i] for n in names for i in (0, 1)], dtype=torch.float64)
+        flat = self.strategy.all_reduce(flat, "sum")
+        return {n: (flat[2 * k] / flat[2 * k + 1]).item() if flat[2 * k + 1] > 0 else float("nan")
+                for k, n in enumerate(names)}
+
+    def train_batch(self, micro: Iterable[Sequence[int]], started: float) -> dict[str, float]:
+        sums: dict[str, list[float]] = {}
+        for indices in micro:
+            add_sums(sums, self.train_step(self.collate([self.train_samples[i] for i in indices])))
+        metrics = self.reduce(sums)
+        metrics.update(lr=self.engine.get_lr()[0], epoch=self.state.epoch,
+                       samples_per_s=self.args.train_batch_size / max(time.perf_counter() - started, 1e-9))
+        return metrics
+
+    def progress_fields(self, metrics: dict[str, float]) -> dict[str, float]:
+        return {k: metrics[k] for k in ("loss", "acc") if k in metrics}
+
+    def sharded_batches(self, samples: Sequence[Any], limit: int | None = None):
+        """This rank's share of `samples` in micro batches, yielded as (batch, is_real). Every rank yields the
+        same number of batches (a rank that runs out repeats sample 0 with is_real False), because ZeRO-3
+        forward passes are collective."""
+        n = len(samples) if limit is None or limit < 0 else min(limit, len(samples))
+        rank, world, m = self.strategy.rank, self.strategy.world_size, self.args.micro_train_batch_size
+        mine = list(range(rank, n, world))
+        num_batches = math.ceil(math.ceil(n / world) / m)
+        for b in range(num_batches):
+            chunk = mine[b * m:(b + 1) * m]
+            yield self.collate([samples[i] for i in (chunk or [0])]), bool(chunk)
+
+    @torch.no_grad()
+    def evaluate(self, step: int) -> dict[str, float] | None:
+        """Metrics of `eval_step` over the whole eval set (sharded over ranks), logged with prefix `eval`."""
+        if not self.eval_samples:
+            return None
+        self.engine.eval()
+        sums: dict[str, list[float]] = {}
+        for batch, real in self.sharded_batches(self.eval_samples):
+            part = self.eval_step(batch)
+            add_sums(sums, part if real else {k: (0.0, 0.0) for k in part})
+        self.engine.train()
+        metrics = self.reduce(sums)
+        self.logger.log(step, metrics, prefix="eval")
+        self.strategy.print(f"{self.kind} eval at step {step}: " +
+                            ", ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items())))
+        self.last_eval = metrics
+        return metrics
+
+
+def pair_sums(loss: torch.Tensor, chosen: torch.Tensor, rejected: torch.Tensor) -> Sums:
+    """Loss, accuracy (chosen scored above rejected), mean chosen/rejected scores and their margin."""
+    n = chosen.numel()
+    return {"loss": (loss.item() * n, n), "acc": ((chosen > rejected).sum().item(), n),
+            "chosen_reward": (chosen.sum().item(), n), "rejected_reward": (rejected.sum().item(), n),
+            "margin": ((chosen - rejected).sum().item(), n)}
+
+
+def per_sample_sums(values: torch.Tensor, mask: torch.Tensor,
+                    sample_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum of `values` [rows, T-1] under `mask` per sample, and the number of masked-in positions per sample.
+
+    Padded batches: one sample per row -> [rows]. Packed batches: sample_ids [1, T] name the sample of every
+    token; position t of `values` belongs to token t+1 -> [number of samples], in sample-id order."""
+    mask = mask.to(values.dtype)
+    if sample_ids is None:
+        return (values * mask).sum(dim=-1), mask.sum(dim=-1)
+    owner = sample_ids[:, 1:].reshape(-1).clamp(min=0)
+    num_samples = int(sample_ids.max().item()) + 1
+    flat_mask = mask.reshape(-1)
+    sums = values.new_zeros(num_samples).index_add(0, owner, values.reshape(-1) * flat_mask)
+    counts = values.new_zeros(num_samples).index_add(0, owner, flat_mask)
+    return sums, counts
+
+
+def sequence_logps(model: nn.Module, batch: dict[str, torch.Tensor], fp32: bool = False,
+                   aux_loss: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(sum of response-token log-probs [n], response-token counts [n], MoE aux loss or None) of every sample of
+    a padded or packed batch, from one forward pass. Log-probs are float32 (`token_logprobs`); `fp32` also runs
+    the logits in float32 first."""
+    inner = getattr(model, "module", model)
+    inputs = model_inputs(batch, attn_implementation_of(inner), model_dtype(inner))
+    aux_loss = aux_loss and hasattr(inner.config, "output_router_logits")  # mixture-of-experts models only
+    if aux_loss:
+        inputs["output_router_logits"] = True
+    output = model(**inputs, use_cache=False)
+    logits = output.logits[:, :-1]
+    if fp32:
+        logits = logits.float()
+    sample_ids = batch.get("sample_ids")
+    mask = shifted_target_mask(batch["loss_mask"], sample_ids)
+    labels = batch["input_ids"][:, 1:].masked_fill(~mask, -100)  # token_logprobs gives 0 for a label < 0
+    sums, counts = per_sample_sums(token_logprobs(logits, labels), mask, sample_ids)
+    return sums, counts, getattr(output, "aux_loss", None) if aux_loss else None
+
+
+def load_frozen_model(model_or_path: Any, value_head_prefix: str = "score") -> nn.Module:
+    """An eval-mode, gradient-free model: a module as given, or a directory loaded as a reward model (when it
+    was saved as a sequence classifier) or as a causal LM."""
+    if isinstance(model_or_path, nn.Module):
+        model = model_or_path
+    else:
+        from rlhfkit.models.loading import check_model_path, load_causal_lm
+        from rlhfkit.models.value_model import load_value_model
+
+        path = check_model_path(str(model_or_path), "model")
+        with open(os.path.join(path, "config.json")) as f:
+            architectures = json.load(f).get("architectures") or []
+        if any(a.endswith("ForSequenceClassification") for a in architectures):
+            model = load_value_model(path, value_head_prefix=value_head_prefix, flag="model")
+        else:
+            model = load_causal_lm(path, flag="model")
+    model.requires_grad_(False)
+    return model.eval()
+
+
+class FrozenReference:
+    """The frozen reference policy: log-probs without gradients, optionally parked on the CPU between uses."""
+
+    def __init__(self, strategy: DeepSpeedStrategy, model: nn.Module, offload: bool = False, fp32: bool = False):
+        self.strategy = strategy
+        self.fp32 = fp32
+        zero3 = strategy.args.zero_stage == 3
+        # Under ZeRO-3 DeepSpeed itself keeps the parameter shards on the CPU (offload_param); otherwise the
+        # whole module moves to the accelerator for each forward and back.
+        self.move = offload and not zero3
+        self.model = zero3_offloaded_eval(strategy, model) if offload and zero3 else strategy.prepare_eval(model)
+        if self.move:
+            self.model.to("cpu")
+
+    @torch.no_grad()
+    def logps(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.move:
+            self.model.to(self.strategy.device)
+        try:
+            sums, counts, _ = sequence_logps(self.model, batch, self.fp32)
+        finally:
+            if self.move:
+                self.model.to("cpu")
+        return sums, counts
+
+
+def zero3_offloaded_eval(strategy: DeepSpeedStrategy, model: nn.Module) -> nn.Module:
+    """A frozen ZeRO-3 inference engine whose parameter shards live on the CPU (DeepSpeed offload_param)."""
+    import deepspeed
+
+    model.requires_grad_(False)
+    model.eval()
+    config = strategy.ds_config(train=False)
+    config["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    engine, _, _, _ = deepspeed.initialize(model=model, config=config, dist_init_required=False)
+    return engine
+
+
+def load_reference(cfg: Any, strategy: DeepSpeedStrategy, attn: str) -> FrozenReference:
+    """The reference model of DPO/KTO: --ref_pretrain, else --pretrain."""
+    from rlhfkit.models.loading import check_model_path, load_causal_lm
+
+    flag = "--ref_pretrain" if cfg.reference.ref_pretrain else "--pretrain"
+    path = check_model_path(cfg.reference.ref_pretrain or cfg.model.pretrain, flag)
+    model = load_causal_lm(path, attn_implementation=attn, dtype=torch.float32, flag=flag)
+    return FrozenReference(strategy, model, cfg.reference.ref_offload, cfg.train.compute_fp32_loss)
+
+
+@dataclass
+class PolicyAndReference:
+    """What DPO and KTO assemble alike: the strategy, tokenizer and datasets, the trainable policy's engine with its
+    optimizer-step count, the frozen reference and the metrics logger."""
+
+    strategy: DeepSpeedStrategy
+    tokenizer: Any
+    train: Any
+    evalset: Any
+    steps: int
+    engine: Any
+    reference: FrozenReference
+    logger: Any
+
+    def fit_and_save(self, trainer: PreferenceTrainer, save_path: str, kind: str) -> None:
+        """Train, save the policy as a Hugging Face model, close the logger whatever happens."""
+        try:
+            trainer.fit()
+            self.strategy.save_hf_model(self.engine, self.tokenizer, save_path)
+        finally:
+            self.logger.close()
+        self.strategy.print(f"{kind}: model saved to {save_path}; metrics in {self.logger.path}")
+
+
+def prepare_policy_and_reference(cfg: Any, kind: str,
+                                 load_datasets: Callable[[Any, Any], tuple[Any, Any]]) -> PolicyAndReference:
+    """Check the model paths and data before any process group starts, then build the policy and the reference."""
+    from rlhfkit.models.loading import check_model_path, resolve_attn_implementation
+    from rlhfkit.trainers.setup import load_tokenizer_for, load_trainable_lm, make_logger, make_strategy
+
+    strategy = make_strategy(cfg.model, cfg.strategy)
+    attn = resolve_attn_implementation(cfg.model.attn_implementation, cfg.model.flash_attn)
+    check_model_path(cfg.model.pretrain)
+    if cfg.reference.ref_pretrain:
+        check_model_path(cfg.reference.ref_pretrain, "--ref_pretrain")
+    tokenizer = load_tokenizer_for(cfg.model)
+    train, evalset = load_datasets(cfg, tokenizer)
+    check_enough_samples(train, cfg.strategy.train_batch_size)
+    strategy.setup_distributed()
+    steps = (len(train) // cfg.strategy.train_batch_size) * cfg.train.max_epochs
+    engine = strategy.prepare_train(load_trainable_lm(cfg.model), cfg.strategy.learning_rate, steps)
+    reference = load_reference(cfg, strategy, attn)
+    logger = make_logger(strategy, cfg.logging, cfg.checkpoint.save_path, kind, cfg)
+    return PolicyAndReference(strategy, tokenizer, train, evalset, steps, engine, reference, logger)
+
+
+def load_pair_datasets(cfg: Any, tokenizer: Any, need_margin: bool = False) -> tuple[Any, Any]:
+    """Tokenised (train, eval or None) PreferenceDatasets from the data and pair sections of `cfg`."""
+    from rlhfkit.data.preference_dataset import PreferenceDataset
+    from rlhfkit.data.readers import load_mixture
+
+    d, p = cfg.data, cfg.pairs
+
+    def build(spec: str, probs: str | None, split: str, max_samples: int | None, flag: str) -> PreferenceDataset:
+        records = load_mixture(spec, probs, split, max_samples, cfg.strategy.seed, arg_name=flag)
+        return PreferenceDataset(records, tokenizer, d.max_len, prompt_key=p.prompt_key, chosen_key=p.chosen_key,
+                                 rejected_key=p.rejected_key, margin_key=p.margin_key if need_margin else None,
+                                 input_template=d.input_template, apply_chat_template=d.apply_chat_template,
+                                 tokenizer_chat_template=d.tokenizer_chat_template)
+
+    train = build(d.dataset, d.dataset_probs, d.dataset_split, d.max_samples, "--dataset")
+    evalset = build(d.eval_dataset, None, d.eval_split, None, "--eval_dataset") if d.eval_dataset else None
+    return train, evalset
+
+
+def check_enough_samples(train: Sequence[Any], train_batch_size: int) -> None:
+    from rlhfkit.errors import UserError
+
+    if len(train) < train_batch_size:
+        raise UserError(f"--dataset has {len(train)} usable samples, fewer than one --train_batch_size "
+                        f"({train_batch_size})")

@@ -1,0 +1,136 @@
+"""rlhfkit's import graph, read statically (AST, every `import` including the ones inside functions): no cycle,
+the layer order of DESIGN.md / docs/CONVENTIONS.md, and no trainer module importing a sibling trainer module.
+
+Layers, first to last (a module imports only from its own layer or earlier ones):
+  config -> algorithms -> data (+ demo, the embedded demo data) -> models -> distributed -> rollout
+  -> checkpoint, logging -> trainers -> cli
+Allowed everywhere: `rlhfkit` itself (the version) and `rlhfkit.errors` (UserError); `rlhfkit.config` is the first
+layer, so every layer may import it anyway.
+Explicit deviation from DESIGN.md's list, which names checkpoint/logging after trainers: they are services the
+trainers call (save/resume, metrics sinks) and import nothing from trainers, so they sit right before trainers.
+
+Trainer modules (TRAINERS): the modules of `rlhfkit/trainers` whose `run_*` entry point a CLI calls (run_sft,
+run_rm, run_dpo, run_kto, run_ppo, run_ppo_ray); every trainers module the CLI imports must be one. The rest of
+`rlhfkit/trainers` is shared machinery (the loop, the preference trainer base, roles, experience, run assembly)
+that trainers import; it imports no trainer.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "rlhfkit"
+
+LAYERS: list[tuple[str, ...]] = [
+    ("config",), ("algorithms",), ("data", "demo"), ("models",), ("distributed",), ("rollout",),
+    ("checkpoint", "logging"), ("trainers",), ("cli",),
+]
+EVERYWHERE = {"rlhfkit", "rlhfkit.errors"}
+TRAINERS = {f"rlhfkit.trainers.{m}" for m in ("sft", "reward", "dpo", "kto", "rl_run", "ray_run")}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def all_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in ROOT.rglob("*.py")}
+
+
+def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The rlhfkit modules `path` imports; `from pkg import name` counts as pkg.name when that is a module."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "rlhfkit")
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                and node.module.split(".")[0] == "rlhfkit":
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in modules else node.module)
+    unknown = found - set(modules)
+    assert not unknown, f"{path} imports modules that do not exist: {sorted(unknown)}"
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    modules = all_modules()
+    return {name: imports_of(path, modules) - {name} for name, path in modules.items()}
+
+
+def layer_of(module: str) -> int | None:
+    if module in EVERYWHERE:
+        return None
+    package = module.split(".")[1]
+    for i, names in enumerate(LAYERS):
+        if package in names:
+            return i
+    raise AssertionError(f"{module}: package {package!r} has no layer; add it to LAYERS (and to DESIGN.md)")
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a list of modules (first == last), or None. Depth-first search with colours."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(edges):
+        if start not in state:
+            cycle = visit(start)
+            if cycle:
+                return cycle
+    return None
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_no_import_cycle():
+    edges = graph()
+    assert len(edges) > 50  # the whole package was read
+    cycle = find_cycle(edges)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_layers_import_only_earlier_layers():
+    wrong = []
+    for module, targets in graph().items():
+        mine = layer_of(module)
+        for target in targets:
+            theirs = layer_of(target)
+            if mine is not None and theirs is not None and theirs > mine:
+                wrong.append(f"{module} ({LAYERS[mine][0]}) imports {target} ({LAYERS[theirs][0]})")
+    assert not wrong, "layer order broken:\n" + "\n".join(sorted(wrong))
+
+
+def test_no_trainer_imports_a_sibling_trainer():
+    edges = graph()
+    modules = all_modules()
+    for name in TRAINERS:
+        tree = ast.parse(modules[name].read_text())
+        assert any(isinstance(n, ast.FunctionDef) and n.name.startswith("run_") for n in tree.body), name
+    called_by_cli = {t for m, targets in edges.items() if m.startswith("rlhfkit.cli") for t in targets
+                     if t.startswith("rlhfkit.trainers.")}
+    assert called_by_cli and called_by_cli <= TRAINERS, f"the CLI calls into {sorted(called_by_cli - TRAINERS)}"
+    trainers = TRAINERS
+    wrong = [f"{m} imports {t}" for m in sorted(n for n in edges if n.startswith("rlhfkit.trainers"))
+             for t in sorted(edges[m] & trainers)]
+    assert not wrong, ("trainer modules are imported only by the CLI; move what they share into a module of its "
+                       "own:\n" + "\n".join(wrong))
