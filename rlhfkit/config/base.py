@@ -82,8 +82,10 @@ _ADAPTED_DEST = "openrlhf:"
 class _NotSupported(argparse.Action):
     """An OpenRLHF flag rlhfkit has no equivalent for yet: fail with its reason instead of "unrecognized"."""
 
+    reason = ""
+
     def __call__(self, parser, namespace, values, option_string=None):  # noqa: D102
-        raise UserError(f"{option_string} is not supported yet by rlhfkit ({self.help})")
+        raise UserError(f"{option_string} is not supported yet by rlhfkit ({self.reason})")
 
 
 def field_names(cls: type) -> frozenset[str]:
@@ -127,8 +129,13 @@ def build_parser(cls: type, prog: str, description: str = "") -> argparse.Argume
     for flag in sorted({*theirs.NOT_SUPPORTED, *theirs.ALIASES, *(a.flag for a in theirs.ADAPTED)}):
         reason = theirs.not_supported_reason(flag, fields)
         if reason and f"--{flag}" not in taken:
-            unsupported.add_argument(f"--{flag}", action=_NotSupported, nargs="*", help=reason, metavar="...",
-                                     default=argparse.SUPPRESS)
+            # Listed in --help when OpenRLHF has it and rlhfkit does not yet; another command's flag (train_sft
+            # given --data.prompt_dataset) still fails with its reason but does not clutter this command's help.
+            action = unsupported.add_argument(f"--{flag}", action=_NotSupported, nargs="*", metavar="...",
+                                              help=reason, default=argparse.SUPPRESS)
+            action.reason = reason
+            if flag not in theirs.NOT_SUPPORTED:
+                action.help = argparse.SUPPRESS
     return parser
 
 
