@@ -72,6 +72,10 @@ class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors (exit 2) instead of a usage dump."""
 
     def error(self, message: str) -> typing.NoReturn:  # noqa: D102
+        unknown = message.partition("unrecognized arguments:")[2].split()
+        if any(t.startswith("--") and "." in t for t in unknown):
+            # a dotted flag missing from the alias table: point at the table of the ones rlhfkit knows
+            message += "; OpenRLHF's dotted flags that rlhfkit accepts are listed in docs/migration.md"
         sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
         raise SystemExit(2)
 

@@ -170,3 +170,13 @@ def test_migration_table_is_current_and_complete():
             assert f"| `--{name}` |" in text, (marker, name)
     for flag in (*theirs.ALIASES, *theirs.NOT_SUPPORTED, *(a.flag for a in theirs.ADAPTED if a.fields)):
         assert f"`--{flag}`" in text, flag
+
+
+def test_unknown_dotted_flag_points_at_the_migration_table(capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_config(SFTConfig, ["--actor.no_such_flag", "1.5"], "p")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and "docs/migration.md" in err[0]
+    with pytest.raises(SystemExit):
+        parse_config(SFTConfig, ["--no_such_flag", "1.5"], "p")
+    assert "migration" not in capsys.readouterr().err
