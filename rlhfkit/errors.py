@@ -10,3 +10,10 @@ class UserError(Exception):
     """Bad user input: reported as one line on stderr with exit code 2."""
 
     exit_code = 2
+
+
+class Preempted(Exception):
+    """The run was asked to stop (SIGTERM, as schedulers and spot instances send) and saved a checkpoint at a step
+    boundary. Not an error: the CLI prints the message (how to resume) and exits with code 0."""
+
+    exit_code = 0

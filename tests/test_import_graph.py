@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("checkpoint", "logging"), ("trainers",), ("cli",),
 ]
 EVERYWHERE = {"rlhfkit", "rlhfkit.errors"}
-TRAINERS = {f"rlhfkit.trainers.{m}" for m in ("sft", "reward", "dpo", "kto", "rl_run", "ray_run")}
+TRAINERS = {f"rlhfkit.trainers.{m}" for m in ("sft", "reward", "dpo", "kto", "rl_run", "ray_run", "batch_inference")}
 
 
 def module_name(path: Path) -> str:

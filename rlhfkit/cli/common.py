@@ -5,14 +5,13 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import warnings
 from collections.abc import Callable, Sequence
 
-from rlhfkit.errors import UserError
+from rlhfkit.errors import Preempted, UserError
 
 
 def quiet_libraries() -> None:
-    """Keep the console for our progress bar and errors: silence chatty library loggers and warnings."""
+    """Keep the console for our progress bar and errors: silence chatty library loggers (warnings stay visible)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -21,19 +20,22 @@ def quiet_libraries() -> None:
     default_ds_accelerator()
     for name in ("DeepSpeed", "deepspeed", "torch.distributed", "transformers"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", category=UserWarning)
-    warnings.filterwarnings("ignore", category=FutureWarning)
 
 
 def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None,
             prog: str = "rlhfkit") -> int:
-    """Run `main`; a UserError becomes one line on stderr (rank 0 only) and exit code 2."""
+    """Run `main`; a UserError becomes one line on stderr (rank 0 only) and exit code 2; a preempted run (SIGTERM,
+    checkpoint saved) says how to resume and exits 0."""
     try:
         code = main(argv)
     except UserError as e:
         if os.environ.get("RANK", "0") == "0":
             sys.stderr.write(f"{prog}: error: {e}\n")
         return UserError.exit_code
+    except Preempted as e:
+        if os.environ.get("RANK", "0") == "0":
+            sys.stderr.write(f"{prog}: {e}\n")
+        return Preempted.exit_code
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: interrupted\n")
         return 130

@@ -168,9 +168,9 @@ def run_preference_stages(out: Path, seed: int) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse(argv)  # first: --help and flag errors need no torch import
     quiet_libraries()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # the engines' start-up notes would bury the demo's lines
-    args = _parse(argv)
     import torch
 
     torch.set_num_threads(1)  # one thread: measured faster than two on the shared 2-core machines

@@ -15,9 +15,11 @@ from typing import Any
 import torch
 
 from rlhfkit.checkpoint.ckpt import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlhfkit.checkpoint.preemption import PreemptionWatch, preemption_message
 from rlhfkit.config.common import CheckpointArgs, LoggingArgs
 from rlhfkit.data.sampler import global_batches, micro_batches_for_rank
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
+from rlhfkit.errors import Preempted
 from rlhfkit.logging.metrics import MetricsLogger, Progress
 
 Collate = Callable[[Sequence[Any]], dict[str, torch.Tensor]]
@@ -81,7 +83,12 @@ class TrainerLoop:
 
     # -- the loop -------------------------------------------------------------------------------------------
     def fit(self) -> list[dict[str, float]]:
-        """Train; returns the per-step metrics (rank 0 also logs them), also kept as `self.history`."""
+        """Train; returns the per-step metrics (rank 0 also logs them), also kept as `self.history`. On SIGTERM it
+        saves a checkpoint at the next step boundary and raises Preempted (the CLI exits 0)."""
+        with PreemptionWatch(self.strategy) as self._preemption:
+            return self._fit()
+
+    def _fit(self) -> list[dict[str, float]]:
         if self.ckpt_args.load_checkpoint:
             self.resume()
         history: list[dict[str, float]] = []
@@ -107,8 +114,12 @@ class TrainerLoop:
                 bar.update(self.progress_fields(metrics))
                 if self.log_args.eval_steps > 0 and step % self.log_args.eval_steps == 0:
                     self.evaluate(step)
-                if self.ckpt_args.save_steps > 0 and step % self.ckpt_args.save_steps == 0:
+                saved = self.ckpt_args.save_steps > 0 and step % self.ckpt_args.save_steps == 0
+                if saved:
                     self.save_checkpoint()
+                if self._preemption.requested():
+                    bar.close()
+                    self.stop_for_preemption(already_saved=saved)
             if self.state.batch_in_epoch >= len(batches):
                 if self.log_args.eval_steps < 0:
                     self.evaluate(self.state.global_step)
@@ -118,6 +129,11 @@ class TrainerLoop:
         return history
 
     # -- checkpoints ----------------------------------------------------------------------------------------
+    def stop_for_preemption(self, already_saved: bool) -> None:
+        if not already_saved:
+            self.save_checkpoint()
+        raise Preempted(preemption_message(self.state.global_step, self.ckpt_args.ckpt_path))
+
     def save_checkpoint(self) -> None:
         save_checkpoint(self.strategy, self.ckpt_args.ckpt_path, self.state.global_step, {"model": self.engine},
                         vars(self.state), self.ckpt_args.max_ckpt_num)

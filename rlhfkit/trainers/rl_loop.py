@@ -26,9 +26,11 @@ from rlhfkit.algorithms.advantages import compute_advantages
 from rlhfkit.algorithms.kl import compute_approx_kl, make_kl_controller
 from rlhfkit.algorithms.masking import masked_mean
 from rlhfkit.checkpoint.ckpt import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlhfkit.checkpoint.preemption import PreemptionWatch, preemption_message
 from rlhfkit.config.rl import PPOConfig, reward_clip_bounds
 from rlhfkit.data.sampler import global_batches
 from rlhfkit.data.tokens import encode, with_bos
+from rlhfkit.errors import Preempted
 from rlhfkit.logging.metrics import MetricsLogger, Progress
 from rlhfkit.trainers.experience import Experience, experience_from_samples
 
@@ -211,6 +213,11 @@ class RLTrainer:
 
     # -- the loop -------------------------------------------------------------------------------------------
     def fit(self) -> list[dict[str, float]]:
+        """Train; on SIGTERM save a checkpoint at the next step boundary and raise Preempted (the CLI exits 0)."""
+        with PreemptionWatch(self.strategy) as self._preemption:
+            return self._fit()
+
+    def _fit(self) -> list[dict[str, float]]:
         cfg, log = self.cfg, self.cfg.logging
         if cfg.checkpoint.load_checkpoint:
             self.resume()
@@ -236,8 +243,14 @@ class RLTrainer:
                             "pg": metrics.get("actor/policy_loss", 0.0)})
                 if log.eval_steps > 0 and step % log.eval_steps == 0:
                     self.evaluate(step)
-                if cfg.checkpoint.save_steps > 0 and step % cfg.checkpoint.save_steps == 0:
+                saved = cfg.checkpoint.save_steps > 0 and step % cfg.checkpoint.save_steps == 0
+                if saved:
                     self.save_checkpoint()
+                if self._preemption.requested():
+                    bar.close()
+                    if not saved:
+                        self.save_checkpoint()
+                    raise Preempted(preemption_message(step, cfg.checkpoint.ckpt_path))
             if self.state.batch_in_episode >= len(batches):
                 self.state.episode += 1
                 self.state.batch_in_episode = 0
