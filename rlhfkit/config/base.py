@@ -204,10 +204,15 @@ def _resolve_file_keys(cls: type, file_values: dict[str, Any], path: str) -> tup
     return values, adapted
 
 
-def _apply_adapted(cls: type, values: dict[str, Any], adapted: dict[str, Any]) -> None:
-    """Turn OpenRLHF flags of another value shape into our fields (after the plain values are known)."""
+def _apply_adapted(cls: type, values: dict[str, Any], adapted: dict[str, Any],
+                   context: dict[str, Any] | None = None) -> None:
+    """Turn OpenRLHF flags of another value shape into our fields of `values` (after the plain values are known).
+
+    A field that `values` already sets explicitly must agree; `context` holds values set elsewhere (the config
+    file, under command-line flags) that a relative flag like `--data.max_len` reads."""
     fields = field_names(cls)
     defaults = {name: _default_of(f) for _, name, f, _ in iter_fields(cls)}
+    known = {**defaults, **(context or {}), **values}
     explicit = set(values)
     for flag, value in adapted.items():
         a = theirs.adapted_for(flag, fields)
@@ -216,10 +221,10 @@ def _apply_adapted(cls: type, values: dict[str, Any], adapted: dict[str, Any]) -
             value = [value]
         if isinstance(a.nargs, int) and len(value) != a.nargs:
             raise UserError(f"--{flag} takes {a.nargs} values (got {value})")
-        for name, new in a.convert(value, lambda n: values.get(n, defaults.get(n))).items():
+        for name, new in a.convert(value, known.get).items():
             if name in explicit and values[name] != new:
                 raise UserError(f"--{flag} and --{name} both set {name} ({new} vs {values[name]}); pass one")
-            values[name] = new
+            values[name] = known[name] = new
 
 
 def _construct(cls: type[T], values: dict[str, Any]) -> T:
@@ -235,19 +240,17 @@ def _construct(cls: type[T], values: dict[str, Any]) -> T:
 
 
 def parse_config(cls: type[T], argv: Sequence[str] | None, prog: str, description: str = "") -> T:
-    """Parse flags (and an optional `--config` file) into an instance of `cls`."""
+    """Parse flags (and an optional `--config` file, which they override) into an instance of `cls`."""
     parser = build_parser(cls, prog, description)
     ns = vars(parser.parse_args(argv))
-    values: dict[str, Any] = {}
-    adapted: dict[str, Any] = {}
+    file_values: dict[str, Any] = {}
     config_path = ns.pop("config", None)
     if config_path:
-        values, adapted = _resolve_file_keys(cls, _read_config_file(config_path), config_path)
-    for key in [k for k in ns if k.startswith(_ADAPTED_DEST)]:
-        adapted[key[len(_ADAPTED_DEST):]] = ns.pop(key)
-    values.update(ns)
-    _apply_adapted(cls, values, adapted)
-    return _construct(cls, values)
+        file_values, file_adapted = _resolve_file_keys(cls, _read_config_file(config_path), config_path)
+        _apply_adapted(cls, file_values, file_adapted)
+    adapted = {key[len(_ADAPTED_DEST):]: ns.pop(key) for key in [k for k in ns if k.startswith(_ADAPTED_DEST)]}
+    _apply_adapted(cls, ns, adapted, context=file_values)
+    return _construct(cls, {**file_values, **ns})
 
 
 def flag_table(cls: type) -> str:

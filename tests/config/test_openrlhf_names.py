@@ -180,3 +180,10 @@ def test_unknown_dotted_flag_points_at_the_migration_table(capsys):
     with pytest.raises(SystemExit):
         parse_config(SFTConfig, ["--no_such_flag", "1.5"], "p")
     assert "migration" not in capsys.readouterr().err
+
+
+def test_command_line_overrides_a_config_file_in_any_spelling(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("actor.eps_clip_low_high: [0.1, 0.3]\nrollout:\n  max_new_tokens: 40\n")
+    cfg = parse_config(PPOConfig, ["--config", str(path), "--clip_eps_low", "0.2", "--data.max_len", "100"], "t")
+    assert (cfg.algo.clip_eps_low, cfg.algo.clip_eps_high, cfg.data.prompt_max_len) == (0.2, 0.3, 60)
