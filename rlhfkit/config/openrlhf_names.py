@@ -91,7 +91,6 @@ ALIASES: dict[str, str | tuple[str, ...]] = {
     "data.apply_chat_template": "apply_chat_template",
     "data.tokenizer_chat_template": "tokenizer_chat_template",
     "data.multiturn": "multiturn",
-    "data.dataloader_num_workers": "dataloader_num_workers",
     "model.pretrain_mode_enable": "pretrain_mode",
     "eval.dataset": "eval_dataset",
     "eval.split": "eval_split",
@@ -319,6 +318,9 @@ NOT_SUPPORTED: dict[str, str] = {
     "reward.overlong_buffer_len": _OVERLONG,
     "reward.overlong_penalty_factor": _OVERLONG,
     "reward.stop_properly_penalty_coef": _OVERLONG,
+    "data.dataloader_num_workers": "data is tokenised up front in the main process; there is no loader to "
+                                   "parallelise",
+    "dataloader_num_workers": "data is tokenised up front in the main process; there is no loader to parallelise",
     "ckpt.disable_ds": "checkpoints always hold the DeepSpeed states needed to resume",
     "ckpt.best_metric_key": "best-checkpoint selection is not implemented; use --save_steps",
     "critic.optim": _CRITIC_OPT,
