@@ -28,7 +28,8 @@ CONFIGS = {**TABLES, "serve_rm": "rlhfkit.config.preference:ServeRMConfig"}
 # settings"): a field they read is read by whoever calls them; the test checks each is really called outside config.
 DERIVED_SETTING_HELPERS = {
     "rlhfkit.config.rl": ("clip_range", "reward_clip_bounds", "loss_aggregation", "remote_reward_urls",
-                          "needs_reference", "needs_critic", "critic_path", "samples_per_rollout"),
+                          "needs_reference", "needs_critic", "critic_path", "samples_per_rollout", "role_ranks",
+                          "role_needed"),
 }
 
 # field -> why nothing outside the config layer needs to read it.
@@ -74,22 +75,27 @@ def _runtime_reads() -> tuple[set[str], list[str], set[str]]:
     return names, patterns, identifiers
 
 
-def _helper_reads(identifiers: set[str]) -> set[str]:
+def _helper_reads(identifiers: set[str]) -> tuple[set[str], list[str]]:
     import importlib
 
     names: set[str] = set()
+    patterns: list[str] = []
     for module_name, helpers in DERIVED_SETTING_HELPERS.items():
         module = importlib.import_module(module_name)
         for helper in helpers:
             assert helper in identifiers, f"{module_name}.{helper} is not used outside rlhfkit/config any more: " \
                                           "drop it from DERIVED_SETTING_HELPERS"
-            names |= _reads(ast.parse(textwrap.dedent(inspect.getsource(getattr(module, helper)))))[0]
-    return names
+            n, p = _reads(ast.parse(textwrap.dedent(inspect.getsource(getattr(module, helper)))))
+            names |= n
+            patterns += p
+    return names, patterns
 
 
 def test_every_config_field_is_read_outside_the_config_layer():
     names, patterns, identifiers = _runtime_reads()
-    names |= _helper_reads(identifiers)
+    helper_names, helper_patterns = _helper_reads(identifiers)
+    names |= helper_names
+    patterns += helper_patterns
     unread = []
     for command, spec in CONFIGS.items():
         cls = load_config_class(spec)
