@@ -12,7 +12,8 @@ and sampled token ids (with their log-probs) are recorded into the episode's tok
   replies as returned, then new ones; for completions the previous prompt + completion text, then more). The new
   part is tokenised once and appended as feedback (action mask 0: no loss, no KL), after the sampled ids exactly
   as the engine returned them: the model is never trained on a re-tokenisation of its own words. A call that
-  rewrites the history is refused (HTTP 400), as is a temperature / top-p / top-k other than the run's.
+  rewrites the history is refused (HTTP 400), as is a temperature / top-p / top-k other than the run's and a call
+  past the turn budget (--max_steps) or the response budget (--generate_max_len).
 
 The responses are OpenAI's shape (`choices[0].message.content`, `finish_reason`, `usage`, `logprobs.content`) plus
 `prompt_token_ids` and `choices[0].token_ids`. Generation goes through the run's engine: calls of concurrent
@@ -41,9 +42,9 @@ class EndpointError(Exception):
 class Trace:
     """The token trace of one episode, grown by the endpoint's calls (thread-safe: one call at a time)."""
 
-    def __init__(self, tokenizer: Any, budget: int):
+    def __init__(self, tokenizer: Any, budget: int, max_turns: int | None = None):
         self.tokenizer = tokenizer
-        self.budget = budget
+        self.budget, self.max_turns = budget, max_turns
         self.episode: Episode | None = None
         self.history: Any = None  # what the next call must start with: chat messages or completion text
         self.stopped = True  # the last sample ended with eos (else the rendered history's eos is feedback)
@@ -184,6 +185,9 @@ class PolicyEndpoint:
             if body.get(key) is not None and run_key in self.sampling and body[key] != self.sampling[run_key]:
                 raise EndpointError(f"{key}={body[key]} differs from the run's {self.sampling[run_key]}: the "
                                     "trainer's log-probs assume the run's sampling settings")
+        episode = self.trace.episode
+        if self.trace.max_turns and episode is not None and episode.turns >= self.trace.max_turns:
+            raise EndpointError(f"the episode's turn budget (--max_steps {self.trace.max_turns}) is spent")
         context = self.trace.context(history, rendered, previous, first_ids)
         room = self.trace.room()
         if room <= 0:
@@ -225,7 +229,7 @@ class OpenAIAgentExecutor(AgentExecutorBase):
     async def execute(self, prompt: str, label: Any, sampling_params: Any, max_length: int | None = None,
                       hf_tokenizer: Any = None, llm_engine: Any = None) -> Episode:
         tokenizer = hf_tokenizer or self.hf_tokenizer
-        trace = Trace(tokenizer, int(max_length or self.max_length))
+        trace = Trace(tokenizer, int(max_length or self.max_length), self.max_steps)
         endpoint = PolicyEndpoint(trace, llm_engine or self.llm_engine, dict(sampling_params or {}),
                                   asyncio.get_running_loop())
         failure = None

@@ -95,11 +95,13 @@ class Driver(OpenAIAgentExecutor):
         messages = [{"role": "user", "content": prompt}]
         first = post(f"{base_url}/chat/completions", {"model": "policy", "messages": messages, "max_tokens": 3})
         messages += [first["choices"][0]["message"], {"role": "user", "content": "again"}]
+        rewritten = [messages[0], {"role": "assistant", "content": "42"}, messages[2]]
+        self.errors = [refused(f"{base_url}/chat/completions", {"messages": rewritten}),  # the trace is unchanged
+                       refused(f"{base_url}/chat/completions", {"messages": messages, "temperature": 0.3})]
         second = post(f"{base_url}/chat/completions", {"messages": messages, "max_tokens": 3, "temperature": 1.0})
         self.replies = [first, second]
-        rewritten = [messages[0], {"role": "assistant", "content": "42"}, messages[2]]
-        self.errors = [refused(f"{base_url}/chat/completions", {"messages": rewritten}),
-                       refused(f"{base_url}/chat/completions", {"messages": messages, "temperature": 0.3})]
+        self.errors.append(refused(f"{base_url}/chat/completions", {"messages": messages + [
+            second["choices"][0]["message"], {"role": "user", "content": "more"}]}))  # a third turn: budget is 2
         with urllib.request.urlopen(f"{base_url}/models", timeout=60) as response:
             self.errors.append(json.load(response)["data"][0]["id"])
         return 1.0
@@ -126,7 +128,8 @@ def test_chat_replies_carry_the_recorded_tokens_and_bad_calls_are_refused(policy
     assert episode.prompt_ids + episode.response_ids == p2 + s2.response_ids and episode.turns == 2
     assert episode.reward == 1.0 and episode.finish == "done"
     assert "does not continue the episode's conversation" in driver.errors[0]
-    assert "temperature=0.3 differs from the run's 1.0" in driver.errors[1] and driver.errors[2] == "policy"
+    assert "temperature=0.3 differs from the run's 1.0" in driver.errors[1]
+    assert "turn budget (--max_steps 2) is spent" in driver.errors[2] and driver.errors[3] == "policy"
 
 
 def test_completions_continue_the_text_token_exactly(policy):
