@@ -94,3 +94,14 @@ def test_replay_buffer_ranks_share_the_one_rank_micro_batches():
 def test_replay_buffer_rejects_partial_steps():
     with pytest.raises(ValueError, match="multiple"):
         ReplayBuffer(big_experience(12), 8, 2)
+
+
+def test_trimming_keeps_the_actions_after_an_agent_episodes_feedback():
+    # an episode: 2 action tokens, 3 feedback tokens (mask 0), 2 more action tokens; a plain sample of 3 tokens
+    episode = SampledSequence([1, 2], [10, 11, 20, 21, 22, 12, 13], [-1.0, -2.0, 0.0, 0.0, 0.0, -3.0, -4.0],
+                              "stop", [1, 1, 0, 0, 0, 1, 1])
+    plain = SampledSequence([1], [5, 6, 7], [-0.5, -0.5, -0.5], "length")
+    exp = experience_from_samples([episode, plain], pad_id=0).trimmed()
+    assert exp.action_mask.shape[1] == 7  # not 4 (the most actions of a row): the last turn stays in the loss
+    assert exp.rollout_log_probs[0].tolist() == [-1.0, -2.0, 0.0, 0.0, 0.0, -3.0, -4.0]
+    assert exp.action_mask[0].tolist() == [True, True, False, False, False, True, True]
