@@ -159,4 +159,6 @@ def test_one_rl_step_trains_on_http_driven_episodes(demo_assets, tmp_path):
     [step] = [r for r in rows if "train/actor/policy_loss" in r]
     assert step["train/agent/turns"] == 2 and step["train/agent/feedback_tokens"] > 0
     assert step["train/agent/failures"] == 0 and step["train/response_length_max"] <= 64
+    # the actor's log-probs of every action token (the second turn's too, past the feedback) are the engine's
+    assert step["train/rollout_logprob_diff"] < 1e-4
     assert (save / "model.safetensors").is_file()
