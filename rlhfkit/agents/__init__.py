@@ -5,5 +5,7 @@ An agent file imports its bases from here (`from rlhfkit.agents import AgentExec
 """
 
 from rlhfkit.agents.api import AgentExecutorBase, AgentInstanceBase, Episode, MultiTurnAgentExecutor, Prompt
+from rlhfkit.agents.openai_endpoint import OpenAIAgentExecutor
 
-__all__ = ["AgentExecutorBase", "AgentInstanceBase", "Episode", "MultiTurnAgentExecutor", "Prompt"]
+__all__ = ["AgentExecutorBase", "AgentInstanceBase", "Episode", "MultiTurnAgentExecutor", "OpenAIAgentExecutor",
+           "Prompt"]

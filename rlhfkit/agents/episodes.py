@@ -138,7 +138,7 @@ def run_episodes(engine_generate: Callable[..., list], tokenizer: Any, agent_pat
     llm = BatchingGenerator(engine_generate, sampling, seed)
     executor = make_executor(cls, max_steps, max_length, llm, tokenizer, step_timeout)
     keys: list[str] = []
-    if agent_workers > 0:
+    if agent_workers > 0 and executor.agent_instance_cls is not None:  # (an endpoint-driven executor has none)
         from rlhfkit.agents.isolation import isolate
 
         keys = isolate(executor, agent_path, agent_workers, step_timeout or 60.0)

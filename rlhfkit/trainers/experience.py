@@ -37,6 +37,15 @@ def pad_columns(t: torch.Tensor, width: int, value: float | int = 0) -> torch.Te
     return torch.cat([t, pad], dim=1)
 
 
+def last_action_column(action_mask: torch.Tensor) -> int:
+    """1 + the last response column any row has an action in (0 for none). Not the count of actions: an agent
+    episode's feedback tokens are mask-0 columns between its turns' actions."""
+    if action_mask.numel() == 0:
+        return 0
+    columns = torch.arange(1, action_mask.shape[1] + 1, device=action_mask.device)
+    return int((action_mask.long() * columns).max())
+
+
 def action_positions(prompt_lengths: torch.Tensor, num_actions: int, seq_len: int) -> torch.Tensor:
     """[B, R] index of the position whose logits predict response token j: prompt_length + j - 1 (clamped)."""
     steps = torch.arange(num_actions, device=prompt_lengths.device)
@@ -112,7 +121,7 @@ class Experience:
     def trimmed(self) -> Experience:
         """Drop padding columns beyond the longest sequence and response of these rows (less compute)."""
         seq_len = int(self.attention_mask.sum(dim=1).max()) if len(self) else 0
-        num_actions = max(int(self.action_mask.sum(dim=1).max()) if len(self) else 0, 1)
+        num_actions = max(last_action_column(self.action_mask), 1)
         out = dataclasses.replace(self, info=dict(self.info))
         for name in SEQUENCE_FIELDS:
             setattr(out, name, getattr(self, name)[:, :max(seq_len, 2)])

@@ -120,3 +120,14 @@ def test_replay_buffer_token_budget_keeps_each_step_and_evens_the_ranks():
             assert len(r0.micro_batches) == len(r1.micro_batches)  # the same number of forwards on every rank
             real = [i for r in (r0, r1) for k, m in enumerate(r.micro_batches) if r.is_real(k) for i in ids(m)]
             assert sorted(real) == sorted(i for m in one[step].micro_batches for i in ids(m))
+
+
+def test_trimming_keeps_the_actions_after_an_agent_episodes_feedback():
+    # an episode: 2 action tokens, 3 feedback tokens (mask 0), 2 more action tokens; a plain sample of 3 tokens
+    episode = SampledSequence([1, 2], [10, 11, 20, 21, 22, 12, 13], [-1.0, -2.0, 0.0, 0.0, 0.0, -3.0, -4.0],
+                              "stop", [1, 1, 0, 0, 0, 1, 1])
+    plain = SampledSequence([1], [5, 6, 7], [-0.5, -0.5, -0.5], "length")
+    exp = experience_from_samples([episode, plain], pad_id=0).trimmed()
+    assert exp.action_mask.shape[1] == 7  # not 4 (the most actions of a row): the last turn stays in the loss
+    assert exp.rollout_log_probs[0].tolist() == [-1.0, -2.0, 0.0, 0.0, 0.0, -3.0, -4.0]
+    assert exp.action_mask[0].tolist() == [True, True, False, False, False, True, True]
