@@ -9,7 +9,7 @@ from rlhfkit.algorithms.rewards import (
     clip_rewards,
     compute_token_rewards,
     grouped,
-    informative_groups,
+    groups_in_range,
     last_action_index,
     length_penalty,
     normalize_rewards,
@@ -33,7 +33,7 @@ def test_dapo_soft_overlong_penalty():
     # max_len 20, buffer 4 -> free up to 16; (16 - L)/4 in (16, 20]; -1 beyond 20
     close(length_penalty(lengths, max_len=20, buffer_len=4), [0.0, 0.0, -0.5, -1.0, -1.0])
     close(length_penalty(lengths, max_len=20, buffer_len=4, penalty_factor=0.5), [0.0, 0.0, -0.25, -0.5, -0.5])
-    with pytest.raises(UserError, match="buffer"):
+    with pytest.raises(ValueError, match="buffer"):
         length_penalty(lengths, max_len=20, buffer_len=30)
 
 
@@ -54,6 +54,6 @@ def test_token_rewards_reward_on_last_action_token_and_kl_everywhere():
 def test_groups():
     rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0])
     assert grouped(rewards, 4).shape == (2, 4)
-    assert informative_groups(rewards, 4).tolist() == [True, False]
+    assert groups_in_range(rewards, 4, 0.0, 2.0).tolist() == [True, False]  # means 0.75 and 2.0
     with pytest.raises(UserError, match="n_samples_per_prompt=3"):
         grouped(rewards, 3)
