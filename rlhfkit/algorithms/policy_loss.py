@@ -48,9 +48,9 @@ def is_correction_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, ma
     - "tis", truncated importance sampling (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You
       Off-Policy RL Training"): w_t = clamp(r_t, low, high) (OpenRLHF's definition; low = 0 is the plain cap
       min(r_t, high)).
-    - "icepop" (Ling Team 2025, "Every Attention Matters", the Ring-1T / Ring-lite MoE RL report, where IcePop is
-      named): w_t = r_t if low <= r_t <= high else 0, i.e. tokens with a too large mismatch are masked out
-      instead of truncated.
+    - "icepop" (Ling Team 2025, "Every Step Evolves: Scaling Reinforcement Learning for Trillion-Scale Thinking
+      Model", the Ring-1T report, arXiv 2510.18855): w_t = r_t if low <= r_t <= high else 0, i.e. tokens with a
+      too large mismatch are masked out instead of truncated.
     - "seq-mask-tis": the sequence's geometric-mean ratio g = exp(mean over its action tokens of log r_t); the
       whole sequence is masked (w_t = 0) when g is outside [low, high], otherwise w_t = r_t (OpenRLHF's
       definition, which keeps the untruncated token ratio inside the band).
