@@ -84,13 +84,14 @@ BEFORE=$(exact_match "$SFT_MODEL")
 echo "held-out exact-match of the SFT model: $BEFORE ($(wc -l < "$WORK/heldout.jsonl") prompts)"
 
 echo "== DAPO: $STEPS steps through train_ppo_ray"
+SAMPLES=$((PROMPTS_PER_STEP * SAMPLES_PER_PROMPT))  # one optimizer step per rollout batch
 # shellcheck disable=SC2086  # ENGINE_ARGS and FILTER_RANGE are word lists
 "$PYTHON" -m rlhfkit.cli.train_ppo_ray --pretrain "$SFT_MODEL" --prompt_data "$(cat "$WORK/rl_data")" \
   --input_key prompt --label_key answer --input_template "$TEMPLATE" \
   --remote_rm_url "$("$PYTHON" -c 'import rlhfkit.demo.reward_func as m; print(m.__file__)')" \
   --advantage_estimator group_norm --n_samples_per_prompt "$SAMPLES_PER_PROMPT" \
-  --rollout_batch_size "$PROMPTS_PER_STEP" --micro_rollout_batch_size 128 \
-  --train_batch_size $((PROMPTS_PER_STEP * SAMPLES_PER_PROMPT)) --micro_train_batch_size 64 \
+  --rollout_batch_size "$PROMPTS_PER_STEP" --micro_rollout_batch_size $((SAMPLES < 128 ? SAMPLES : 128)) \
+  --train_batch_size "$SAMPLES" --micro_train_batch_size $((SAMPLES < 64 ? SAMPLES : 64)) \
   --num_episodes "$EPISODES" --max_steps "$STEPS" --generate_max_len "$GENERATE_MAX_LEN" --prompt_max_len 64 \
   --temperature 1.0 --actor_learning_rate "$LR" --lr_warmup_ratio 0.03 \
   --clip_eps_low 0.2 --clip_eps_high 0.28 \
