@@ -92,7 +92,7 @@ SAMPLES=$((PROMPTS_PER_STEP * SAMPLES_PER_PROMPT))  # one optimizer step per rol
   --advantage_estimator group_norm --n_samples_per_prompt "$SAMPLES_PER_PROMPT" \
   --rollout_batch_size "$PROMPTS_PER_STEP" --micro_rollout_batch_size $((SAMPLES < 128 ? SAMPLES : 128)) \
   --train_batch_size "$SAMPLES" --micro_train_batch_size $((SAMPLES < 64 ? SAMPLES : 64)) \
-  --num_episodes "$EPISODES" --max_steps "$STEPS" --generate_max_len "$GENERATE_MAX_LEN" --prompt_max_len 64 \
+  --num_episodes "$EPISODES" --max_rl_steps "$STEPS" --generate_max_len "$GENERATE_MAX_LEN" --prompt_max_len 64 \
   --temperature 1.0 --actor_learning_rate "$LR" --lr_warmup_ratio 0.03 \
   --clip_eps_low 0.2 --clip_eps_high 0.28 \
   --dynamic_filtering --dynamic_filtering_reward_range $FILTER_RANGE --dynamic_filtering_max_rounds "$MAX_ROUNDS" \

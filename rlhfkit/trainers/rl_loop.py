@@ -110,9 +110,9 @@ class RLTrainer:
         return len(self.prompts) // self.cfg.rollout.rollout_batch_size
 
     def total_steps(self) -> int:
-        """RL steps this run trains (--max_steps caps the --num_episodes passes)."""
+        """RL steps this run trains (--max_rl_steps caps the --num_episodes passes)."""
         steps = self.steps_per_episode() * self.cfg.rollout.num_episodes
-        return steps if self.cfg.rollout.max_steps < 0 else min(steps, self.cfg.rollout.max_steps)
+        return steps if self.cfg.rollout.max_rl_steps < 0 else min(steps, self.cfg.rollout.max_rl_steps)
 
     # -- prompts --------------------------------------------------------------------------------------------
     def prompt_ids(self, dataset: Sequence[dict], index: int, key: int = 0) -> list[int]:
@@ -135,21 +135,39 @@ class RLTrainer:
                 ids.append(self.prompt_ids(dataset, i, key))
                 prompts.append(record["prompt"])
                 labels.append(record.get("label"))
+        sampling = dict(temperature=temperature, top_p=r.top_p if temperature > 0 else 1.0,
+                        top_k=r.top_k if temperature > 0 else -1, seed=seed)
+        agent = self.cfg.agent.agent_func_path
+        episode_reward = None
         self.roles.engine.wake()
-        samples = self.roles.engine.generate(ids, max_new_tokens=self.cfg.data.generate_max_len,
-                                             temperature=temperature, top_p=r.top_p if temperature > 0 else 1.0,
-                                             top_k=r.top_k if temperature > 0 else -1, seed=seed)
+        if agent:  # multi-turn episodes run inside the engine(s); their step rewards are the reward
+            from rlhfkit.agents.episodes import episodes_to_samples
+
+            requests = [{"prompt": p, "prompt_ids": i, "label": lab} for p, i, lab in zip(prompts, ids, labels)]
+            code = self.cfg.user_code
+            episodes = self.roles.engine.generate_episodes(requests, agent, max_steps=self.cfg.agent.max_steps,
+                                                           max_length=self.cfg.data.generate_max_len,
+                                                           step_timeout=code.reward_timeout,
+                                                           agent_workers=code.reward_workers, **sampling)
+            samples, episode_reward = episodes_to_samples(episodes, code.reward_fallback,
+                                                          code.max_reward_failure_ratio, f"agent {agent}", prompts)
+        else:
+            samples = self.roles.engine.generate(ids, max_new_tokens=self.cfg.data.generate_max_len, **sampling)
         self.roles.engine.sleep()
         experience = experience_from_samples(samples, self.pad_id)
         responses = self.tokenizer.batch_decode([s.response_ids for s in samples], skip_special_tokens=False)
         queries = [p + resp for p, resp in zip(prompts, responses)]
-        return experience, {"queries": queries, "prompts": prompts, "labels": labels}
+        texts: dict[str, Any] = {"queries": queries, "prompts": prompts, "labels": labels}
+        if episode_reward is not None:
+            texts["episode_reward"] = episode_reward
+        return experience, texts
 
-    def score(self, experience: Experience, texts: dict[str, list]) -> dict[str, Any]:
-        out = self.roles.reward.score({**experience.to_dict(), **texts})
+    def score(self, experience: Experience, texts: dict[str, Any]) -> dict[str, Any]:
+        out = texts.get("episode_reward") or self.roles.reward.score({**experience.to_dict(), **texts})
         return {"rewards": torch.as_tensor(out["rewards"]).float().reshape(-1),
                 "scores": torch.as_tensor(out.get("scores", out["rewards"])).float().reshape(-1),
-                "extra_logs": dict(out.get("extra_logs") or {})}
+                "extra_logs": dict(out.get("extra_logs") or {}),
+                "metrics": dict(out.get("metrics") or {})}  # e.g. reward/failures of a reward function file
 
     # -- one step -------------------------------------------------------------------------------------------
     def _generate_and_score(self, indices: Sequence[int], seed: int, timings: dict[str, float]
@@ -196,9 +214,11 @@ class RLTrainer:
             seen += len(reward["scores"]) // n
             passed += passing
             if rows:
-                parts.append((exp.select(rows), {k: [v[i] for i in rows] for k, v in texts.items()},
+                # per-sample lists only: an agent's episode_reward dict was consumed by score() already
+                parts.append((exp.select(rows), {k: [v[i] for i in rows] for k, v in texts.items()
+                                                 if isinstance(v, list)},
                               {"rewards": reward["rewards"][rows], "scores": reward["scores"][rows],
-                               "extra_logs": reward["extra_logs"]}))
+                               "extra_logs": reward["extra_logs"], "metrics": reward["metrics"]}))
                 kept += len(rows) // n
             if kept == wanted:
                 break
@@ -217,7 +237,8 @@ class RLTrainer:
         exp = Experience.concat([p[0] for p in parts])
         texts = {k: [x for p in parts for x in p[1][k]] for k in parts[0][1]}
         reward = {"rewards": torch.cat([p[2]["rewards"] for p in parts]),
-                  "scores": torch.cat([p[2]["scores"] for p in parts]), "extra_logs": parts[-1][2]["extra_logs"]}
+                  "scores": torch.cat([p[2]["scores"] for p in parts]), "extra_logs": parts[-1][2]["extra_logs"],
+                  "metrics": parts[-1][2]["metrics"]}
         return exp, texts, reward, {"dynamic_filtering/pass_rate": passed / max(seen, 1),
                                     "dynamic_filtering/rounds": float(round_)}
 
@@ -257,7 +278,8 @@ class RLTrainer:
             "advantage_abs": float(masked_mean(exp.advantages.abs(), mask)),
             "return": float(masked_mean(exp.returns, mask)),
             "rollout_logprob_diff": float(masked_mean((exp.action_log_probs - exp.rollout_log_probs).abs(), mask)),
-            **{f"reward_extra/{k}": float(v) for k, v in reward["extra_logs"].items()}, **recipe_metrics, **timings,
+            **{f"reward_extra/{k}": float(v) for k, v in reward["extra_logs"].items()}, **reward["metrics"],
+            **recipe_metrics, **timings,
         }
         return exp, metrics
 
@@ -328,7 +350,7 @@ class RLTrainer:
                     self.save_checkpoint()
                 raise Preempted(preemption_message(step, cfg.checkpoint.ckpt_path))
         if log.eval_steps < 0 and self._last_eval_step != self.state.global_step:
-            self.evaluate(self.state.global_step)  # --max_steps ended the run inside an episode
+            self.evaluate(self.state.global_step)  # --max_rl_steps ended the run inside an episode
         bar.close()
         return history
 
@@ -386,7 +408,7 @@ class RLTrainer:
         state = asdict(self.state)
         state.pop("global_step")
         save_checkpoint(self.strategy, c.ckpt_path, self.state.global_step, self._checkpoint_targets(), state,
-                        c.max_ckpt_num)
+                        c.max_ckpt_num, max_gb=c.max_ckpt_mem)  # roles save universal state per their config
 
     def resume(self) -> None:
         path = latest_checkpoint(self.cfg.checkpoint.ckpt_path)

@@ -16,6 +16,7 @@ from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference, validate
 def run_ppo(cfg: PPOConfig) -> Any:
     """Validate, load data, build the roles and the engine, train, and save the final model(s)."""
     from rlhfkit.models.loading import resolve_attn_implementation
+    from rlhfkit.models.moe import check_aux_loss_coef
     from rlhfkit.rollout.hf_engine import HFRolloutEngine
     from rlhfkit.trainers.rl_loop import RLTrainer, RoleHandles
     from rlhfkit.trainers.roles import ActorRole, CriticRole, ReferenceRole, RewardModelRole
@@ -29,6 +30,7 @@ def run_ppo(cfg: PPOConfig) -> Any:
     )
 
     validate_rl_config(cfg)
+    check_aux_loss_coef(cfg.algo.aux_loss_coef, cfg.model.pretrain, cfg.data.packing_samples)
     tokenizer = load_tokenizer_for(cfg.model)
     prompts, eval_prompts = load_prompts(cfg, tokenizer)
     text_reward = make_text_reward(cfg) if not cfg.rl_model.reward_pretrain else None
@@ -45,7 +47,8 @@ def run_ppo(cfg: PPOConfig) -> Any:
             cfg.model.pretrain, tokenizer, dtype=torch.bfloat16 if cfg.model.bf16 else torch.float32,
             attn_implementation=resolve_attn_implementation(cfg.model.attn_implementation, cfg.model.flash_attn),
             max_batch_size=max(cfg.rollout.micro_rollout_batch_size, 256), device=strategy.device),
-        reward=text_reward if text_reward is not None else RewardModelRole(cfg),
+        reward=text_reward if text_reward is not None else RewardModelRole(cfg) if cfg.rl_model.reward_pretrain
+        else None,  # None: agent episodes bring their rewards
         ref=ReferenceRole(cfg) if needs_reference(cfg) else None,
         critic=CriticRole(cfg, steps) if needs_critic(cfg) else None,
     )
@@ -55,7 +58,7 @@ def run_ppo(cfg: PPOConfig) -> Any:
     strategy.print(f"{cfg.algo.advantage_estimator}: {len(prompts)} prompts, {trainer.total_steps()} RL steps of "
                    f"{cfg.rollout.rollout_batch_size} prompts x {n} samples, {steps} optimizer steps; roles: "
                    f"actor{', critic' if roles.critic else ''}{', reference' if roles.ref else ''}, reward "
-                   f"{'model' if text_reward is None else type(text_reward).__name__}")
+                   f"{type(text_reward).__name__ if text_reward is not None else 'model' if roles.reward else 'agent'}")
     try:
         trainer.fit()
         trainer.save_final()

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from rlhfkit.config.common import LoggingArgs, ModelArgs, StrategyArgs
-from rlhfkit.config.rl import PPOConfig, remote_reward_urls, samples_per_rollout
+from rlhfkit.config.rl import PPOConfig, is_http, remote_reward_urls, samples_per_rollout
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
 from rlhfkit.errors import UserError
 from rlhfkit.logging.metrics import MetricsLogger
@@ -20,6 +20,7 @@ from rlhfkit.models.loading import (
     check_model_path,
     load_causal_lm,
     load_tokenizer_for,  # noqa: F401 - the assembly helpers are imported from here
+    quantization_config,
     resolve_attn_implementation,
 )
 from rlhfkit.models.lora import apply_lora
@@ -28,14 +29,17 @@ from rlhfkit.models.lora import apply_lora
 def make_strategy(model_args: ModelArgs, strategy_args: StrategyArgs) -> DeepSpeedStrategy:
     """A strategy whose batch arithmetic is validated; call `setup_distributed()` once inputs are checked."""
     return DeepSpeedStrategy(strategy_args, bf16=model_args.bf16,
-                             gradient_checkpointing=model_args.gradient_checkpointing)
+                             gradient_checkpointing=model_args.gradient_checkpointing,
+                             gradient_checkpointing_use_reentrant=model_args.gradient_checkpointing_use_reentrant)
 
 
 def load_trainable_lm(model_args: ModelArgs, path: str | None = None, flag: str = "--pretrain") -> Any:
-    """A causal LM ready for `strategy.prepare_train` (fp32 master weights, LoRA applied if asked)."""
+    """A causal LM ready for `strategy.prepare_train` (fp32 master weights, LoRA applied if asked, a 4-bit base
+    with --load_in_4bit)."""
     path = check_model_path(path or model_args.pretrain, flag)
     attn = resolve_attn_implementation(model_args.attn_implementation, model_args.flash_attn)
-    model = load_causal_lm(path, attn_implementation=attn, dtype=torch.float32, flag=flag)
+    quantization = quantization_config(model_args.load_in_4bit, model_args.lora_rank, model_args.bf16)
+    model = load_causal_lm(path, attn_implementation=attn, dtype=torch.float32, flag=flag, quantization=quantization)
     if model_args.lora_rank > 0:
         model = apply_lora(model, model_args.lora_rank, model_args.lora_alpha, model_args.lora_dropout,
                            model_args.target_modules)
@@ -96,7 +100,19 @@ def num_update_steps(cfg: PPOConfig, num_prompts: int) -> int:
 
 
 def make_text_reward(cfg: PPOConfig) -> Any:
-    from rlhfkit.rollout.rewards import make_remote_reward
+    """The --remote_rm_url source: HTTP reward servers, or a reward function file in its worker pool. None with
+    --agent_func_path (the episodes' step rewards are the reward), after importing the agent file once here so that
+    a broken one fails before any model loads."""
+    from rlhfkit.rollout.rewards import RewardFunction, make_remote_reward
 
-    m = cfg.rl_model
-    return make_remote_reward(remote_reward_urls(cfg), timeout=m.remote_rm_timeout, retries=m.remote_rm_retries)
+    if cfg.agent.agent_func_path:
+        from rlhfkit.agents.episodes import load_agent_executor
+
+        load_agent_executor(cfg.agent.agent_func_path)
+        return None
+    m, code, urls = cfg.rl_model, cfg.user_code, remote_reward_urls(cfg)
+    if any(is_http(url) for url in urls):
+        return make_remote_reward(urls, timeout=m.remote_rm_timeout, retries=m.remote_rm_retries)
+    return RewardFunction(urls[0], workers=code.reward_workers, timeout=code.reward_timeout,
+                          fallback=code.reward_fallback, max_failure_ratio=code.max_reward_failure_ratio,
+                          call_size=cfg.rollout.micro_rollout_batch_size)

@@ -60,7 +60,7 @@ def test_recipe_flags_through_the_loop(demo_assets, tmp_path):
                                 for r in demo_assets.read("rl_eval")[:6]))
     check(run_module(ppo_args(demo_assets, save, "group_norm", "--remote_rm_url", reward, "--rollout_batch_size",
                               "2", "--train_batch_size", "4", "--micro_train_batch_size", "2", "--max_samples",
-                              "48", "--max_steps", "2", "--dynamic_filtering", "--dynamic_filtering_reward_range",
+                              "48", "--max_rl_steps", "2", "--dynamic_filtering", "--dynamic_filtering_reward_range",
                               "0", "1", "--policy_loss_type", "gspo", "--enable_vllm_is_correction",
                               "--vllm_is_correction_type", "icepop", "--vllm_is_truncated_threshold", "0.5", "5",
                               "--overlong_buffer_len", "4", "--overlong_penalty_factor", "0.5",
