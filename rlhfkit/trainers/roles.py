@@ -283,7 +283,9 @@ class ActorRole(_TrainedRole):
     def save_checkpoint(self, save_dir: str, tag: str, save_latest: bool = False) -> None:
         super().save_checkpoint(save_dir, tag, save_latest)
         if self.ema is not None:
-            torch.save(self.ema.state_dict(), self._ema_path(save_dir, tag))
+            path = self._ema_path(save_dir, tag)
+            os.makedirs(os.path.dirname(path), exist_ok=True)  # the universal form creates it on rank 0 only
+            torch.save(self.ema.state_dict(), path)
         if self.cfg.save.save_hf_ckpt:
             self.save_hf_model(f"{save_dir}/{tag}_hf")
 
