@@ -68,21 +68,6 @@ if [[ -z "${SFT_MODEL:-}" ]]; then
     --zero_stage 0 --seed "$SEED" --save_path "$SFT_MODEL" --logging_steps 50 --disable_progress_bar > "$WORK/sft.log"
 fi
 
-exact_match() {
-  "$PYTHON" - "$1" "$WORK/heldout.jsonl" <<'PY'
-import json, sys
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-from rlhfkit.demo.evaluate import exact_match
-torch.manual_seed(0)
-records = [json.loads(x) for x in open(sys.argv[2])]
-model = AutoModelForCausalLM.from_pretrained(sys.argv[1]).eval()
-print(f"{exact_match(model, AutoTokenizer.from_pretrained(sys.argv[1]), records):.3f}")
-PY
-}
-BEFORE=$(exact_match "$SFT_MODEL")
-echo "held-out exact-match of the SFT model: $BEFORE ($(wc -l < "$WORK/heldout.jsonl") prompts)"
-
 echo "== DAPO: $STEPS steps through train_ppo_ray"
 SAMPLES=$((PROMPTS_PER_STEP * SAMPLES_PER_PROMPT))  # one optimizer step per rollout batch
 # shellcheck disable=SC2086  # ENGINE_ARGS and FILTER_RANGE are word lists
@@ -101,6 +86,17 @@ SAMPLES=$((PROMPTS_PER_STEP * SAMPLES_PER_PROMPT))  # one optimizer step per rol
   --zero_stage 0 --seed "$SEED" --actor_num_nodes 1 --actor_num_gpus_per_node 1 --colocate_all_models \
   $ENGINE_ARGS --logging_steps 1 --save_path "$WORK/dapo" --disable_progress_bar > "$WORK/dapo.log" 2>&1 \
   || { tail -n 30 "$WORK/dapo.log"; exit 1; }
-AFTER=$(exact_match "$WORK/dapo")
-echo "held-out exact-match of the DAPO policy: $AFTER"
-echo "held-out exact-match: SFT $BEFORE -> DAPO $AFTER"
+# Both models evaluated in one process (one interpreter start less).
+"$PYTHON" - "$SFT_MODEL" "$WORK/dapo" "$WORK/heldout.jsonl" <<'PY'
+import json, sys
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from rlhfkit.demo.evaluate import exact_match
+records = [json.loads(x) for x in open(sys.argv[3])]
+scores = []
+for path in sys.argv[1:3]:
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    scores.append(exact_match(model, AutoTokenizer.from_pretrained(path), records))
+print(f"held-out exact-match ({len(records)} prompts): SFT {scores[0]:.3f} -> DAPO {scores[1]:.3f}")
+PY

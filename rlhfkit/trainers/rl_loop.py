@@ -35,7 +35,7 @@ from rlhfkit.data.tokens import encode, with_bos
 from rlhfkit.errors import Preempted, UserError
 from rlhfkit.logging.metrics import MetricsLogger, Progress
 from rlhfkit.trainers.experience import Experience, experience_from_samples
-from rlhfkit.trainers.rl_shaping import select_groups, shape_rewards
+from rlhfkit.trainers.rl_shaping import fill_filtered_batch, shape_rewards
 
 
 @dataclass
@@ -206,41 +206,12 @@ class RLTrainer:
         exp, texts, reward = self._generate_and_score(indices, seed, timings)
         if not cfg.recipe.dynamic_filtering:
             return exp, texts, reward, {}
-        n, wanted = cfg.rollout.n_samples_per_prompt, cfg.rollout.rollout_batch_size
-        parts: list[tuple[Experience, dict[str, list], dict[str, Any]]] = []
-        kept = passed = seen = 0
-        for round_ in range(1, cfg.recipe.dynamic_filtering_max_rounds + 1):
-            rows, passing = select_groups(cfg, reward["scores"], wanted - kept)
-            seen += len(reward["scores"]) // n
-            passed += passing
-            if rows:
-                # per-sample lists only: an agent's episode_reward dict was consumed by score() already
-                parts.append((exp.select(rows), {k: [v[i] for i in rows] for k, v in texts.items()
-                                                 if isinstance(v, list)},
-                              {"rewards": reward["rewards"][rows], "scores": reward["scores"][rows],
-                               "extra_logs": reward["extra_logs"], "metrics": reward["metrics"]}))
-                kept += len(rows) // n
-            if kept == wanted:
-                break
-            if round_ == cfg.recipe.dynamic_filtering_max_rounds:
-                raise UserError(f"--dynamic_filtering: only {kept} of --rollout_batch_size {wanted} groups had a "
-                                f"mean score inside --dynamic_filtering_reward_range "
-                                f"{cfg.recipe.dynamic_filtering_reward_range} after {round_} generation rounds "
-                                f"(--dynamic_filtering_max_rounds); raise the cap, widen the range, or use "
-                                "prompts the policy neither always solves nor always fails")
-            indices = self._next_prompts()
-            if indices is None:
-                raise UserError(f"--dynamic_filtering: the prompt data ran out (--num_episodes "
-                                f"{cfg.rollout.num_episodes}) with only {kept} of {wanted} groups of this step kept; "
-                                "add prompts or episodes, or widen --dynamic_filtering_reward_range")
-            exp, texts, reward = self._generate_and_score(indices, seed + round_ * 1_000_000_007, timings)
-        exp = Experience.concat([p[0] for p in parts])
-        texts = {k: [x for p in parts for x in p[1][k]] for k in parts[0][1]}
-        reward = {"rewards": torch.cat([p[2]["rewards"] for p in parts]),
-                  "scores": torch.cat([p[2]["scores"] for p in parts]), "extra_logs": parts[-1][2]["extra_logs"],
-                  "metrics": parts[-1][2]["metrics"]}
-        return exp, texts, reward, {"dynamic_filtering/pass_rate": passed / max(seen, 1),
-                                    "dynamic_filtering/rounds": float(round_)}
+
+        def generate(round_: int) -> tuple[Experience, dict[str, Any], dict[str, Any]] | None:
+            more = self._next_prompts()
+            return None if more is None else self._generate_and_score(more, seed + round_ * 1_000_000_007, timings)
+
+        return fill_filtered_batch(cfg, exp, texts, reward, generate)
 
     def make_experience(self, indices: Sequence[int]) -> tuple[Experience, dict[str, float]]:
         """Rollout and scoring of one batch of prompts, with advantages and returns computed."""

@@ -22,7 +22,7 @@ def test_dapo_recipe_runs_two_steps(demo_assets, tmp_path):
     proc = subprocess.run(["bash", str(REPO / "examples" / "dapo_recipe.sh")], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    found = re.search(r"^held-out exact-match: SFT ([\d.]+) -> DAPO ([\d.]+)$", proc.stdout, re.M)
+    found = re.search(r"^held-out exact-match \(8 prompts\): SFT ([\d.]+) -> DAPO ([\d.]+)$", proc.stdout, re.M)
     assert found, proc.stdout
     assert all(0 <= float(x) <= 1 for x in found.groups())
     rows = [json.loads(x) for x in (tmp_path / "dapo" / "metrics.jsonl").read_text().splitlines()]
