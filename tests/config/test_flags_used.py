@@ -28,7 +28,8 @@ CONFIGS = {**TABLES, "serve_rm": "rlhfkit.config.preference:ServeRMConfig"}
 # settings"): a field they read is read by whoever calls them; the test checks each is really called outside config.
 DERIVED_SETTING_HELPERS = {
     "rlhfkit.config.rl": ("clip_range", "reward_clip_bounds", "loss_aggregation", "remote_reward_urls",
-                          "needs_reference", "needs_critic", "critic_path", "samples_per_rollout"),
+                          "needs_reference", "needs_critic", "critic_path", "samples_per_rollout", "is_bounds",
+                          "dynamic_filtering_range"),
 }
 
 # field -> why nothing outside the config layer needs to read it.
