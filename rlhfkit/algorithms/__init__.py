@@ -31,7 +31,7 @@ from rlhfkit.algorithms.masking import (
     masked_var,
     masked_whiten,
 )
-from rlhfkit.algorithms.policy_loss import policy_loss, tis_weights, value_loss
+from rlhfkit.algorithms.policy_loss import is_correction_weights, policy_loss, tis_weights, value_loss
 from rlhfkit.algorithms.preference_losses import (
     dpo_loss,
     kto_kl_reference_point,
@@ -43,10 +43,11 @@ from rlhfkit.algorithms.rewards import (
     clip_rewards,
     compute_token_rewards,
     grouped,
-    informative_groups,
+    groups_in_range,
     last_action_index,
     length_penalty,
     normalize_rewards,
+    stop_properly_penalty,
 )
 from rlhfkit.algorithms.sft_loss import sft_loss, shifted_target_mask
 
@@ -55,10 +56,10 @@ __all__ = [
     "AdaptiveKLController", "FixedKLController", "make_kl_controller",
     "aggregate_loss", "masked_mean", "masked_sum", "masked_var", "masked_whiten",
     "compute_approx_kl", "kl_k1", "kl_k2", "kl_k3",
-    "clip_rewards", "compute_token_rewards", "grouped", "informative_groups", "last_action_index",
-    "length_penalty", "normalize_rewards",
+    "clip_rewards", "compute_token_rewards", "grouped", "groups_in_range", "last_action_index",
+    "length_penalty", "normalize_rewards", "stop_properly_penalty",
     "compute_advantages", "discounted_returns", "gae_advantages_and_returns", "group_baseline",
-    "policy_loss", "tis_weights", "value_loss",
+    "is_correction_weights", "policy_loss", "tis_weights", "value_loss",
     "entropy_from_logits", "token_logprobs", "sft_loss", "shifted_target_mask",
     "dpo_loss", "kto_kl_reference_point", "kto_loss", "nll_loss", "pairwise_rm_loss",
 ]

@@ -1,5 +1,6 @@
 """Actor and critic losses of the RL loop: the PPO clipped surrogate with its variants (asymmetric clip, dual
-clip, truncated importance sampling) and the clipped value loss. (The entropy bonus, `entropy_from_logits`, lives
+clip, GSPO's sequence-level ratio, importance-sampling corrections tis / icepop / seq-mask-tis) and the clipped value
+loss. (The entropy bonus, `entropy_from_logits`, lives
 in logprobs.py and is re-exported here.)
 
 Token tensors are [B, T] aligned with the action mask. The `info` dicts hold detached 0-dim tensors (no
@@ -22,6 +23,10 @@ def _masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
+IS_CORRECTIONS = ("tis", "icepop", "seq-mask-tis")
+POLICY_LOSS_TYPES = ("ppo", "gspo")
+
+
 def tis_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, cap: float) -> torch.Tensor:
     """Truncated importance-sampling weights min(exp(old_logp - rollout_logp), cap), detached.
 
@@ -30,31 +35,78 @@ def tis_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, cap: float) 
     Brings You Off-Policy RL Training") correct the policy gradient with this truncated ratio.
     """
     if cap <= 0:
-        raise UserError(f"the truncated importance-sampling cap must be > 0 (got {cap})")
+        raise ValueError(f"the truncated importance-sampling cap must be > 0 (got {cap})")
     log_ratio = old_logp.detach().float() - rollout_logp.detach().float()
     return torch.exp(log_ratio).clamp(max=cap)
+
+
+def is_correction_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, kind: str,
+                          low: float, high: float) -> torch.Tensor:
+    """Detached per-token weights [B, T] correcting the engine/trainer mismatch (0 outside the mask).
+
+    With r_t = exp(old_logp_t - rollout_logp_t) (trainer's old policy over the engine's sampling policy):
+    - "tis", truncated importance sampling (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You
+      Off-Policy RL Training"): w_t = clamp(r_t, low, high) (OpenRLHF's definition; low = 0 is the plain cap
+      min(r_t, high)).
+    - "icepop" (Ling Team 2025, "Every Step Evolves: Scaling Reinforcement Learning for Trillion-Scale Thinking
+      Model", the Ring-1T report, arXiv 2510.18855): w_t = r_t if low <= r_t <= high else 0, i.e. tokens with a
+      too large mismatch are masked out instead of truncated.
+    - "seq-mask-tis": the sequence's geometric-mean ratio g = exp(mean over its action tokens of log r_t); the
+      whole sequence is masked (w_t = 0) when g is outside [low, high], otherwise w_t = r_t (OpenRLHF's
+      definition, which keeps the untruncated token ratio inside the band).
+    """
+    if kind not in IS_CORRECTIONS:
+        raise ValueError(f"unknown importance-sampling correction {kind!r}; expected one of {IS_CORRECTIONS}")
+    if not 0 <= low < high:
+        raise ValueError(f"importance-sampling thresholds need 0 <= low < high (got {low}, {high})")
+    dtype = torch.promote_types(old_logp.dtype, torch.float32)  # float64 inputs keep their precision
+    log_ratio = _masked(old_logp.detach().to(dtype) - rollout_logp.detach().to(dtype), mask)
+    ratio = torch.exp(log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+    if kind == "tis":
+        weights = ratio.clamp(min=low, max=high)
+    elif kind == "icepop":
+        weights = torch.where((ratio >= low) & (ratio <= high), ratio, torch.zeros_like(ratio))
+    else:
+        seq_ratio = torch.exp(masked_mean(log_ratio, mask, dim=-1))
+        keep = (seq_ratio >= low) & (seq_ratio <= high)
+        weights = ratio * keep[:, None].to(ratio.dtype)
+    return _masked(weights, mask)
+
+
+def sequence_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B] mean over each response's action tokens of (logp - old_logp): GSPO's length-normalised log ratio."""
+    diff = _masked(logp - old_logp.detach(), mask)
+    return diff.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1).to(diff.dtype)
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
                 clip_eps_low: float = 0.2, clip_eps_high: float | None = None, dual_clip: float | None = None,
                 rollout_logp: torch.Tensor | None = None, tis_cap: float | None = None,
+                is_correction: str = "tis", is_low: float = 0.0, loss_type: str = "ppo",
                 agg: str = "token_mean", num_tokens: int | float | torch.Tensor | None = None,
                 num_seqs: int | float | torch.Tensor | None = None, norm_len: int | None = None,
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO clipped surrogate loss (Schulman et al. 2017, "Proximal Policy Optimization Algorithms").
+    """PPO clipped surrogate loss (Schulman et al. 2017, "Proximal Policy Optimization Algorithms") or GSPO's.
 
     Per action token, with ratio = exp(logp - old_logp) (log ratio bounded to +-20) and A the advantage:
         loss_t = -min(ratio * A, clip(ratio, 1 - clip_eps_low, 1 + clip_eps_high) * A)
+    - loss_type "gspo" (Zheng et al. 2025, "Group Sequence Policy Optimization"): the ratio is the sequence's
+      s_i = exp(mean_t (logp_t - old_logp_t)) over its action tokens, clipped at the sequence level with the
+      sequence's advantage; loss_i = -min(s_i * A_i, clip(s_i, 1 - low, 1 + high) * A_i) is put on each of the
+      sequence's action tokens and reduced by `agg` (seq_mean_token_mean gives the paper's mean over sequences).
+      The gradient flows through every token of the mean, as in the paper's GSPO-token form with equal advantages.
     - clip_eps_high (default: clip_eps_low) > clip_eps_low is DAPO's clip-higher (Yu et al. 2025).
     - dual_clip = c > 1 (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep Reinforcement
       Learning"): where A < 0 the loss is also bounded by c * |A|, i.e. loss_t = min(loss_t, -c * A), so a huge
       ratio on a bad token cannot blow the step up.
-    - rollout_logp with tis_cap: the per-token loss is multiplied by tis_weights(old_logp, rollout_logp, tis_cap)
-      (truncated importance sampling, Yao et al. 2025).
+    - rollout_logp with tis_cap: the per-token loss is multiplied by
+      is_correction_weights(old_logp, rollout_logp, mask, is_correction, is_low, tis_cap) (tis / icepop /
+      seq-mask-tis, see there).
     The per-token loss is reduced by `aggregate_loss(agg, num_tokens=..., num_seqs=..., norm_len=...)`.
     info: `clip_fraction` (tokens where the clipped term is the smaller one, i.e. no gradient), `dual_clip_fraction`
     (with dual_clip), `approx_kl` (mean of (ratio - 1) - log ratio, the k3 estimate of KL(old || new)), `ratio_mean`
-    and `tis_weight_mean` (with TIS), all means over the action tokens of this batch.
+    and, with a correction, `tis_weight_mean` and `is_masked_fraction` (tokens whose weight is 0), all means over
+    the action tokens of this batch.
     """
     clip_eps_high = clip_eps_low if clip_eps_high is None else clip_eps_high
     if clip_eps_low < 0 or clip_eps_high < 0:
@@ -64,8 +116,14 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
                         "by dual_clip * |A|")
     if (rollout_logp is None) != (tis_cap is None):
         raise UserError("truncated importance sampling needs both the rollout log-probs and a cap")
+    if loss_type not in POLICY_LOSS_TYPES:
+        raise ValueError(f"unknown policy loss type {loss_type!r}; expected one of {POLICY_LOSS_TYPES}")
     # exp(20) = 4.9e8 is beyond any meaningful ratio; the bound keeps float32 (and its gradient) finite.
-    log_ratio = _masked(logp - old_logp.detach(), mask).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    if loss_type == "gspo":
+        seq = sequence_log_ratio(logp, old_logp, mask).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+        log_ratio = _masked(seq[:, None].expand_as(logp), mask)
+    else:
+        log_ratio = _masked(logp - old_logp.detach(), mask).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     advantages = _masked(advantages.detach(), mask)
     ratio = torch.exp(log_ratio)
     surr_unclipped = ratio * advantages
@@ -80,9 +138,12 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         loss = torch.where(advantages < 0, torch.min(loss, bound), loss)
         info["dual_clip_fraction"] = masked_mean(dual_active.float(), mask)
     if rollout_logp is not None:
-        weights = _masked(tis_weights(old_logp, rollout_logp, tis_cap), mask)
-        loss = loss * weights
+        if tis_cap <= 0:
+            raise ValueError(f"the importance-sampling cap must be > 0 (got {tis_cap})")
+        weights = is_correction_weights(old_logp, rollout_logp, mask, is_correction, is_low, tis_cap)
+        loss = loss * weights.to(loss.dtype)
         info["tis_weight_mean"] = masked_mean(weights, mask)
+        info["is_masked_fraction"] = masked_mean((weights == 0).float(), mask)
     with torch.no_grad():
         info["approx_kl"] = masked_mean((ratio - 1.0) - log_ratio, mask)
         info["ratio_mean"] = masked_mean(ratio, mask)

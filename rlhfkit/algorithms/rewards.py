@@ -1,5 +1,5 @@
-"""Reward shaping: clipping, normalisation with a reward model's statistics, length penalties, the per-token
-reward with a KL penalty, and the group filter of dynamic sampling.
+"""Reward shaping: clipping, normalisation with a reward model's statistics, DAPO's overlong penalty, ProRL's
+stop-properly penalty, the per-token reward with a KL penalty, and the group filter of dynamic sampling.
 
 Scalar rewards are [B] (one per sample); token tensors are [B, T] aligned with the action mask.
 """
@@ -41,11 +41,23 @@ def length_penalty(response_lengths: torch.Tensor, max_len: int, buffer_len: int
     all multiplied by penalty_factor. Returns float32 [B].
     """
     if not 0 < buffer_len <= max_len:
-        raise UserError(f"overlong buffer length must be in (0, max_len={max_len}] (got {buffer_len})")
+        raise ValueError(f"overlong buffer length must be in (0, max_len={max_len}] (got {buffer_len})")
     lengths = response_lengths.to(torch.float32)
     expected = max_len - buffer_len
     penalty = ((expected - lengths) / buffer_len).clamp(min=-1.0, max=0.0)
     return penalty * penalty_factor
+
+
+def stop_properly_penalty(rewards: torch.Tensor, truncated: torch.Tensor, coef: float) -> torch.Tensor:
+    """ProRL's penalty on responses that did not stop properly (Liu et al. 2025, "ProRL: Prolonged Reinforcement
+    Learning Expands Reasoning Boundaries in Large Language Models"; ProRL v2), OpenRLHF's and NeMo-RL's definition:
+    a truncated response (no end of sequence within the length limit) gets reward * coef if coef >= 0 (coef in
+    [0, 1]; 0 zeroes it) and the reward coef if coef < 0. Other responses keep theirs. Returns rewards' dtype [B].
+    """
+    if coef > 1:
+        raise ValueError(f"the stop-properly coef must be <= 1 (got {coef})")
+    shaped = rewards * coef if coef >= 0 else torch.full_like(rewards, coef)
+    return torch.where(truncated.bool(), shaped, rewards)
 
 
 def last_action_index(action_mask: torch.Tensor) -> torch.Tensor:
@@ -86,12 +98,15 @@ def grouped(rewards: torch.Tensor, n_samples_per_prompt: int) -> torch.Tensor:
     return rewards.reshape(-1, n)
 
 
-def informative_groups(rewards: torch.Tensor, n_samples_per_prompt: int) -> torch.Tensor:
-    """Bool [num_prompts]: True where the group of one prompt does not have all-identical rewards.
+def groups_in_range(scores: torch.Tensor, n_samples_per_prompt: int, low: float, high: float) -> torch.Tensor:
+    """Bool [num_prompts]: True where the mean score of a prompt's group lies strictly inside (low, high).
 
-    The filter of DAPO's dynamic sampling (Yu et al. 2025): a group whose samples all score the same gives zero
-    group-relative advantage and no gradient, so it can be dropped and replaced. Samples of one prompt are
-    contiguous in rewards [num_prompts * n].
+    The filter of DAPO's dynamic sampling (Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System
+    at Scale"): with 0/1 scores and (0, 1), a group that is all correct or all wrong has the same reward everywhere,
+    hence zero group-relative advantage and no gradient, so it is dropped and replaced. Samples of one prompt are
+    contiguous in scores [num_prompts * n].
     """
-    groups = grouped(rewards, n_samples_per_prompt)
-    return groups.amax(dim=-1) != groups.amin(dim=-1)
+    if not low < high:
+        raise ValueError(f"dynamic filtering range needs low < high (got {low}, {high})")
+    means = grouped(scores, n_samples_per_prompt).double().mean(dim=-1)
+    return (means > low) & (means < high)

@@ -19,6 +19,8 @@ from rlhfkit.errors import UserError
 
 ADVANTAGE_ESTIMATORS = ("gae", "reinforce", "reinforce_baseline", "group_norm", "dr_grpo", "rloo")
 GROUP_ESTIMATORS = ("reinforce_baseline", "group_norm", "dr_grpo", "rloo")
+POLICY_LOSS_TYPES = ("ppo", "gspo")
+IS_CORRECTIONS = ("tis", "icepop", "seq-mask-tis")
 LOSS_AGGREGATIONS = ("auto", "token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
 
@@ -141,10 +143,37 @@ class AlgorithmArgs:
     policy_loss_agg: str = arg("auto", "How the per-token policy loss is reduced over an optimizer step: auto "
                                        "(token_mean; seq_mean_token_sum_norm over --generate_max_len for "
                                        "dr_grpo).", choices=LOSS_AGGREGATIONS)
-    enable_vllm_is_correction: bool = arg(False, "Truncated importance sampling: weight the policy loss by "
-                                                 "min(p_trainer / p_rollout, threshold) (Yao et al. 2025).")
-    vllm_is_truncated_threshold: float = arg(2.0, "Cap of the truncated importance-sampling weight.")
+    policy_loss_type: str = arg("ppo", "Policy loss: ppo (token-level ratio) or gspo (sequence-level ratio of "
+                                       "length-normalised log-likelihoods, Zheng et al. 2025).",
+                                choices=POLICY_LOSS_TYPES)
+    enable_vllm_is_correction: bool = arg(False, "Correct the engine/trainer mismatch: weight the policy loss by "
+                                                 "r = p_trainer / p_rollout per token, as --vllm_is_correction_type "
+                                                 "says.")
+    vllm_is_correction_type: str = arg("tis", "tis: clamp(r, LO, HI) (Yao et al. 2025); icepop: r inside [LO, HI] "
+                                              "else 0; seq-mask-tis: r, with a sequence whose geometric-mean r is "
+                                              "outside [LO, HI] masked.", choices=IS_CORRECTIONS)
+    vllm_is_truncated_threshold: list[float] = arg(help="Bounds LO HI of the importance-sampling correction; one "
+                                                        "value is the cap HI with LO = 0.",
+                                                   factory=lambda: [2.0])
     freezing_actor_steps: int = arg(-1, "Train only the critic for this many first steps (-1: never frozen).")
+
+
+@dataclass
+class RecipeArgs:
+    overlong_buffer_len: int | None = arg(None, "DAPO's soft overlong punishment: responses longer than "
+                                                "--generate_max_len minus this many tokens lose reward linearly, "
+                                                "up to --overlong_penalty_factor at --generate_max_len.")
+    overlong_penalty_factor: float = arg(1.0, "Largest overlong penalty (with --overlong_buffer_len).")
+    stop_properly_penalty_coef: float | None = arg(None, "ProRL: rewards of truncated responses (no end of "
+                                                         "sequence within --generate_max_len) are multiplied by "
+                                                         "this coef if >= 0, replaced by it if < 0.")
+    dynamic_filtering: bool = arg(False, "DAPO's dynamic sampling: drop groups whose mean score is outside "
+                                         "--dynamic_filtering_reward_range and refill the batch from the next "
+                                         "prompts.")
+    dynamic_filtering_reward_range: list[float] = arg(help="Open interval LO HI the mean score of a kept group "
+                                                           "lies in.", factory=lambda: [0.0, 1.0])
+    dynamic_filtering_max_rounds: int = arg(8, "Most generation rounds per step to fill a batch with "
+                                               "--dynamic_filtering before the run stops.")
 
 
 @dataclass
@@ -169,6 +198,11 @@ class ResourceArgs:
 class RLSaveArgs:
     save_hf_ckpt: bool = arg(False, "Also save the actor as a Hugging Face model inside every checkpoint.")
     save_value_network: bool = arg(False, "Also save the critic to <save_path>_critic at the end.")
+    enable_ema: bool = arg(False, "Keep an exponential moving average of the actor's weights; --save_path "
+                                  "exports the EMA model, and checkpoints hold it.")
+    ema_beta: float = arg(0.992, "EMA decay: ema = beta * ema + (1 - beta) * weights after each optimizer step.")
+    best_metric_key: str | None = arg(None, "Also export the policy with the best value of this eval metric "
+                                            "(higher is better, e.g. eval/pass@1) to <save_path>/best.")
 
 
 @dataclass
@@ -181,6 +215,7 @@ class PPOConfig:
     data: RLDataArgs = field(default_factory=RLDataArgs)
     rollout: RolloutArgs = field(default_factory=RolloutArgs)
     algo: AlgorithmArgs = field(default_factory=AlgorithmArgs)
+    recipe: RecipeArgs = field(default_factory=RecipeArgs)
     resources: ResourceArgs = field(default_factory=ResourceArgs)
     logging: LoggingArgs = field(default_factory=LoggingArgs)
     checkpoint: CheckpointArgs = field(default_factory=CheckpointArgs)
@@ -280,8 +315,8 @@ def _validate_algorithm(cfg: PPOConfig) -> None:
         raise UserError(f"--value_clip must be > 0 (got {a.value_clip})")
     if a.entropy_loss_coef < 0:
         raise UserError(f"--entropy_loss_coef must be >= 0 (got {a.entropy_loss_coef})")
-    if a.enable_vllm_is_correction and a.vllm_is_truncated_threshold <= 0:
-        raise UserError(f"--vllm_is_truncated_threshold must be > 0 (got {a.vllm_is_truncated_threshold})")
+    if a.enable_vllm_is_correction:
+        is_bounds(cfg)
     if a.reward_clip_range is not None:
         if len(a.reward_clip_range) not in (1, 2):
             raise UserError(f"--reward_clip_range takes one or two numbers (got {a.reward_clip_range})")
@@ -300,6 +335,53 @@ def _validate_algorithm(cfg: PPOConfig) -> None:
     if cfg.strategy.learning_rate != StrategyArgs.learning_rate:
         raise UserError("--learning_rate does not apply to RL; use --actor_learning_rate and "
                         "--critic_learning_rate")
+
+
+def is_bounds(cfg: PPOConfig) -> tuple[float, float]:
+    """(LO, HI) of the importance-sampling correction; one value is the cap HI with LO = 0."""
+    values = cfg.algo.vllm_is_truncated_threshold
+    if len(values) not in (1, 2):
+        raise UserError(f"--vllm_is_truncated_threshold takes LO HI or one cap (got {values})")
+    low, high = (0.0, float(values[0])) if len(values) == 1 else (float(values[0]), float(values[1]))
+    if not 0 <= low < high:
+        raise UserError(f"--vllm_is_truncated_threshold {values}: need 0 <= LO < HI (a cap > 0)")
+    return low, high
+
+
+def dynamic_filtering_range(cfg: PPOConfig) -> tuple[float, float]:
+    values = cfg.recipe.dynamic_filtering_reward_range
+    if len(values) != 2 or not values[0] < values[1]:
+        raise UserError(f"--dynamic_filtering_reward_range takes LO HI with LO < HI (got {values})")
+    return float(values[0]), float(values[1])
+
+
+def _validate_recipe(cfg: PPOConfig) -> None:
+    rc, s = cfg.recipe, cfg.save
+    if rc.overlong_buffer_len is not None and not 0 < rc.overlong_buffer_len <= cfg.data.generate_max_len:
+        raise UserError(f"--overlong_buffer_len must be in (0, --generate_max_len={cfg.data.generate_max_len}] "
+                        f"(got {rc.overlong_buffer_len})")
+    if rc.overlong_penalty_factor < 0:
+        raise UserError(f"--overlong_penalty_factor must be >= 0 (got {rc.overlong_penalty_factor})")
+    if rc.stop_properly_penalty_coef is not None and rc.stop_properly_penalty_coef > 1:
+        raise UserError(f"--stop_properly_penalty_coef must be <= 1 (got {rc.stop_properly_penalty_coef}): a "
+                        "coef in [0, 1] scales a truncated response's reward, a negative one replaces it")
+    if rc.dynamic_filtering:
+        dynamic_filtering_range(cfg)
+        if cfg.rollout.n_samples_per_prompt < 2:
+            raise UserError("--dynamic_filtering compares the samples of one prompt and needs "
+                            f"--n_samples_per_prompt > 1 (got {cfg.rollout.n_samples_per_prompt})")
+        _positive({"dynamic_filtering_max_rounds": rc.dynamic_filtering_max_rounds})
+    if s.enable_ema and not 0 < s.ema_beta < 1:
+        raise UserError(f"--ema_beta must be in (0, 1) (got {s.ema_beta})")
+    if s.enable_ema and cfg.strategy.zero_stage == 3:
+        raise UserError("--enable_ema keeps a full copy of the actor's weights and does not work with ZeRO-3's "
+                        "partitioned parameters yet; use --zero_stage 2 or drop --enable_ema")
+    if s.best_metric_key is not None:
+        if not s.best_metric_key.startswith("eval/"):
+            raise UserError(f"--best_metric_key {s.best_metric_key}: only eval metrics can pick the best model "
+                            "(e.g. eval/pass@1, eval/reward)")
+        if not cfg.data.eval_dataset:
+            raise UserError(f"--best_metric_key {s.best_metric_key} needs --eval_dataset to evaluate on")
 
 
 def reward_clip_bounds(cfg: PPOConfig) -> tuple[float, float] | None:
@@ -445,4 +527,5 @@ def validate_rl_config(cfg: PPOConfig) -> PPOConfig:
     _validate_user_code(cfg)
     _validate_batches(cfg)
     _validate_algorithm(cfg)
+    _validate_recipe(cfg)
     return cfg

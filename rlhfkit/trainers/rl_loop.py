@@ -15,6 +15,8 @@ here, Ray actor groups with the same methods when distributed.
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -30,10 +32,11 @@ from rlhfkit.checkpoint.preemption import PreemptionWatch, preemption_message
 from rlhfkit.config.rl import PPOConfig, reward_clip_bounds
 from rlhfkit.data.sampler import global_batches
 from rlhfkit.data.tokens import encode, with_bos
-from rlhfkit.errors import Preempted
+from rlhfkit.errors import Preempted, UserError
 from rlhfkit.logging.metrics import MetricsLogger, Progress
 from rlhfkit.trainers.experience import Experience, experience_from_samples
 from rlhfkit.trainers.replay_buffer import one_optimizer_step
+from rlhfkit.trainers.rl_shaping import fill_filtered_batch, shape_rewards
 
 
 @dataclass
@@ -47,6 +50,11 @@ class RoleHandles:
     critic: Any | None = None  # values, train, save_hf_model, save_checkpoint, load_checkpoint
 
 
+def best_model_path(cfg: PPOConfig) -> str:
+    """Where --best_metric_key exports the best policy: <save_path>/best."""
+    return os.path.join(cfg.checkpoint.save_path, "best")
+
+
 @dataclass
 class RLState:
     """Where training is; saved in checkpoints so a resumed run continues the same data order."""
@@ -55,6 +63,7 @@ class RLState:
     batch_in_episode: int = 0
     global_step: int = 0
     kl_coef: float = 0.0
+    best_metric: float | None = None  # --best_metric_key: the best value so far (its model is in <save_path>/best)
 
 
 REPORT_ROLLOUT_STEPS = 5  # the run report shows rollouts of the first and last step and of about this many more
@@ -162,27 +171,68 @@ class RLTrainer:
                 "metrics": dict(out.get("metrics") or {})}  # e.g. reward/failures of a reward function file
 
     # -- one step -------------------------------------------------------------------------------------------
+    def _generate_and_score(self, indices: Sequence[int], seed: int, timings: dict[str, float]
+                            ) -> tuple[Experience, dict[str, list], dict[str, Any]]:
+        started = time.perf_counter()
+        exp, texts = self.sample(self.prompts, indices, self.cfg.rollout.n_samples_per_prompt,
+                                 self.cfg.rollout.temperature, seed=seed)
+        timings["time/generate_s"] = timings.get("time/generate_s", 0.0) + time.perf_counter() - started
+        started = time.perf_counter()
+        reward = self.score(exp, texts)
+        timings["time/score_s"] = timings.get("time/score_s", 0.0) + time.perf_counter() - started
+        return exp, texts, reward
+
+    def _next_prompts(self) -> list[int] | None:
+        """The next rollout batch of prompt indices from the stream, advancing the data position (RLState), or
+        None when every episode is used up. An episode is finished lazily, so a checkpoint saved after its last
+        batch resumes into the next one."""
+        r = self.cfg.rollout
+        if self.state.batch_in_episode >= self.steps_per_episode():
+            self.state.episode += 1
+            self.state.batch_in_episode = 0
+        if self.state.episode >= r.num_episodes:
+            return None
+        batches = global_batches(len(self.prompts), r.rollout_batch_size, self.cfg.strategy.seed, self.state.episode)
+        indices = batches[self.state.batch_in_episode]
+        self.state.batch_in_episode += 1
+        return indices
+
+    def _rollout(self, indices: Sequence[int], timings: dict[str, float]
+                 ) -> tuple[Experience, dict[str, list], dict[str, Any], dict[str, float]]:
+        """Generate and score a batch; with --dynamic_filtering, drop the groups whose mean score is outside the
+        range and generate from the next prompts of the stream until rollout_batch_size groups are kept (at most
+        --dynamic_filtering_max_rounds rounds). Returns the kept experience, texts, reward dict and metrics."""
+        cfg = self.cfg
+        seed = cfg.strategy.seed * 1_000_003 + self.state.global_step
+        exp, texts, reward = self._generate_and_score(indices, seed, timings)
+        if not cfg.recipe.dynamic_filtering:
+            return exp, texts, reward, {}
+
+        def generate(round_: int) -> tuple[Experience, dict[str, Any], dict[str, Any]] | None:
+            more = self._next_prompts()
+            return None if more is None else self._generate_and_score(more, seed + round_ * 1_000_000_007, timings)
+
+        return fill_filtered_batch(cfg, exp, texts, reward, generate)
+
     def make_experience(self, indices: Sequence[int]) -> tuple[Experience, dict[str, float]]:
         """Rollout and scoring of one batch of prompts, with advantages and returns computed."""
         cfg, a, n = self.cfg, self.cfg.algo, self.cfg.rollout.n_samples_per_prompt
         timings: dict[str, float] = {}
+        exp, texts, reward, recipe_metrics = self._rollout(indices, timings)
         started = time.perf_counter()
-        exp, texts = self.sample(self.prompts, indices, n, cfg.rollout.temperature,
-                                 seed=cfg.strategy.seed * 1_000_003 + self.state.global_step)
-        timings["time/generate_s"] = time.perf_counter() - started
-        started = time.perf_counter()
-        reward = self.score(exp, texts)
         batch = exp.to_dict()
         exp.base_action_log_probs = self.roles.ref.log_probs(batch) if self.roles.ref is not None else None
         exp.values = self.roles.critic.values(batch) if self.roles.critic is not None else None
         reuse_old = self.reuses_old_log_probs(len(exp))
         exp.action_log_probs = None if reuse_old else self.roles.actor.log_probs(batch)
-        timings["time/score_s"] = time.perf_counter() - started
+        timings["time/score_s"] += time.perf_counter() - started
 
         mask = exp.action_mask
         raw = reward["rewards"]
+        shaped, shaping_metrics = shape_rewards(cfg, raw, exp.info["response_length"], exp.info["truncated"])
+        recipe_metrics.update(shaping_metrics)
         bounds = reward_clip_bounds(cfg)
-        exp.rewards = raw.clamp(*bounds) if bounds else raw.clone()
+        exp.rewards = shaped.clamp(*bounds) if bounds else shaped.clone()
         exp.info.update(reward=raw, score=reward["scores"])
         if exp.base_action_log_probs is not None and not reuse_old:
             exp.kl = compute_approx_kl(exp.action_log_probs, exp.base_action_log_probs, a.kl_estimator, mask)
@@ -203,7 +253,7 @@ class RLTrainer:
             **({} if reuse_old else {"rollout_logprob_diff": float(
                 masked_mean((exp.action_log_probs - exp.rollout_log_probs).abs(), mask))}),
             **{f"reward_extra/{k}": float(v) for k, v in reward["extra_logs"].items()}, **reward["metrics"],
-            **timings,
+            **recipe_metrics, **timings,
         }
         return exp, metrics
 
@@ -268,36 +318,31 @@ class RLTrainer:
         history: list[dict[str, float]] = []
         bar = Progress(total, self.state.global_step, cfg.algo.advantage_estimator,
                        self.strategy.is_rank0 and not log.disable_progress_bar)
-        while self.state.episode < cfg.rollout.num_episodes and self.state.global_step < total:
-            batches = global_batches(len(self.prompts), cfg.rollout.rollout_batch_size, cfg.strategy.seed,
-                                     self.state.episode)
-            while self.state.batch_in_episode < len(batches) and self.state.global_step < total:
-                metrics = self.train_step(batches[self.state.batch_in_episode])
-                self.state.batch_in_episode += 1
-                self.state.global_step += 1
-                step = self.state.global_step
-                history.append(metrics)
-                if step % log.logging_steps == 0:
-                    self.logger.log(step, metrics)
-                if step == 1 or step == total or step % max(total // REPORT_ROLLOUT_STEPS, 1) == 0:
-                    self.logger.log_samples(step, self._last_rollouts)
-                bar.update({"reward": metrics["reward"], "len": metrics["response_length"], "kl": metrics["kl"],
-                            "pg": metrics.get("actor/policy_loss", 0.0)})
-                if log.eval_steps > 0 and step % log.eval_steps == 0:
-                    self.evaluate(step)
-                saved = cfg.checkpoint.save_steps > 0 and step % cfg.checkpoint.save_steps == 0
-                if saved:
+        while self.state.global_step < total:
+            indices = self._next_prompts()
+            if indices is None:
+                break
+            metrics = self.train_step(indices)
+            self.state.global_step += 1
+            step = self.state.global_step
+            history.append(metrics)
+            if step % log.logging_steps == 0:
+                self.logger.log(step, metrics)
+            if step == 1 or step == total or step % max(total // REPORT_ROLLOUT_STEPS, 1) == 0:
+                self.logger.log_samples(step, self._last_rollouts)
+            bar.update({"reward": metrics["reward"], "len": metrics["response_length"], "kl": metrics["kl"],
+                        "pg": metrics.get("actor/policy_loss", 0.0)})
+            episode_done = self.state.batch_in_episode >= self.steps_per_episode()
+            if (log.eval_steps > 0 and step % log.eval_steps == 0) or (log.eval_steps < 0 and episode_done):
+                self.evaluate(step)
+            saved = cfg.checkpoint.save_steps > 0 and step % cfg.checkpoint.save_steps == 0
+            if saved:
+                self.save_checkpoint()
+            if self._preemption.requested():
+                bar.close()
+                if not saved:
                     self.save_checkpoint()
-                if self._preemption.requested():
-                    bar.close()
-                    if not saved:
-                        self.save_checkpoint()
-                    raise Preempted(preemption_message(step, cfg.checkpoint.ckpt_path))
-            if self.state.batch_in_episode >= len(batches):
-                self.state.episode += 1
-                self.state.batch_in_episode = 0
-                if log.eval_steps < 0:
-                    self.evaluate(self.state.global_step)
+                raise Preempted(preemption_message(step, cfg.checkpoint.ckpt_path))
         if log.eval_steps < 0 and self._last_eval_step != self.state.global_step:
             self.evaluate(self.state.global_step)  # --max_rl_steps ended the run inside an episode
         bar.close()
@@ -322,7 +367,27 @@ class RLTrainer:
             metrics[f"pass@{n}"] = _mean(scores.clamp(0, 1).reshape(-1, n).amax(dim=1))
         self.logger.log(step, metrics, prefix="eval")
         self.strategy.print(f"eval @ step {step}: reward {metrics['reward']:.4f}, pass@1 {metrics['pass@1']:.4f}")
+        self._keep_best(step, metrics)
         return metrics
+
+    def _keep_best(self, step: int, metrics: dict[str, float]) -> None:
+        """--best_metric_key: export the policy to <save_path>/best when the metric beats every earlier eval."""
+        key = self.cfg.save.best_metric_key
+        if key is None:
+            return
+        name = key.removeprefix("eval/")
+        if name not in metrics:
+            raise UserError(f"--best_metric_key {key}: evaluation logs no such metric; it logs "
+                            f"{', '.join('eval/' + k for k in sorted(metrics))}")
+        value = metrics[name]
+        if self.state.best_metric is not None and value <= self.state.best_metric:
+            return
+        self.state.best_metric = value
+        path = best_model_path(self.cfg)
+        self.roles.actor.save_hf_model(path)
+        if self.strategy.is_rank0:
+            with open(os.path.join(path, "best_metric.json"), "w") as f:
+                json.dump({"metric": key, "value": value, "step": step}, f)
 
     # -- checkpoints ----------------------------------------------------------------------------------------
     def _checkpoint_targets(self) -> dict[str, Any]:
@@ -346,7 +411,8 @@ class RLTrainer:
             return
         saved = load_checkpoint(self.strategy, path, self._checkpoint_targets())
         self.state = RLState(episode=saved["episode"], batch_in_episode=saved["batch_in_episode"],
-                             global_step=saved["global_step"], kl_coef=saved["kl_coef"])
+                             global_step=saved["global_step"], kl_coef=saved["kl_coef"],
+                             best_metric=saved.get("best_metric"))
         self.kl_ctl.value = self.state.kl_coef
         self.strategy.print(f"resumed from {path} at step {self.state.global_step}")
 

@@ -12,6 +12,7 @@ A batch is an `Experience` or its `to_dict()`; action tensors come back as [B, R
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -22,11 +23,13 @@ from rlhfkit.algorithms.kl import compute_approx_kl
 from rlhfkit.algorithms.logprobs import entropy_from_logits, token_logprobs
 from rlhfkit.algorithms.masking import aggregate_loss, masked_mean
 from rlhfkit.algorithms.policy_loss import policy_loss, value_loss
-from rlhfkit.config.rl import PPOConfig, clip_range, critic_path, loss_aggregation
+from rlhfkit.config.rl import PPOConfig, clip_range, critic_path, is_bounds, loss_aggregation
 from rlhfkit.data.token_budget import plan_micro_batches
 from rlhfkit.distributed.accumulation import mark_accumulation_boundary
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
 from rlhfkit.distributed.universal import load_engine_state, save_engine_state
+from rlhfkit.errors import UserError
+from rlhfkit.models.ema import ParameterEMA
 from rlhfkit.models.loading import check_model_path, load_causal_lm, resolve_attn_implementation
 from rlhfkit.models.moe import router_aux_loss
 from rlhfkit.models.policy import attn_implementation_of, forward_logits, model_dtype, model_inputs
@@ -236,6 +239,7 @@ class _TrainedRole:
                         sums[name] += v * w * self._micro_weight
                         weights[name] += w * self._micro_weight
                 self._micro_weight = 1.0
+                self._after_optimizer_step()
                 norm = self.engine.get_global_grad_norm()
                 if norm is not None:
                     sums["grad_norm"] += float(norm)
@@ -243,6 +247,9 @@ class _TrainedRole:
         metrics = self._reduce(sums, weights)
         metrics["lr"] = float(self.engine.get_lr()[0])
         return metrics
+
+    def _after_optimizer_step(self) -> None:
+        """Hook run once per optimizer step (the actor's EMA)."""
 
     # -- saving ---------------------------------------------------------------------------------------------
     def save_hf_model(self, path: str) -> None:
@@ -272,6 +279,9 @@ class ActorRole(_TrainedRole):
         self.temperature = cfg.rollout.temperature
         self.clip_low, self.clip_high = clip_range(cfg)
         self.agg = loss_aggregation(cfg)
+        self.is_low, self.is_high = is_bounds(cfg) if cfg.algo.enable_vllm_is_correction else (0.0, 0.0)
+        self.ema = ParameterEMA(self.strategy.unwrap(self.engine), cfg.save.ema_beta) if cfg.save.enable_ema \
+            else None
 
     @torch.no_grad()
     def log_probs(self, batch: Experience | dict[str, Any]) -> torch.Tensor:
@@ -318,7 +328,8 @@ class ActorRole(_TrainedRole):
         loss, info = policy_loss(logp, micro.action_log_probs, micro.advantages, mask, clip_eps_low=self.clip_low,
                                  clip_eps_high=self.clip_high, dual_clip=a.dual_clip,
                                  rollout_logp=micro.rollout_log_probs if tis else None,
-                                 tis_cap=a.vllm_is_truncated_threshold if tis else None, agg=self.agg, **agg_kwargs)
+                                 tis_cap=self.is_high if tis else None, is_correction=a.vllm_is_correction_type,
+                                 is_low=self.is_low, loss_type=a.policy_loss_type, agg=self.agg, **agg_kwargs)
         stats = {"policy_loss": loss.item(), **{k: v.item() for k, v in info.items()}, **reused_stats}
         total = loss
         if a.use_kl_loss and micro.base_action_log_probs is not None:
@@ -347,10 +358,39 @@ class ActorRole(_TrainedRole):
         """The policy weights (Transformers names, CPU) for the rollout engines."""
         return hf_state_dict(self.strategy, self.engine)
 
+    def _after_optimizer_step(self) -> None:
+        if self.ema is not None:
+            self.ema.update(self.strategy.unwrap(self.engine))
+
+    def save_hf_model(self, path: str) -> None:
+        """The policy as a Transformers model directory; with --enable_ema the averaged weights."""
+        if self.ema is None:
+            super().save_hf_model(path)
+            return
+        with self.ema.swapped_in(self.strategy.unwrap(self.engine)):
+            super().save_hf_model(path)
+
+    def _ema_path(self, save_dir: str, tag: str) -> str:
+        return os.path.join(save_dir, tag, f"actor_ema_rank{self.strategy.rank}.pt")
+
     def save_checkpoint(self, save_dir: str, tag: str, save_latest: bool = False) -> None:
         super().save_checkpoint(save_dir, tag, save_latest)
+        if self.ema is not None:
+            path = self._ema_path(save_dir, tag)
+            os.makedirs(os.path.dirname(path), exist_ok=True)  # the universal form creates it on rank 0 only
+            torch.save(self.ema.state_dict(), path)
         if self.cfg.save.save_hf_ckpt:
             self.save_hf_model(f"{save_dir}/{tag}_hf")
+
+    def load_checkpoint(self, load_dir: str, tag: str) -> tuple[str | None, Any]:
+        path, client_state = super().load_checkpoint(load_dir, tag)
+        if self.ema is not None:
+            ema_file = self._ema_path(load_dir, tag)
+            if not os.path.exists(ema_file):
+                raise UserError(f"--enable_ema: the checkpoint {load_dir}/{tag} holds no EMA weights ({ema_file}); "
+                                "resume without --enable_ema or from a checkpoint saved with it")
+            self.ema.load_state_dict(torch.load(ema_file, map_location="cpu", weights_only=True))
+        return path, client_state
 
 
 class CriticRole(_TrainedRole):

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rlhfkit.algorithms.policy_loss import policy_loss, tis_weights, value_loss
+from rlhfkit.algorithms.policy_loss import is_correction_weights, policy_loss, tis_weights, value_loss
 from rlhfkit.errors import UserError
 
 F64 = torch.float64
@@ -109,3 +109,89 @@ def test_value_loss_clipped_and_unclipped():
     loss.backward()
     # t0 takes the clipped branch (no gradient); t1: (2 - 1)/3; t2: (0 - 1)/3
     close(values.grad, [[0.0, 1 / 3, -1 / 3, 0.0]])
+
+
+# -- GSPO and the importance-sampling corrections, against a float64 implementation written here ----------------
+def reference_weights(old, rollout, mask, kind, low, high):
+    """Per-token weights by plain Python loops over float64 numbers."""
+    out = torch.zeros_like(old)
+    for b in range(old.shape[0]):
+        tokens = [t for t in range(old.shape[1]) if mask[b, t]]
+        ratios = {t: math.exp(float(old[b, t]) - float(rollout[b, t])) for t in tokens}
+        geo = math.exp(sum(math.log(r) for r in ratios.values()) / len(tokens))
+        for t, r in ratios.items():
+            if kind == "tis":
+                out[b, t] = min(max(r, low), high)
+            elif kind == "icepop":
+                out[b, t] = r if low <= r <= high else 0.0
+            else:
+                out[b, t] = r if low <= geo <= high else 0.0
+    return out
+
+
+def reference_gspo(logp, old, adv, mask, low, high):
+    """Mean over sequences of -min(s A, clip(s) A), s = exp(mean over the sequence's tokens of logp - old)."""
+    losses = []
+    for b in range(logp.shape[0]):
+        tokens = [t for t in range(logp.shape[1]) if mask[b, t]]
+        s = math.exp(sum(float(logp[b, t]) - float(old[b, t]) for t in tokens) / len(tokens))
+        a = float(adv[b, tokens[0]])
+        losses.append(-min(s * a, min(max(s, 1 - low), 1 + high) * a))
+    return sum(losses) / len(losses)
+
+
+def random_batch(seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    old = -torch.rand(4, 5, generator=gen, dtype=F64) * 2
+    logp = old + 0.3 * torch.randn(4, 5, generator=gen, dtype=F64)
+    rollout = old + 0.6 * torch.randn(4, 5, generator=gen, dtype=F64)
+    adv = torch.tensor([1.5, -0.7, 0.4, -2.0], dtype=F64)[:, None].expand(4, 5).clone()
+    return logp, old, rollout, adv, mask
+
+
+@pytest.mark.parametrize("kind", ["tis", "icepop", "seq-mask-tis"])
+def test_is_corrections_match_float64_reference(kind):
+    logp, old, rollout, adv, mask = random_batch()
+    low, high = 0.8, 1.25
+    expected = reference_weights(old, rollout, mask, kind, low, high)
+    close(is_correction_weights(old, rollout, mask, kind, low, high), expected, tol=1e-6)
+    assert (expected[mask.bool()] == 0).any() or kind == "tis"  # the band masks something in this batch
+    # the weights multiply the PPO per-token loss (token mean here)
+    ratio = torch.exp(logp - old)
+    per_token = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv) * expected
+    loss, info = policy_loss(logp, old, adv, mask, rollout_logp=rollout, tis_cap=high, is_correction=kind,
+                             is_low=low)
+    close(loss, per_token[mask.bool()].mean(), tol=1e-6)
+    close(info["is_masked_fraction"], (expected[mask.bool()] == 0).double().mean(), tol=1e-6)
+
+
+def test_seq_mask_tis_masks_whole_sequences():
+    old = torch.zeros(2, 3, dtype=F64)
+    # row 0: ratios 2, 0.5, 1 -> geometric mean 1 (kept although 2 > high); row 1: ratios 1.5 each -> masked
+    rollout = -torch.tensor([[math.log(2), math.log(0.5), 0.0], [math.log(1.5)] * 3], dtype=F64)
+    mask = torch.ones(2, 3)
+    close(is_correction_weights(old, rollout, mask, "seq-mask-tis", 0.5, 1.2), [[2.0, 0.5, 1.0], [0, 0, 0]])
+    close(is_correction_weights(old, rollout, mask, "icepop", 0.5, 1.2), [[0.0, 0.5, 1.0], [0, 0, 0]])
+
+
+def test_gspo_matches_float64_reference_with_sequence_mean():
+    logp, old, _, adv, mask = random_batch(1)
+    loss, info = policy_loss(logp, old, adv, mask, clip_eps_low=0.1, clip_eps_high=0.15, loss_type="gspo",
+                             agg="seq_mean_token_mean")
+    close(loss, reference_gspo(logp, old, adv, mask, 0.1, 0.15), tol=1e-6)
+    # one ratio per sequence: every token of a row carries the same ratio
+    seq_ratio = torch.exp(((logp - old) * mask).sum(-1) / mask.sum(-1))
+    close(info["ratio_mean"], (seq_ratio[:, None].expand(4, 5))[mask.bool()].mean(), tol=1e-6)
+
+
+def test_gspo_gradient_is_the_sequence_ratio_gradient():
+    """Unclipped, d(-s A)/d logp_t = -A s / |y| on every token of the sequence (GSPO's eq. for the gradient)."""
+    logp = torch.tensor([[-1.0, -2.0, -0.5]], dtype=F64, requires_grad=True)
+    old = torch.tensor([[-1.01, -1.98, -0.5]], dtype=F64)
+    adv = torch.full((1, 3), 2.0, dtype=F64)
+    mask = torch.ones(1, 3)
+    loss, _ = policy_loss(logp, old, adv, mask, loss_type="gspo", agg="seq_mean_token_mean")
+    loss.backward()
+    s = math.exp(((logp.detach() - old).sum() / 3).item())
+    close(logp.grad, torch.full((1, 3), -2.0 * s / 3, dtype=F64), tol=1e-9)

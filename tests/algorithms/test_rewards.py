@@ -9,10 +9,11 @@ from rlhfkit.algorithms.rewards import (
     clip_rewards,
     compute_token_rewards,
     grouped,
-    informative_groups,
+    groups_in_range,
     last_action_index,
     length_penalty,
     normalize_rewards,
+    stop_properly_penalty,
 )
 from rlhfkit.errors import UserError
 
@@ -33,7 +34,7 @@ def test_dapo_soft_overlong_penalty():
     # max_len 20, buffer 4 -> free up to 16; (16 - L)/4 in (16, 20]; -1 beyond 20
     close(length_penalty(lengths, max_len=20, buffer_len=4), [0.0, 0.0, -0.5, -1.0, -1.0])
     close(length_penalty(lengths, max_len=20, buffer_len=4, penalty_factor=0.5), [0.0, 0.0, -0.25, -0.5, -0.5])
-    with pytest.raises(UserError, match="buffer"):
+    with pytest.raises(ValueError, match="buffer"):
         length_penalty(lengths, max_len=20, buffer_len=30)
 
 
@@ -54,6 +55,36 @@ def test_token_rewards_reward_on_last_action_token_and_kl_everywhere():
 def test_groups():
     rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0])
     assert grouped(rewards, 4).shape == (2, 4)
-    assert informative_groups(rewards, 4).tolist() == [True, False]
+    assert groups_in_range(rewards, 4, 0.0, 2.0).tolist() == [True, False]  # means 0.75 and 2.0
     with pytest.raises(UserError, match="n_samples_per_prompt=3"):
         grouped(rewards, 3)
+
+
+def test_overlong_and_stop_properly_penalties_match_float64_reference():
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 41, (64,), generator=gen)
+    rewards = torch.randn(64, generator=gen, dtype=torch.float64)
+    truncated = torch.rand(64, generator=gen) < 0.3
+    max_len, buffer, factor = 40, 12, 0.7
+
+    def overlong(length: int) -> float:  # DAPO, Yu et al. 2025, eq. 13
+        if length <= max_len - buffer:
+            return 0.0
+        if length <= max_len:
+            return (max_len - buffer - length) / buffer * factor
+        return -factor
+
+    expected = [overlong(int(n)) for n in lengths]
+    close(length_penalty(lengths, max_len, buffer, factor).double(), expected, tol=1e-6)
+    for coef in (0.0, 0.25, -0.5):
+        want = [(r * coef if coef >= 0 else coef) if t else r for r, t in zip(rewards.tolist(), truncated.tolist())]
+        close(stop_properly_penalty(rewards, truncated, coef), want, tol=1e-12)
+    with pytest.raises(ValueError, match="<= 1"):
+        stop_properly_penalty(rewards, truncated, 1.5)
+
+
+def test_groups_in_range_keeps_open_interval():
+    scores = torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.5, 0.5])
+    assert groups_in_range(scores, 2, 0.0, 1.0).tolist() == [False, False, True, True, True]
+    assert groups_in_range(scores, 2, 0.4, 0.6).tolist() == [False, False, True, True, True]
+    assert groups_in_range(scores, 2, 0.5, 1.0).tolist() == [False, False, False, False, False]

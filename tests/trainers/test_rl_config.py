@@ -100,6 +100,17 @@ BASE = "--pretrain m --prompt_data p.jsonl --rollout_batch_size 4 --n_samples_pe
     ("--kl_target -1", "--kl_target and --kl_horizon must be > 0"),
     ("--reward_clip_range 1 2 3", "--reward_clip_range takes one or two numbers"),
     ("--colocate_all_models --vllm_num_engines 2", "--colocate_all_models needs actor devices"),
+    ("--enable_vllm_is_correction --vllm_is_truncated_threshold 2 1", "need 0 <= LO < HI"),
+    ("--enable_vllm_is_correction --vllm_is_truncated_threshold 1 2 3", "takes LO HI or one cap"),
+    ("--overlong_buffer_len 2000 --generate_max_len 1024", "--overlong_buffer_len must be in (0, "),
+    ("--stop_properly_penalty_coef 2", "--stop_properly_penalty_coef must be <= 1"),
+    ("--dynamic_filtering --dynamic_filtering_reward_range 1 0", "takes LO HI with LO < HI"),
+    ("--dynamic_filtering --n_samples_per_prompt 1 --train_batch_size 4 --advantage_estimator reinforce",
+     "--dynamic_filtering compares the samples of one prompt"),
+    ("--enable_ema --ema_beta 1", "--ema_beta must be in (0, 1)"),
+    ("--enable_ema --zero_stage 3", "does not work with ZeRO-3"),
+    ("--best_metric_key pass@1", "only eval metrics can pick the best model"),
+    ("--best_metric_key eval/pass@1", "needs --eval_dataset"),
     ("--reward_workers 0", "--reward_workers must be >= 1"),
     ("--reward_timeout 0", "--reward_timeout must be > 0 seconds"),
     ("--reward_fallback nan", "--reward_fallback must be a finite number"),
@@ -138,3 +149,14 @@ def test_missing_sources_exit_2(capsys, flags, message):
 def test_good_config_passes_validation(rm_file):
     cfg = parse(BASE + f"--remote_rm_url {rm_file} --advantage_estimator rloo")
     assert validate_rl_config(cfg) is cfg
+
+
+def test_is_threshold_one_value_is_a_cap_and_two_are_bounds(rm_file):
+    from rlhfkit.config.rl import is_bounds
+
+    base = BASE + f"--remote_rm_url {rm_file} --enable_vllm_is_correction "
+    assert is_bounds(validate_rl_config(parse(base))) == (0.0, 2.0)  # today's default: cap 2
+    assert is_bounds(validate_rl_config(parse(base + "--vllm_is_truncated_threshold 3"))) == (0.0, 3.0)
+    cfg = validate_rl_config(parse(base + "--vllm_is_truncated_threshold 0.5 5 --vllm_is_correction_type icepop "
+                                          "--policy_loss_type gspo"))
+    assert is_bounds(cfg) == (0.5, 5.0) and cfg.algo.vllm_is_correction_type == "icepop"
