@@ -3,7 +3,12 @@
 A CLI config is a dataclass whose fields are either plain options or nested dataclasses (sections). Every plain
 field becomes one flag named after the field (`--zero_stage`), so the nested grouping is for the code and the
 `--help` output only; field names are unique across a config. A YAML or JSON file given with `--config` supplies
-defaults (flat keys, or nested by section), and flags on the command line override it.
+defaults (flat keys, nested by section, or dotted), and flags on the command line override it.
+
+OpenRLHF's other spellings (`--actor.model_name_or_path`, `--eps_clip_low_high LO HI`, ...; the table is
+`rlhfkit.config.openrlhf_names`) are accepted everywhere a flag is: as aliases on the command line (listed in
+`--help`), as keys of a `--config` file, and in the README's flag tables. Their flags without an rlhfkit
+equivalent fail with "not supported yet" (one line, exit code 2).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from rlhfkit.config import openrlhf_names as theirs
 from rlhfkit.errors import UserError
 
 T = TypeVar("T")
@@ -66,25 +72,48 @@ class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors (exit 2) instead of a usage dump."""
 
     def error(self, message: str) -> typing.NoReturn:  # noqa: D102
+        unknown = message.partition("unrecognized arguments:")[2].split()
+        if any(t.startswith("--") and "." in t for t in unknown):
+            # a dotted flag missing from the alias table: point at the table of the ones rlhfkit knows
+            message += "; OpenRLHF's dotted flags that rlhfkit accepts are listed in docs/migration.md"
         sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
         raise SystemExit(2)
 
 
+_ADAPTED_DEST = "openrlhf:"
+
+
+class _NotSupported(argparse.Action):
+    """An OpenRLHF flag rlhfkit has no equivalent for yet: fail with its reason instead of "unrecognized"."""
+
+    reason = ""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: D102
+        raise UserError(f"{option_string} is not supported yet by rlhfkit ({self.reason})")
+
+
+def field_names(cls: type) -> frozenset[str]:
+    return frozenset(name for _, name, _, _ in iter_fields(cls))
+
+
 def build_parser(cls: type, prog: str, description: str = "") -> argparse.ArgumentParser:
-    """An argparse parser with one flag per option of `cls`, grouped by section."""
+    """An argparse parser with one flag per option of `cls`, grouped by section, plus OpenRLHF's spellings."""
     parser = _Parser(prog=prog, description=description, allow_abbrev=False,
                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--config", default=None,
                         help="YAML or JSON file with option values; flags on the command line override it")
+    fields = field_names(cls)
     groups: dict[str, Any] = {}
     for section, name, f, ftype in iter_fields(cls):
         group = groups.setdefault(section, parser.add_argument_group(section or "options"))
         meta = f.metadata
-        flags = [f"--{name}", *[f"--{a}" for a in meta.get("aliases", ())]]
+        openrlhf = [flag for flag in theirs.ALIASES if theirs.alias_target(flag, fields) == name]
+        flags = [f"--{name}", *[f"--{a}" for a in meta.get("aliases", ())], *[f"--{a}" for a in openrlhf]]
         kwargs: dict[str, Any] = {"dest": name, "help": meta.get("help", ""), "default": argparse.SUPPRESS}
         base = _base_type(ftype)
         if base is bool:
-            kwargs["action"] = argparse.BooleanOptionalAction if _default_of(f) else "store_true"
+            # OpenRLHF's boolean spellings are store_true flags: keep ours store_true whenever they alias one.
+            kwargs["action"] = argparse.BooleanOptionalAction if _default_of(f) and not openrlhf else "store_true"
         elif typing.get_origin(base) is list:
             (item,) = typing.get_args(base)
             kwargs.update(nargs="+", type=item)
@@ -93,10 +122,30 @@ def build_parser(cls: type, prog: str, description: str = "") -> argparse.Argume
             if meta.get("choices"):
                 kwargs["choices"] = meta["choices"]
         group.add_argument(*flags, **kwargs)
+    taken = set(parser._option_string_actions)
+    adapted = parser.add_argument_group("OpenRLHF flags with another value shape")
+    for a in theirs.ADAPTED:
+        if f"--{a.flag}" not in taken and theirs.alias_target(a.flag, fields) is None and a.applies(fields):
+            adapted.add_argument(f"--{a.flag}", dest=_ADAPTED_DEST + a.flag, type=a.kind, nargs=a.nargs,
+                                 metavar=a.metavar, help=a.help, default=argparse.SUPPRESS)
+            taken.add(f"--{a.flag}")
+    unsupported = parser.add_argument_group("OpenRLHF flags not supported yet (each fails with its reason)")
+    for flag in sorted({*theirs.NOT_SUPPORTED, *theirs.ALIASES, *(a.flag for a in theirs.ADAPTED)}):
+        reason = theirs.not_supported_reason(flag, fields)
+        if reason and f"--{flag}" not in taken:
+            # Listed in --help when OpenRLHF has it and rlhfkit does not yet; another command's flag (train_sft
+            # given --data.prompt_dataset) still fails with its reason but does not clutter this command's help.
+            action = unsupported.add_argument(f"--{flag}", action=_NotSupported, nargs="*", metavar="...",
+                                              help=reason, default=argparse.SUPPRESS)
+            action.reason = reason
+            if flag not in theirs.NOT_SUPPORTED:
+                action.help = argparse.SUPPRESS
     return parser
 
 
 def _read_config_file(path: str) -> dict[str, Any]:
+    """The file's options as {dotted key: value}: nested mappings become dotted keys (`actor: {adam: {lr: x}}`
+    -> `actor.adam.lr`), dashes become underscores."""
     p = Path(path)
     if not p.is_file():
         raise UserError(f"--config {path}: file not found")
@@ -113,12 +162,69 @@ def _read_config_file(path: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"--config {path}: expected a mapping of option names to values")
     flat: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, dict):  # a section
-            flat.update({k.replace("-", "_"): v for k, v in value.items()})
-        else:
-            flat[key.replace("-", "_")] = value
+
+    def walk(prefix: str, mapping: dict[str, Any]) -> None:
+        for key, value in mapping.items():
+            name = prefix + str(key).replace("-", "_")
+            if isinstance(value, dict):
+                walk(name + ".", value)
+            else:
+                flat[name] = value
+
+    walk("", data)
     return flat
+
+
+def _resolve_file_keys(cls: type, file_values: dict[str, Any], path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split a config file's keys into our fields and OpenRLHF value-adapted flags; fail on the rest.
+
+    A key is one of our fields (`zero_stage`), OpenRLHF's name for one (`ds.zero_stage`), one of our fields under
+    its section (`strategy.zero_stage`), or an adapted OpenRLHF flag (`actor.eps_clip_low_high: [0.2, 0.28]`)."""
+    fields = field_names(cls)
+    sections = {section for section, _, _, _ in iter_fields(cls) if section}
+    values: dict[str, Any] = {}
+    adapted: dict[str, Any] = {}
+    unknown = []
+    for key, value in file_values.items():
+        section, _, rest = key.partition(".")
+        target = key if key in fields else theirs.alias_target(key, fields)
+        if target is None and section in sections and rest in fields:
+            target = rest
+        if target is not None:
+            values[target] = value
+        elif theirs.adapted_for(key, fields) is not None:
+            adapted[key] = value
+        elif theirs.not_supported_reason(key, fields):
+            raise UserError(f"--config {path}: {key} is not supported yet by rlhfkit "
+                            f"({theirs.not_supported_reason(key, fields)})")
+        else:
+            unknown.append(key)
+    if unknown:
+        raise UserError(f"--config {path}: unknown option(s) {', '.join(sorted(unknown))}")
+    return values, adapted
+
+
+def _apply_adapted(cls: type, values: dict[str, Any], adapted: dict[str, Any],
+                   context: dict[str, Any] | None = None) -> None:
+    """Turn OpenRLHF flags of another value shape into our fields of `values` (after the plain values are known).
+
+    A field that `values` already sets explicitly must agree; `context` holds values set elsewhere (the config
+    file, under command-line flags) that a relative flag like `--data.max_len` reads."""
+    fields = field_names(cls)
+    defaults = {name: _default_of(f) for _, name, f, _ in iter_fields(cls)}
+    known = {**defaults, **(context or {}), **values}
+    explicit = set(values)
+    for flag, value in adapted.items():
+        a = theirs.adapted_for(flag, fields)
+        assert a is not None
+        if a.nargs not in (None, "?") and not isinstance(value, list):
+            value = [value]
+        if isinstance(a.nargs, int) and len(value) != a.nargs:
+            raise UserError(f"--{flag} takes {a.nargs} values (got {value})")
+        for name, new in a.convert(value, known.get).items():
+            if name in explicit and values[name] != new:
+                raise UserError(f"--{flag} and --{name} both set {name} ({new} vs {values[name]}); pass one")
+            values[name] = known[name] = new
 
 
 def _construct(cls: type[T], values: dict[str, Any]) -> T:
@@ -134,28 +240,27 @@ def _construct(cls: type[T], values: dict[str, Any]) -> T:
 
 
 def parse_config(cls: type[T], argv: Sequence[str] | None, prog: str, description: str = "") -> T:
-    """Parse flags (and an optional `--config` file) into an instance of `cls`."""
+    """Parse flags (and an optional `--config` file, which they override) into an instance of `cls`."""
     parser = build_parser(cls, prog, description)
     ns = vars(parser.parse_args(argv))
-    values: dict[str, Any] = {}
+    file_values: dict[str, Any] = {}
     config_path = ns.pop("config", None)
     if config_path:
-        known = {name for _, name, _, _ in iter_fields(cls)}
-        file_values = _read_config_file(config_path)
-        unknown = sorted(set(file_values) - known)
-        if unknown:
-            raise UserError(f"--config {config_path}: unknown option(s) {', '.join(unknown)}")
-        values.update(file_values)
-    values.update(ns)
-    return _construct(cls, values)
+        file_values, file_adapted = _resolve_file_keys(cls, _read_config_file(config_path), config_path)
+        _apply_adapted(cls, file_values, file_adapted)
+    adapted = {key[len(_ADAPTED_DEST):]: ns.pop(key) for key in [k for k in ns if k.startswith(_ADAPTED_DEST)]}
+    _apply_adapted(cls, ns, adapted, context=file_values)
+    return _construct(cls, {**file_values, **ns})
 
 
 def flag_table(cls: type) -> str:
-    """A Markdown table of every flag of `cls` (used to write and check the README)."""
+    """A Markdown table of every flag of `cls`, with OpenRLHF's spellings (used to write and check the README)."""
+    fields = field_names(cls)
     rows = ["| flag | default | meaning |", "| --- | --- | --- |"]
     for _, name, f, _ in iter_fields(cls):
         default = _default_of(f)
         aliases = "".join(f", `--{a}`" for a in f.metadata.get("aliases", ()))
+        aliases += "".join(f", `--{a}`" for a in theirs.openrlhf_flags_of(name, fields))
         choices = f.metadata.get("choices")
         text = f.metadata.get("help", "")
         if choices:

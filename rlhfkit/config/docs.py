@@ -1,7 +1,10 @@
-"""Write the flag tables of the README from the config dataclasses: `python -m rlhfkit.config.docs README.md`.
+"""Write the flag tables of the docs from the config dataclasses: `python -m rlhfkit.config.docs README.md
+docs/migration.md`.
 
-Each table lives between `<!-- flags:NAME -->` and `<!-- /flags:NAME -->` markers, so the README's prose stays
-hand-written while the tables cannot drift from the code (a test checks they are current).
+Each table lives between `<!-- flags:NAME -->` and `<!-- /flags:NAME -->` markers (the README's flag tables), or
+`<!-- migration:NAME -->` and `<!-- /migration:NAME -->` (docs/migration.md: each flag in rlhfkit's and OpenRLHF's
+spellings), or `<!-- migration-unsupported -->` (OpenRLHF flags rlhfkit has no equivalent for yet), so the prose
+stays hand-written while the tables cannot drift from the code (tests check they are current).
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ import re
 import sys
 from pathlib import Path
 
-from rlhfkit.config.base import flag_table
+from rlhfkit.config import openrlhf_names as theirs
+from rlhfkit.config.base import field_names, flag_table, iter_fields
 
 # marker name -> "module:Class" of the config it documents (only those that exist are rendered)
 TABLES = {
@@ -34,21 +38,53 @@ def load_config_class(spec: str) -> type | None:
         return None
 
 
+def migration_table(cls: type) -> str:
+    """Every flag of `cls` in three spellings: rlhfkit's, OpenRLHF's flat (up to 0.10.1), OpenRLHF's dotted."""
+    fields = field_names(cls)
+    rows = ["| rlhfkit | OpenRLHF flat (<= 0.10.1) | OpenRLHF dotted (0.10.2+) |", "| --- | --- | --- |"]
+    for _, name, _, _ in iter_fields(cls):
+        others = theirs.openrlhf_flags_of(name, fields)
+        flat = [] if name in theirs.RLHFKIT_ONLY else [name]
+        flat += [o for o in others if "." not in o]
+        dotted = [o for o in others if "." in o]
+        rows.append(f"| `--{name}` | {_codes(flat)} | {_codes(dotted)} |")
+    return "\n".join(rows)
+
+
+def unsupported_table() -> str:
+    rows = ["| OpenRLHF flag | why it fails for now |", "| --- | --- |"]
+    rows += [f"| `--{flag}` | {reason} |" for flag, reason in sorted(theirs.NOT_SUPPORTED.items())]
+    return "\n".join(rows)
+
+
+def _codes(flags: list[str]) -> str:
+    return ", ".join(f"`--{f}`" for f in flags) if flags else "-"
+
+
+def _replace(text: str, marker: str, table: str) -> str:
+    pattern = re.compile(rf"(<!-- {marker} -->\n).*?(<!-- /{marker} -->)", re.S)
+    return pattern.sub(lambda m: m.group(1) + table + "\n" + m.group(2), text)
+
+
 def render(text: str) -> str:
     """`text` with every marked table replaced by the current flags."""
     for marker, spec in TABLES.items():
         cls = load_config_class(spec)
-        pattern = re.compile(rf"(<!-- flags:{marker} -->\n).*?(<!-- /flags:{marker} -->)", re.S)
-        if cls is not None and pattern.search(text):
-            table = flag_table(cls)
-            text = pattern.sub(lambda m, t=table: m.group(1) + t + "\n" + m.group(2), text)
+        if cls is None:
+            continue
+        if f"<!-- flags:{marker} -->" in text:
+            text = _replace(text, f"flags:{marker}", flag_table(cls))
+        if f"<!-- migration:{marker} -->" in text:
+            text = _replace(text, f"migration:{marker}", migration_table(cls))
+    if "<!-- migration-unsupported -->" in text:
+        text = _replace(text, "migration-unsupported", unsupported_table())
     return text
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    path = Path(args[0] if args else "README.md")
-    path.write_text(render(path.read_text()))
+    for path in map(Path, args or ["README.md"]):
+        path.write_text(render(path.read_text()))
     return 0
 
 

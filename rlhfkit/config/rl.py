@@ -9,7 +9,6 @@ the Transformers rollout engine, and `train_ppo_ray` acts on them.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -307,10 +306,58 @@ def _validate_sources(cfg: PPOConfig) -> None:
         raise UserError("--remote_rm_retries must be >= 1 and --remote_rm_timeout > 0")
 
 
+ROLES = ("actor", "critic", "ref", "reward")
+
+
+def role_needed(cfg: PPOConfig, role: str) -> bool:
+    """Whether this run has the role: no critic for a group estimator, no reward model with --remote_rm_url, no
+    reference without KL."""
+    return {"actor": True, "critic": needs_critic(cfg), "ref": needs_reference(cfg),
+            "reward": bool(cfg.rl_model.reward_pretrain)}[role]
+
+
+def _colocated_host(cfg: PPOConfig, role: str) -> str | None:
+    """The role whose devices `role` shares (actor for the hybrid engine and --colocate_actor_ref; critic for
+    --colocate_critic_reward), or None."""
+    res = cfg.resources
+    if role == "actor":
+        return None
+    if res.colocate_all_models or (role == "ref" and res.colocate_actor_ref):
+        return "actor"
+    if role == "reward" and res.colocate_critic_reward and role_needed(cfg, "critic"):
+        return "critic"
+    return None
+
+
+def role_ranks(cfg: PPOConfig, role: str) -> int:
+    """Processes (one device each) of a role: --{role}_num_nodes x --{role}_num_gpus_per_node.
+
+    OpenRLHF's hybrid-engine commands give colocated roles 0 nodes / 0 GPUs ("they live on the actor's devices"):
+    a colocated role with 0 devices gets as many ranks as the role it is colocated with."""
+    res = cfg.resources
+    ranks = getattr(res, f"{role}_num_nodes") * getattr(res, f"{role}_num_gpus_per_node")
+    host = _colocated_host(cfg, role)
+    if ranks == 0 and host is not None:
+        return role_ranks(cfg, host)
+    return ranks
+
+
 def _validate_resources(cfg: PPOConfig) -> None:
     res, r = cfg.resources, cfg.rollout
-    counts = {f.name: getattr(res, f.name) for f in dataclasses.fields(res) if f.name.endswith(("_nodes", "_node"))}
-    _positive(counts)
+    _positive({"actor_num_nodes": res.actor_num_nodes, "actor_num_gpus_per_node": res.actor_num_gpus_per_node})
+    for role in ROLES[1:]:
+        nodes, gpus = getattr(res, f"{role}_num_nodes"), getattr(res, f"{role}_num_gpus_per_node")
+        flags = f"--{role}_num_nodes {nodes} --{role}_num_gpus_per_node {gpus}"
+        if nodes < 0 or gpus < 0:
+            raise UserError(f"{flags}: device counts must be >= 0")
+        if nodes * gpus == 0 and role_needed(cfg, role) and _colocated_host(cfg, role) is None:
+            why = {"critic": "--advantage_estimator gae trains a critic",
+                   "ref": "the KL term (--init_kl_coef > 0 or --use_kl_loss) needs the reference model",
+                   "reward": "--reward_pretrain names a reward model"}[role]
+            raise UserError(f"{flags}: the {role} role has no devices but {why}; give it devices or colocate it "
+                            f"with the actor (--colocate_all_models"
+                            f"{', --colocate_actor_ref' if role == 'ref' else ''}"
+                            f"{', --colocate_critic_reward' if role == 'reward' else ''})")
     if r.vllm_num_engines < 0:
         raise UserError(f"--vllm_num_engines must be >= 0 (got {r.vllm_num_engines})")
     _positive({"vllm_tensor_parallel_size": r.vllm_tensor_parallel_size})
@@ -328,7 +375,7 @@ def _validate_resources(cfg: PPOConfig) -> None:
 def validate_rl_config(cfg: PPOConfig) -> PPOConfig:
     """Fail fast (UserError, one line) on a config that cannot run; returns the config."""
     _validate_sources(cfg)
+    _validate_resources(cfg)  # before the batch arithmetic, which divides by the actor's device count
     _validate_batches(cfg)
     _validate_algorithm(cfg)
-    _validate_resources(cfg)
     return cfg

@@ -58,8 +58,14 @@ class Slot:
 
 def plan_pools(demands: list[RoleDemand], *, colocate_all: bool, colocate_actor_ref: bool,
                colocate_critic_reward: bool) -> list[Pool]:
-    """Group the roles into pools (placement groups) following the colocation flags; UserError if impossible."""
-    by_name = {d.name: d for d in demands if d.ranks > 0}
+    """Group the roles into pools (placement groups) following the colocation flags; UserError if impossible.
+
+    `demands` hold only the roles the run has, each with at least one rank: the config layer leaves out absent
+    roles and gives a colocated role that was given 0 devices its host's rank count (config.rl.role_ranks)."""
+    bad = [d.name for d in demands if d.ranks <= 0 or d.devices_per_rank <= 0]
+    if bad:
+        raise ValueError(f"roles without devices reached the placement: {bad}")
+    by_name = {d.name: d for d in demands}
     pools: list[Pool] = []
     placed: set[str] = set()
 

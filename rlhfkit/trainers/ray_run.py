@@ -21,7 +21,15 @@ from typing import Any
 
 import torch
 
-from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference, samples_per_rollout, validate_rl_config
+from rlhfkit.config.rl import (
+    ROLES,
+    PPOConfig,
+    needs_critic,
+    role_needed,
+    role_ranks,
+    samples_per_rollout,
+    validate_rl_config,
+)
 from rlhfkit.distributed.placement import ResourcePlan, RoleDemand, connect_ray, unwrap_user_error
 from rlhfkit.errors import UserError
 from rlhfkit.rollout.vllm_engine import check_vllm_args
@@ -31,20 +39,11 @@ from rlhfkit.trainers.rl_loop import RLTrainer
 SPLIT_METHODS = {"log_probs": "split", "values": "split", "score": "split"}
 
 
-def _ranks(cfg: PPOConfig, role: str) -> int:
-    r = cfg.resources
-    return getattr(r, f"{role}_num_nodes") * getattr(r, f"{role}_num_gpus_per_node")
-
-
 def role_demands(cfg: PPOConfig) -> list[RoleDemand]:
     """The devices each role of this run needs (vllm: engines x tensor parallel; Transformers engine: one)."""
-    demands = [RoleDemand("actor", _ranks(cfg, "actor"))]
-    if needs_reference(cfg):
-        demands.append(RoleDemand("ref", _ranks(cfg, "ref")))
-    if needs_critic(cfg):
-        demands.append(RoleDemand("critic", _ranks(cfg, "critic")))
-    if cfg.rl_model.reward_pretrain:
-        demands.append(RoleDemand("reward", _ranks(cfg, "reward")))
+    # Roles the run does not have are left out whatever their device flags say (OpenRLHF commands pass 0 for
+    # them); a colocated role given 0 devices runs on its host's devices (role_ranks).
+    demands = [RoleDemand(role, role_ranks(cfg, role)) for role in ROLES if role_needed(cfg, role)]
     r = cfg.rollout
     if r.vllm_num_engines > 0:
         demands.append(RoleDemand("vllm", r.vllm_num_engines, r.vllm_tensor_parallel_size))

@@ -1,0 +1,386 @@
+"""OpenRLHF's other spellings of our flags: the dotted flags of OpenRLHF 0.10.2+ and the flat flags it renamed.
+
+rlhfkit's flags are OpenRLHF's flat flags (`--pretrain`, `--zero_stage`, ...). OpenRLHF 0.10.2 moved every flag
+under a dotted section (`--actor.model_name_or_path`, `--ds.zero_stage`, `--train.colocate_all`, ...) and renamed
+a few flat ones before that (`--eps_clip_low_high LO HI`, `--param_dtype bf16`). This module is the one table of
+those spellings; `rlhfkit.config.base` turns it into parser aliases, `--config` file keys, the README's flag
+tables and docs/migration.md, so a command pasted from either OpenRLHF generation parses.
+
+Three kinds of entries:
+- ALIASES: their flag -> our field(s) with the same value. A tuple of candidates means "the first field that the
+  command's config has" (DPO's `--ref.offload` is `--ref_offload`; train_ppo_ray's is `--ref_reward_offload`).
+- ADAPTED: their flag whose value has another shape; a function turns it into our fields
+  (`--eps_clip_low_high 0.2 0.28` -> `--clip_eps_low 0.2 --clip_eps_high 0.28`).
+- NOT_SUPPORTED: their flags with no rlhfkit equivalent yet, with the reason. They parse only to fail with one
+  line, "--x.y is not supported yet by rlhfkit (reason)", exit code 2: never "unrecognized arguments", never
+  accepted and ignored.
+An alias whose field the command does not have (e.g. `--data.prompt_dataset` on train_sft) is reported like a
+NOT_SUPPORTED flag, naming the command.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rlhfkit.errors import UserError
+
+# -- same value, another name --------------------------------------------------------------------------------
+ALIASES: dict[str, str | tuple[str, ...]] = {
+    # models
+    "actor.model_name_or_path": "pretrain",
+    "model.model_name_or_path": "pretrain",
+    "reward.model_name_or_path": "reward_pretrain",
+    "critic.model_name_or_path": "critic_pretrain",
+    "ref.model_name_or_path": "ref_pretrain",
+    "reward.remote_url": "remote_rm_url",
+    "ds.value_head_prefix": "value_head_prefix",
+    "ds.attn_implementation": "attn_implementation",
+    "actor.gradient_checkpointing_enable": "gradient_checkpointing",
+    "model.gradient_checkpointing_enable": "gradient_checkpointing",
+    "actor.gradient_checkpointing_reentrant": "gradient_checkpointing_use_reentrant",
+    "model.gradient_checkpointing_reentrant": "gradient_checkpointing_use_reentrant",
+    "data.disable_fast_tokenizer": "disable_fast_tokenizer",
+    "ds.load_in_4bit": "load_in_4bit",
+    "ds.lora.rank": "lora_rank",
+    "ds.lora.alpha": "lora_alpha",
+    "ds.lora.dropout": "lora_dropout",
+    "ref.offload": ("ref_offload", "ref_reward_offload"),
+    "reward.offload": "ref_reward_offload",
+    # DeepSpeed and optimizer
+    "ds.zero_stage": "zero_stage",
+    "ds.adam_offload": "adam_offload",
+    "ds.zpg": "zpg",
+    "ds.overlap_comm": "overlap_comm",
+    "ds.grad_accum_dtype": "grad_accum_dtype",
+    "ds.enable_sleep": "deepspeed_enable_sleep",
+    "ds.packing_samples": "packing_samples",
+    "ds.use_universal_ckpt": "use_ds_universal_ckpt",
+    "train.batch_size": "train_batch_size",
+    "train.micro_batch_size": "micro_train_batch_size",
+    "train.seed": "seed",
+    "train.max_epochs": "max_epochs",
+    "train.num_episodes": "num_episodes",
+    "adam.lr": "learning_rate",
+    "actor.adam.lr": "actor_learning_rate",
+    "critic.adam.lr": "critic_learning_rate",
+    "adam.betas": "adam_betas",
+    "actor.adam.betas": "adam_betas",
+    "adam.weight_decay": "l2",
+    "actor.adam.weight_decay": "l2",
+    "actor.lr_scheduler": "lr_scheduler",
+    "actor.lr_warmup_ratio": "lr_warmup_ratio",
+    "actor.max_norm": "max_norm",
+    # data
+    "data.dataset": "dataset",
+    "data.dataset_probs": "dataset_probs",
+    "data.dataset_split": "dataset_split",
+    "data.prompt_dataset": "prompt_data",
+    "data.prompt_probs": "prompt_data_probs",
+    "data.prompt_split": "prompt_split",
+    "data.max_samples": "max_samples",
+    "data.max_len": "max_len",
+    "data.input_key": "input_key",
+    "data.output_key": "output_key",
+    "data.label_key": "label_key",
+    "data.prompt_key": "prompt_key",
+    "data.chosen_key": "chosen_key",
+    "data.rejected_key": "rejected_key",
+    "data.input_template": "input_template",
+    "data.apply_chat_template": "apply_chat_template",
+    "data.tokenizer_chat_template": "tokenizer_chat_template",
+    "data.multiturn": "multiturn",
+    "data.dataloader_num_workers": "dataloader_num_workers",
+    "model.pretrain_mode_enable": "pretrain_mode",
+    "eval.dataset": "eval_dataset",
+    "eval.split": "eval_split",
+    "eval.steps": "eval_steps",
+    "eval.temperature": "eval_temperature",
+    "eval.n_samples_per_prompt": "eval_n_samples_per_prompt",
+    # losses of the offline trainers
+    "model.aux_loss_coef": "aux_loss_coef",
+    "actor.aux_loss_coef": "aux_loss_coef",
+    "model.beta": "beta",
+    "model.ipo_enable": "ipo",
+    "model.label_smoothing": "label_smoothing",
+    "model.nll_loss_coef": "nll_loss_coef",
+    "model.loss_type": "loss",
+    "model.compute_fp32_loss_enable": "compute_fp32_loss",
+    # RL placement and engines
+    "actor.num_nodes": "actor_num_nodes",
+    "actor.num_gpus_per_node": "actor_num_gpus_per_node",
+    "critic.num_nodes": "critic_num_nodes",
+    "critic.num_gpus_per_node": "critic_num_gpus_per_node",
+    "ref.num_nodes": "ref_num_nodes",
+    "ref.num_gpus_per_node": "ref_num_gpus_per_node",
+    "reward.num_nodes": "reward_num_nodes",
+    "reward.num_gpus_per_node": "reward_num_gpus_per_node",
+    "train.colocate_actor_ref": "colocate_actor_ref",
+    "train.colocate_critic_reward": "colocate_critic_reward",
+    "train.colocate_all": "colocate_all_models",
+    "vllm.num_engines": "vllm_num_engines",
+    "vllm.tensor_parallel_size": "vllm_tensor_parallel_size",
+    "vllm.gpu_memory_utilization": "vllm_gpu_memory_utilization",
+    "vllm.sync_backend": "vllm_sync_backend",
+    "vllm.enable_sleep": "vllm_enable_sleep",
+    "vllm.enforce_eager": "enforce_eager",
+    "vllm.enable_prefix_caching": "enable_prefix_caching",
+    # RL rollout and algorithm
+    "rollout.batch_size": "rollout_batch_size",
+    "rollout.micro_batch_size": "micro_rollout_batch_size",
+    "rollout.n_samples_per_prompt": "n_samples_per_prompt",
+    "rollout.max_new_tokens": "generate_max_len",
+    "rollout.temperature": "temperature",
+    "rollout.top_p": "top_p",
+    "algo.advantage.estimator": "advantage_estimator",
+    "algo.advantage.gamma": "gamma",
+    "algo.advantage.lambd": "lambd",
+    "algo.advantage.no_std_norm": "no_advantage_std_norm",
+    "algo.advantage.is_correction_enable": "enable_vllm_is_correction",
+    "algo.kl.use_loss": "use_kl_loss",
+    "algo.kl.estimator": "kl_estimator",
+    "algo.kl.init_coef": "init_kl_coef",
+    "algo.kl.target": "kl_target",
+    "algo.kl.horizon": "kl_horizon",
+    "actor.eps_clip": "eps_clip",
+    "actor.dual_clip": "dual_clip",
+    "actor.entropy_coef": "entropy_loss_coef",
+    "critic.value_clip": "value_clip",
+    "critic.freezing_steps": "freezing_actor_steps",
+    "critic.save_value_network": "save_value_network",
+    "reward.normalize_enable": "normalize_reward",
+    "reward.clip_range": "reward_clip_range",
+    # checkpoints and logging
+    "ckpt.output_dir": "save_path",
+    "ckpt.path": "ckpt_path",
+    "ckpt.save_steps": "save_steps",
+    "ckpt.save_hf": "save_hf_ckpt",
+    "ckpt.max_num": "max_ckpt_num",
+    "ckpt.max_mem": "max_ckpt_mem",
+    "ckpt.load_enable": "load_checkpoint",
+    "logger.logging_steps": "logging_steps",
+    "logger.wandb.key": "use_wandb",
+    "logger.wandb.org": "wandb_org",
+    "logger.wandb.group": "wandb_group",
+    "logger.wandb.project": "wandb_project",
+    "logger.wandb.run_name": "wandb_run_name",
+    "logger.tensorboard_dir": "use_tensorboard",
+}
+
+
+# -- another shape ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Adapted:
+    """Their flag `flag` takes `nargs` values of `kind`; `convert(value, current)` returns our field values.
+
+    `current(name)` reads a field's value as set so far (explicit or default), for a flag defined relative to
+    another one (OpenRLHF's `--data.max_len` is prompt plus response; ours is split in two). `fields` are the
+    fields it writes; it applies to a config that has all of `needs` (default: `fields`). A flag that only
+    checks its value (`--optim adam`: rlhfkit always uses AdamW) writes nothing and needs the field it concerns."""
+
+    flag: str
+    fields: tuple[str, ...]
+    convert: Callable[[Any, Callable[[str], Any]], dict[str, Any]]
+    kind: type = str
+    nargs: int | str | None = None
+    metavar: str | tuple[str, ...] | None = None
+    help: str = ""
+    needs: tuple[str, ...] = ()
+
+    def applies(self, fields: set[str] | frozenset[str]) -> bool:
+        return all(f in fields for f in (self.needs or self.fields))
+
+
+def _clip_low_high(value: list[float], current: Callable[[str], Any]) -> dict[str, Any]:
+    low, high = value
+    return {"clip_eps_low": float(low), "clip_eps_high": float(high)}
+
+
+def _param_dtype(flag: str) -> Callable[[str, Callable[[str], Any]], dict[str, Any]]:
+    def convert(value: str, current: Callable[[str], Any]) -> dict[str, Any]:
+        if value == "bf16":
+            return {"bf16": True}
+        raise UserError(f"--{flag} {value} is not supported yet by rlhfkit (it trains in fp32 or, with "
+                        f"--{flag} bf16 / --bf16, in bfloat16)")
+    return convert
+
+
+def _total_len(value: int, current: Callable[[str], Any]) -> dict[str, Any]:
+    """OpenRLHF's RL `--data.max_len` bounds prompt + response; ours bounds each: prompt = total - response."""
+    generate = current("generate_max_len")
+    prompt = int(value) - int(generate)
+    if prompt <= 0:
+        raise UserError(f"--data.max_len {value} (prompt + response) leaves no room for the prompt with "
+                        f"--generate_max_len / --rollout.max_new_tokens {generate}; raise --data.max_len or lower "
+                        "--rollout.max_new_tokens")
+    return {"prompt_max_len": prompt}
+
+
+def _target_modules(value: list[str], current: Callable[[str], Any]) -> dict[str, Any]:
+    # OpenRLHF's default "all-linear" is rlhfkit's default (no list): every linear layer.
+    return {"target_modules": None if value in ([], ["all-linear"]) else list(value)}
+
+
+def _only(flag: str, allowed: str, why: str) -> Callable[[str, Callable[[str], Any]], dict[str, Any]]:
+    """A choice flag of which rlhfkit implements one value (the one it always uses): others fail, with `why`."""
+    def convert(value: str, current: Callable[[str], Any]) -> dict[str, Any]:
+        if value != allowed:
+            raise UserError(f"--{flag} {value} is not supported yet by rlhfkit ({why})")
+        return {}
+    return convert
+
+
+_GSPO = "rlhfkit's policy loss is the token-level PPO clip; GSPO is not implemented"
+
+ADAPTED: tuple[Adapted, ...] = (
+    Adapted("eps_clip_low_high", ("clip_eps_low", "clip_eps_high"), _clip_low_high, float, 2, ("LO", "HI"),
+            "OpenRLHF's spelling of --clip_eps_low LO --clip_eps_high HI."),
+    Adapted("actor.eps_clip_low_high", ("clip_eps_low", "clip_eps_high"), _clip_low_high, float, 2, ("LO", "HI"),
+            "OpenRLHF 0.10.2+: --clip_eps_low LO --clip_eps_high HI."),
+    Adapted("param_dtype", ("bf16",), _param_dtype("param_dtype"), str, None, "bf16",
+            "OpenRLHF's spelling of --bf16 (bf16 only)."),
+    Adapted("ds.param_dtype", ("bf16",), _param_dtype("ds.param_dtype"), str, None, "bf16",
+            "OpenRLHF 0.10.2+: --bf16 (bf16 only)."),
+    Adapted("data.max_len", ("prompt_max_len",), _total_len, int, None, "N",
+            "OpenRLHF 0.10.2+ RL: prompt + response tokens; sets --prompt_max_len N - --generate_max_len."),
+    Adapted("ds.lora.target_modules", ("target_modules",), _target_modules, str, "*", "NAME",
+            "OpenRLHF 0.10.2+: --target_modules ('all-linear': every linear layer, the default)."),
+    Adapted("optim", (), _only("optim", "adam", "rlhfkit trains with AdamW"), str, None, "adam",
+            "OpenRLHF 0.10.2+ optimizer choice; rlhfkit trains with AdamW (adam only).", ("learning_rate",)),
+    Adapted("actor.optim", (), _only("actor.optim", "adam", "rlhfkit trains with AdamW"), str, None, "adam",
+            "OpenRLHF 0.10.2+ optimizer choice; rlhfkit trains with AdamW (adam only).", ("actor_learning_rate",)),
+    Adapted("actor.policy_loss_type", (), _only("actor.policy_loss_type", "ppo", _GSPO), str, None, "ppo",
+            "OpenRLHF 0.10.2+ policy loss; rlhfkit implements ppo only.", ("eps_clip",)),
+    Adapted("policy_loss_type", (), _only("policy_loss_type", "ppo", _GSPO), str, None, "ppo",
+            "OpenRLHF's policy loss choice; rlhfkit implements ppo only.", ("eps_clip",)),
+)
+
+# -- no equivalent yet --------------------------------------------------------------------------------------
+_AGENTS = "agent execution lands in a later release; use --remote_rm_url with a reward function meanwhile"
+_ASYNC = "async training lands with the agent API; train synchronously meanwhile"
+_DYNBATCH = "token-budget dynamic batching is not implemented yet; use --micro_train_batch_size"
+_RING = "ring attention / sequence parallelism is not implemented"
+_TP = "DeepSpeed tensor parallelism is not implemented; use ZeRO (--zero_stage 3)"
+_CRITIC_OPT = "the critic shares the actor's optimizer settings; only its learning rate (--critic.adam.lr) differs"
+_MUON = "rlhfkit trains with AdamW; Muon is not implemented"
+_FILTER = "dynamic filtering of zero-variance groups is not implemented"
+_OVERLONG = "length-based reward shaping is not implemented"
+_VLM = "vision-language models are not supported"
+
+NOT_SUPPORTED: dict[str, str] = {
+    # flat (OpenRLHF 0.8/0.9) flags
+    "agent_func_path": _AGENTS,
+    "async_train": _ASYNC,
+    "async_queue_size": _ASYNC,
+    "partial_rollout": _ASYNC,
+    "use_dynamic_batch": _DYNBATCH,
+    "train_max_tokens_per_gpu": _DYNBATCH,
+    "rollout_max_tokens_per_gpu": _DYNBATCH,
+    "ring_attn_size": _RING,
+    "ring_head_stride": _RING,
+    "ds_tensor_parallel_size": _TP,
+    "dynamic_filtering": _FILTER,
+    "dynamic_filtering_reward_range": _FILTER,
+    "overlong_buffer_len": _OVERLONG,
+    "overlong_penalty_factor": _OVERLONG,
+    "stop_properly_penalty_coef": _OVERLONG,
+    "use_liger_kernel": "Liger kernels are not integrated",
+    "full_determinism": "a fully deterministic mode is not implemented (runs are seeded with --seed)",
+    "vllm_generate_batch_size": "engines generate the whole rollout batch at once",
+    "disable_ds_ckpt": "checkpoints always hold the DeepSpeed states needed to resume",
+    "use_ms": "ModelScope downloads are not supported; pass a local model directory",
+    # dotted (OpenRLHF 0.10.2+) flags
+    "train.agent_func_path": _AGENTS,
+    "train.async_enable": _ASYNC,
+    "train.async_queue_size": _ASYNC,
+    "train.partial_rollout_enable": _ASYNC,
+    "train.dynamic_batch_enable": _DYNBATCH,
+    "train.max_tokens_per_gpu": _DYNBATCH,
+    "rollout.max_tokens_per_gpu": _DYNBATCH,
+    "rollout.vllm_generate_batch_size": "engines generate the whole rollout batch at once",
+    "ds.ring_attn_size": _RING,
+    "ds.ring_attn_head_stride": _RING,
+    "ds.tensor_parallel_size": _TP,
+    "ds.deepcompile": "DeepSpeed deepcompile is not integrated",
+    "ds.experts_implementation": "MoE expert kernels are chosen by Transformers",
+    "ds.use_liger_kernel": "Liger kernels are not integrated",
+    "train.full_determinism_enable": "a fully deterministic mode is not implemented (runs are seeded with --seed)",
+    "train.enable_ema": "an EMA copy of the model is not implemented",
+    "train.ema_beta": "an EMA copy of the model is not implemented",
+    "vllm.sync_with_ray": "weights reach the engines over --vllm_sync_backend or the Ray object store as chosen "
+                          "by rlhfkit",
+    "algo.advantage.is_correction_threshold": "rlhfkit's correction truncates at one cap, "
+                                              "--vllm_is_truncated_threshold",
+    "algo.advantage.is_correction_type": "rlhfkit implements truncated importance sampling (tis) only, switched "
+                                         "on by --algo.advantage.is_correction_enable",
+    "algo.dynamic_filtering_enable": _FILTER,
+    "algo.dynamic_filtering_range": _FILTER,
+    "reward.overlong_buffer_len": _OVERLONG,
+    "reward.overlong_penalty_factor": _OVERLONG,
+    "reward.stop_properly_penalty_coef": _OVERLONG,
+    "ckpt.disable_ds": "checkpoints always hold the DeepSpeed states needed to resume",
+    "ckpt.best_metric_key": "best-checkpoint selection is not implemented; use --save_steps",
+    "critic.optim": _CRITIC_OPT,
+    "critic.adam.betas": _CRITIC_OPT,
+    "critic.adam.eps": _CRITIC_OPT,
+    "critic.adam.weight_decay": _CRITIC_OPT,
+    "critic.lr_scheduler": _CRITIC_OPT,
+    "critic.lr_warmup_ratio": _CRITIC_OPT,
+    "critic.min_lr_ratio": _CRITIC_OPT,
+    "critic.max_norm": _CRITIC_OPT,
+    "adam.eps": "AdamW's eps is fixed at 1e-8",
+    "actor.adam.eps": "AdamW's eps is fixed at 1e-8",
+    "min_lr_ratio": "the cosine schedule's floor is fixed at 0.1 x the peak learning rate",
+    "actor.min_lr_ratio": "the cosine schedule's floor is fixed at 0.1 x the peak learning rate",
+    "data.image_key": _VLM,
+    "data.max_images_per_prompt": _VLM,
+    "actor.freeze_visual_encoder": _VLM,
+    **{f"{p}muon.{k}": _MUON for p in ("", "actor.", "critic.")
+       for k in ("lr", "momentum", "ns_steps", "nesterov", "no_nesterov")},
+}
+
+# Our flags that OpenRLHF's flat CLI never had (the migration table shows no flat OpenRLHF spelling for them).
+RLHFKIT_ONLY = frozenset({
+    "remote_rm_timeout", "remote_rm_retries", "metrics_path", "disable_progress_bar", "clip_eps_low",
+    "clip_eps_high", "reward_stats_samples", "policy_loss_agg", "host", "port", "api_key", "batch_size",
+    "batch_wait_ms", "max_body_bytes", "compute_fp32_loss",
+})
+
+
+def alias_target(flag: str, fields: set[str] | frozenset[str]) -> str | None:
+    """Our field that OpenRLHF's `flag` sets in a config with `fields`, or None when it has no plain alias there."""
+    target = ALIASES.get(flag)
+    if target is None:
+        return None
+    for name in (target,) if isinstance(target, str) else target:
+        if name in fields:
+            return name
+    return None
+
+
+def adapted_for(flag: str, fields: set[str] | frozenset[str]) -> Adapted | None:
+    """The value adapter of `flag` for a config with `fields` (every field it writes must exist there)."""
+    for a in ADAPTED:
+        if a.flag == flag and a.applies(fields):
+            return a
+    return None
+
+
+def not_supported_reason(flag: str, fields: set[str] | frozenset[str]) -> str | None:
+    """Why `flag` (OpenRLHF's) does not work with this config, or None when it is not one of theirs."""
+    if flag in fields:
+        return None
+    if flag in NOT_SUPPORTED:
+        return NOT_SUPPORTED[flag]
+    known = flag in ALIASES or any(a.flag == flag for a in ADAPTED)
+    if known and alias_target(flag, fields) is None and adapted_for(flag, fields) is None:
+        return "this command has no equivalent option"
+    return None
+
+
+def openrlhf_flags_of(field: str, fields: set[str] | frozenset[str]) -> list[str]:
+    """Every OpenRLHF spelling (dotted or renamed flat) that sets `field` in a config with `fields`."""
+    names = [flag for flag in ALIASES if alias_target(flag, fields) == field]
+    names += [a.flag for a in ADAPTED if field in a.fields and adapted_for(a.flag, fields) is a]
+    return names

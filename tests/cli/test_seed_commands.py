@@ -1,0 +1,286 @@
+"""Every `openrlhf.cli.*` command block of the seed documents runs with `openrlhf` -> `rlhfkit`.
+
+The seeds (../shared/seeds/, five files) are what users paste. Each block is extracted, counted (a lost block fails
+the count), and:
+1. parsed as typed, flag by flag: no seed flag may be unknown to rlhfkit;
+2. scaled down to the tiny demo assets and run: sizes (batch sizes, lengths, steps), paths (model -> the demo
+   model, data -> the demo files and their keys, save/checkpoint paths -> tmp), device counts (GPUs and nodes ->
+   1, vLLM engines and tensor parallelism -> 1) and GPU-only kernels (`--flash_attn` -> sdpa, after checking its
+   one-line CPU message). Scaling replaces values and adds what a partial block ("# ... other args") leaves to the
+   reader; it removes only what carries host data: the `ray job submit` / `deepspeed` launcher with its
+   `--address` and `--runtime-env-json`, and the `...` placeholder. Runs of 2 RL steps share this process's Ray
+   cluster; identical scaled commands run once.
+3. The agent blocks (`--agent_func_path`, `--async_train`) fail today with one "not supported yet" line and exit
+   code 2; when agents land, the lead flips them to running blocks (AGENT_BLOCKS below).
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import os
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from rlhfkit.cli.common import run_cli
+from rlhfkit.config.base import build_parser
+from rlhfkit.config.preference import DPOConfig, RMConfig
+from rlhfkit.config.rl import PPOConfig
+from rlhfkit.config.sft import SFTConfig
+from rlhfkit.errors import UserError
+from tests.helpers import REPO
+
+REWARD = str(REPO / "tests" / "distributed" / "reward_exact_match.py")
+TEMPLATE = "User: {}\nAssistant: "
+CONFIGS = {"train_sft": SFTConfig, "train_rm": RMConfig, "train_dpo": DPOConfig, "train_ppo_ray": PPOConfig}
+# command blocks per seed file, by module: the seeds are fixed documents, so any change here is a lost block
+EXPECTED = {"000": {}, "001": {"train_ppo_ray": 13, "train_rm": 1, "train_dpo": 1},
+            "002": {"train_sft": 1, "train_rm": 1, "train_ppo_ray": 3}, "003": {"train_ppo_ray": 1}, "004": {}}
+AGENT_FLAGS = ("--agent_func_path", "--async_train")
+HOST_ONLY = ("--address", "--runtime-env-json")  # ray job submit's: where the cluster and the checkout are
+GPU_ONLY = {"--flash_attn": (["--attn_implementation", "sdpa"], "needs the flash-attn package")}
+
+
+def seeds_dir() -> Path | None:
+    for candidate in (os.environ.get("RLHFKIT_SEEDS_DIR"), *(p / "shared" / "seeds" for p in REPO.parents)):
+        if candidate and Path(candidate).is_dir():
+            return Path(candidate)
+    return None
+
+
+@dataclass(frozen=True)
+class Block:
+    seed: str  # "001"
+    index: int  # order in its file
+    module: str  # train_ppo_ray
+    argv: tuple[str, ...]  # the module's flags as typed (launcher and placeholders removed)
+
+    @property
+    def id(self) -> str:
+        return f"{self.seed}-{self.index}-{self.module}"
+
+    @property
+    def agent(self) -> bool:
+        return any(flag in self.argv for flag in AGENT_FLAGS)
+
+
+def _ansi_c(text: str) -> str:
+    """bash's $'...' quoting (the seeds' input templates), which shlex does not know."""
+    return re.sub(r"\$'((?:[^'\\]|\\.)*)'", lambda m: shlex.quote(codecs.decode(m.group(1), "unicode_escape")), text)
+
+
+def extract_blocks(directory: Path) -> list[Block]:
+    blocks = []
+    for path in sorted(directory.glob("*.txt")):
+        logical, current = [], ""
+        for line in path.read_text(encoding="utf-8").splitlines():  # join backslash continuations
+            if line.rstrip().endswith("\\"):
+                current += line.rstrip()[:-1] + " "
+            else:
+                logical.append(current + line)
+                current = ""
+        logical.append(current)
+        index = 0
+        for line in logical:
+            match = re.search(r"(?:-m|--module)\s+openrlhf\.cli\.(\w+)", line)
+            if not match:
+                continue
+            tokens = shlex.split(_ansi_c(line[match.end():]), comments=True)
+            blocks.append(Block(path.name[:3], index, match.group(1), tuple(t for t in tokens if t != "...")))
+            index += 1
+    return blocks
+
+
+SEEDS = seeds_dir()
+BLOCKS = extract_blocks(SEEDS) if SEEDS else []
+pytestmark = pytest.mark.skipif(SEEDS is None, reason="the seed documents (../shared/seeds) are not on this machine")
+
+
+def test_every_block_is_found():
+    counts: dict[str, dict[str, int]] = {seed: {} for seed in EXPECTED}
+    for b in BLOCKS:
+        counts[b.seed][b.module] = counts[b.seed].get(b.module, 0) + 1
+    assert counts == EXPECTED
+    assert len(BLOCKS) == 21 and sum(b.agent for b in BLOCKS) == 2
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=lambda b: b.id)
+def test_every_seed_flag_is_known(block):
+    """Parse each block as typed: every flag is one of rlhfkit's (or fails with "not supported yet")."""
+    parser = build_parser(CONFIGS[block.module], block.module)
+    flags = [t.split("=")[0] for t in block.argv if t.startswith("--")]
+    unknown = [f for f in flags if f not in parser._option_string_actions]
+    assert not unknown, unknown
+    if block.agent:
+        with pytest.raises(UserError, match="is not supported yet by rlhfkit"):
+            parser.parse_args(list(block.argv))
+    else:
+        parser.parse_args(list(block.argv))
+
+
+# -- scaling ---------------------------------------------------------------------------------------------------
+def _set(argv: list[str], flag: str, value: str, *, add: bool = True) -> None:
+    if flag in argv:
+        argv[argv.index(flag) + 1] = value
+    elif add:
+        argv += [flag, value]
+
+
+def scale(block: Block, assets, out: Path) -> list[str]:
+    """The block's flags at the demo's scale (see the module docstring); every seed flag stays."""
+    argv = list(block.argv)
+    for flag, (replacement, _) in GPU_ONLY.items():
+        if flag in argv:
+            i = argv.index(flag)
+            argv[i:i + 1] = replacement
+    model, chat = str(assets.model_dir), "--apply_chat_template" in argv
+    _set(argv, "--pretrain", model)
+    _set(argv, "--save_path", str(out / "final"))
+    _set(argv, "--ckpt_path", str(out / "ckpt"), add="--load_checkpoint" in argv)
+    if "--save_steps" in argv and int(argv[argv.index("--save_steps") + 1]) > 0:
+        _set(argv, "--save_steps", "2")
+    if "--use_wandb" in argv:
+        _set(argv, "--use_wandb", "offline")  # the seeds' {wandb_token} / $WANDB_API_KEY: a secret of the host
+    if block.module == "train_ppo_ray":
+        return _scale_rl(argv, assets, chat)
+    _set(argv, "--train_batch_size", "4")
+    _set(argv, "--micro_train_batch_size", "2")
+    _set(argv, "--max_len", "96")
+    _set(argv, "--max_samples", "8")  # 2 optimizer steps
+    if block.module == "train_sft":
+        _set(argv, "--dataset", str(assets.sft_train))
+        _set(argv, "--input_key", "question")
+        _set(argv, "--output_key", "response")
+    else:
+        _set(argv, "--dataset", str(out.parent / "chat_pairs.jsonl"))
+        _set(argv, "--chosen_key", "chosen_messages" if chat else "chosen")
+        _set(argv, "--rejected_key", "rejected_messages" if chat else "rejected")
+    return argv + ["--disable_progress_bar"]
+
+
+def _scale_rl(argv: list[str], assets, chat: bool) -> list[str]:
+    for role in ("actor", "critic", "ref", "reward"):  # keep 0 (an absent or colocated role), else one device
+        for flag in (f"--{role}_num_nodes", f"--{role}_num_gpus_per_node"):
+            if flag in argv and argv[argv.index(flag) + 1] != "0":
+                _set(argv, flag, "1")
+    if "--vllm_num_engines" in argv and argv[argv.index("--vllm_num_engines") + 1] != "0":
+        _set(argv, "--vllm_num_engines", "1")
+    _set(argv, "--vllm_tensor_parallel_size", "1", add=False)
+    for flag in ("--reward_pretrain", "--critic_pretrain"):
+        _set(argv, flag, str(assets.model_dir), add=False)
+    if "--reward_pretrain" not in argv:
+        _set(argv, "--remote_rm_url", REWARD)  # a seed's reward function file -> the demo's exact-match reward
+        _set(argv, "--label_key", "answer")
+    _set(argv, "--prompt_data", str(assets.rl_train))
+    _set(argv, "--input_key", "prompt")
+    if not chat:
+        _set(argv, "--input_template", TEMPLATE)
+    estimator = argv[argv.index("--advantage_estimator") + 1] if "--advantage_estimator" in argv else "gae"
+    samples = 1 if estimator in ("gae", "reinforce") else 2
+    _set(argv, "--n_samples_per_prompt", str(samples))
+    _set(argv, "--rollout_batch_size", "2")
+    _set(argv, "--micro_rollout_batch_size", "2")
+    _set(argv, "--train_batch_size", str(2 * samples))
+    _set(argv, "--micro_train_batch_size", "1")
+    _set(argv, "--max_samples", "4")  # 2 RL steps of 2 prompts
+    _set(argv, "--prompt_max_len", "32")
+    _set(argv, "--generate_max_len", "8")
+    return argv + ["--disable_progress_bar"]
+
+
+def test_gpu_only_flags_say_so_on_cpu():
+    """The seed flags that scaling swaps for a CPU equivalent fail on CPU with their one-line reason."""
+    from rlhfkit.models.loading import resolve_attn_implementation
+
+    if __import__("importlib").util.find_spec("flash_attn") is not None:
+        pytest.skip("flash-attn is installed here")
+    with pytest.raises(UserError, match=GPU_ONLY["--flash_attn"][1]):
+        resolve_attn_implementation("sdpa", flash_attn=True)
+
+
+def test_scaling_keeps_every_seed_flag(demo_assets, tmp_path):
+    for block in BLOCKS:
+        scaled = scale(block, demo_assets, tmp_path)
+        kept = {t for t in scaled if t.startswith("--")} | set(GPU_ONLY)
+        assert {t for t in block.argv if t.startswith("--")} <= kept, block.id
+        for flag in HOST_ONLY:
+            assert flag not in scaled
+
+
+# -- running -------------------------------------------------------------------------------------------------
+def _runnable(blocks: list[Block]) -> dict[str, Block]:
+    """The non-agent blocks, identical commands once: two blocks are identical when, scaled, they parse to the
+    same config (e.g. one spells out a default the other leaves implicit)."""
+    from types import SimpleNamespace
+
+    from rlhfkit.config.base import parse_config
+
+    where = SimpleNamespace(model_dir="MODEL", rl_train="RL", sft_train="SFT")
+    seen: list[tuple[str, object]] = []
+    runnable = {}
+    for b in blocks:
+        if b.agent:
+            continue
+        cfg = parse_config(CONFIGS[b.module], scale(b, where, Path("OUT")), b.module)
+        if (b.module, cfg) not in seen:
+            seen.append((b.module, cfg))
+            runnable[b.id] = b
+    return runnable
+
+
+RUNNABLE = _runnable(BLOCKS)
+
+
+@pytest.fixture(scope="module")
+def chat_pairs(demo_assets, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("seed_runs") / "chat_pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in demo_assets.read("pref_train")[:64]))
+    return path
+
+
+@pytest.fixture(scope="module")
+def wandb_offline(tmp_path_factory):
+    saved = {k: os.environ.get(k) for k in ("WANDB_MODE", "WANDB_DIR", "WANDB_SILENT")}
+    os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=str(tmp_path_factory.mktemp("wandb")))
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def _main(module: str):
+    import importlib
+
+    return importlib.import_module(f"rlhfkit.cli.{module}").main
+
+
+@pytest.mark.parametrize("block_id", sorted(RUNNABLE))
+def test_seed_block_runs(block_id, demo_assets, chat_pairs, wandb_offline, capsys):
+    block = RUNNABLE[block_id]
+    out = chat_pairs.parent / block_id
+    argv = scale(block, demo_assets, out)
+    if block.module == "train_ppo_ray":
+        from tests.distributed.ray_cluster import ensure_ray
+
+        ensure_ray()
+    code = run_cli(_main(block.module), argv, prog=block.module)
+    assert code == 0, capsys.readouterr().err[-3000:]
+    rows = [json.loads(line) for line in (out / "final" / "metrics.jsonl").read_text().splitlines()]
+    key = "train/actor/policy_loss" if block.module == "train_ppo_ray" else "train/loss"
+    assert len([r for r in rows if key in r]) == 2, rows[-3:]
+    assert (out / "final" / "model.safetensors").is_file() or (out / "final" / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.agent], ids=lambda b: b.id)
+def test_agent_blocks_are_not_supported_yet(block, demo_assets, tmp_path, capsys):
+    """Agents land later (another issue): until then these blocks stop with one line and exit code 2. When they
+    land, move these blocks to test_seed_block_runs."""
+    code = run_cli(_main(block.module), scale(block, demo_assets, tmp_path), prog=block.module)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "is not supported yet by rlhfkit" in err[0], err
