@@ -19,6 +19,7 @@ that is missing, of the wrong length, not a number, NaN or infinite is a UserErr
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import os
 import time
@@ -116,6 +117,13 @@ class RewardFunction:
         fn = getattr(module, "reward_func", None)
         if not callable(fn):
             raise UserError(f"{self.where}: defines no function reward_func(queries, prompts, labels)")
+        try:  # a wrong signature fails now, not at the first rollout after every model has loaded
+            inspect.signature(fn).bind([], [], [])
+        except TypeError:
+            raise UserError(f"{self.where}: reward_func{inspect.signature(fn)} has the wrong signature; it is "
+                            "called as reward_func(queries, prompts, labels)") from None
+        except ValueError:  # no inspectable signature (a builtin or C callable): it will tell at call time
+            pass
         self.fn = fn
 
     def score(self, batch: dict[str, Any]) -> dict[str, Any]:
