@@ -66,6 +66,9 @@ class StrategyArgs:
     zpg: int = arg(1, "ZeRO++ hierarchical partition size (1 = off).")
     overlap_comm: bool = arg(False, "Overlap gradient reduction with backward (DeepSpeed overlap_comm).")
     grad_accum_dtype: str | None = arg(None, "Gradient accumulation dtype (fp32 or bf16); default follows DeepSpeed.")
+    max_nonfinite_steps: int = arg(10, "Stop the run (exit 2) after this many optimizer steps in a row whose loss "
+                                       "or gradient was NaN/inf; each such update is skipped on every rank (weights "
+                                       "unchanged) and counted in the metrics as nonfinite_skipped.")
 
     def check_ranges(self) -> None:
         """Out-of-range numbers fail at parse time, before any model loads (NaN fails every `ok` test)."""
@@ -79,6 +82,7 @@ class StrategyArgs:
         _need(len(self.adam_betas) == 2, "adam_betas", betas, "two numbers, e.g. --adam_betas 0.9 0.95")
         _need(all(0 <= b < 1 for b in self.adam_betas), "adam_betas", betas, "two numbers in [0, 1)")
         _need(self.zpg >= 1, "zpg", self.zpg, "at least 1 (1 = off)")
+        _need(self.max_nonfinite_steps >= 1, "max_nonfinite_steps", self.max_nonfinite_steps, "at least 1")
 
 
 @dataclass
