@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "rlhfkit"
 
 LAYERS: list[tuple[str, ...]] = [
-    ("config",), ("algorithms",), ("data", "demo"), ("models",), ("distributed",), ("rollout",),
+    ("config",), ("algorithms",), ("data", "demo"), ("models",), ("distributed",), ("rollout", "agents"),
     ("checkpoint", "logging"), ("trainers",), ("cli",),
 ]
 EVERYWHERE = {"rlhfkit", "rlhfkit.errors"}
