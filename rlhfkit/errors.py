@@ -17,3 +17,10 @@ class Preempted(Exception):
     boundary. Not an error: the CLI prints the message (how to resume) and exits with code 0."""
 
     exit_code = 0
+
+
+class ComponentFailed(Exception):
+    """A part of the run (a Ray role actor, a rollout engine, a reward server) died or stopped answering: the run
+    stops with one line naming it and the cause (exit code 1); a rerun with --load_checkpoint continues."""
+
+    exit_code = 1

@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from rlhfkit.errors import Preempted, UserError
+from rlhfkit.errors import ComponentFailed, Preempted, UserError
 
 
 def quiet_libraries() -> None:
@@ -32,6 +32,10 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
         if os.environ.get("RANK", "0") == "0":
             sys.stderr.write(f"{prog}: error: {e}\n")
         return UserError.exit_code
+    except ComponentFailed as e:
+        if os.environ.get("RANK", "0") == "0":
+            sys.stderr.write(f"{prog}: error: {e}\n")
+        return ComponentFailed.exit_code
     except Preempted as e:
         if os.environ.get("RANK", "0") == "0":
             sys.stderr.write(f"{prog}: {e}\n")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 import typing
 from collections.abc import Iterator, Sequence
@@ -69,7 +70,14 @@ def _default_of(f: dataclasses.Field) -> Any:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (exit 2) instead of a usage dump."""
+    """argparse with one-line errors (exit 2) instead of a usage dump, and negative numbers as values."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        # argparse takes `-1e-3`, `-inf` or `-.5e2` for an option (only `-1` and `-1.5` look numeric to it), so
+        # `--learning_rate -1e-3` failed with "expected one argument" instead of being parsed and range-checked.
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$",
+                                                   re.IGNORECASE)
 
     def error(self, message: str) -> typing.NoReturn:  # noqa: D102
         unknown = message.partition("unrecognized arguments:")[2].split()
@@ -250,7 +258,20 @@ def parse_config(cls: type[T], argv: Sequence[str] | None, prog: str, descriptio
         _apply_adapted(cls, file_values, file_adapted)
     adapted = {key[len(_ADAPTED_DEST):]: ns.pop(key) for key in [k for k in ns if k.startswith(_ADAPTED_DEST)]}
     _apply_adapted(cls, ns, adapted, context=file_values)
-    return _construct(cls, {**file_values, **ns})
+    cfg = _construct(cls, {**file_values, **ns})
+    check_ranges(cfg)
+    return cfg
+
+
+def check_ranges(cfg: Any) -> None:
+    """Call `check_ranges()` of every section that has one (numeric flags out of range are a UserError at parse
+    time, before any model loads)."""
+    if hasattr(cfg, "check_ranges"):
+        cfg.check_ranges()
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            check_ranges(value)
 
 
 def flag_table(cls: type) -> str:

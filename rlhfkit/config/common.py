@@ -5,10 +5,17 @@ Field names are the flags users already type for OpenRLHF (`--pretrain`, `--zero
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from rlhfkit.config.base import arg
 from rlhfkit.errors import UserError
+
+
+def _need(ok: bool, flag: str, value: object, rule: str) -> None:
+    """A numeric flag outside its range is a user error named with its value and the allowed range."""
+    if not ok:
+        raise UserError(f"--{flag} {value}: must be {rule}")
 
 
 @dataclass
@@ -30,6 +37,14 @@ class ModelArgs:
     load_in_4bit: bool = arg(False, "QLoRA: load the trained model's base weights in 4-bit NF4 and train LoRA "
                                     "adapters on them (needs --lora_rank, a CUDA GPU and bitsandbytes; causal-LM "
                                     "trainers and the RL actor).")
+
+    def check_ranges(self) -> None:
+        """Out-of-range numbers fail at parse time, before any model loads."""
+        _need(self.lora_rank >= 0, "lora_rank", self.lora_rank, "0 (train all weights) or a positive rank")
+        _need(self.lora_rank == 0 or self.lora_alpha > 0, "lora_alpha", self.lora_alpha, "positive")
+        _need(0 <= self.lora_dropout < 1, "lora_dropout", self.lora_dropout, "in [0, 1)")
+        if self.flash_attn and self.attn_implementation == "eager":
+            raise UserError("--flash_attn asks for flash_attention_2 but --attn_implementation is eager; pass one")
 
 
 @dataclass
@@ -58,6 +73,23 @@ class StrategyArgs:
     max_tokens_per_gpu: int | None = arg(None, "Token budget of one forward/backward on one device with "
                                                "--use_dynamic_batch (packed: the samples' tokens; padded: rows x "
                                                "the longest row).")
+    max_nonfinite_steps: int = arg(10, "Stop the run (exit 2) after this many optimizer steps in a row whose loss "
+                                       "or gradient was NaN/inf; each such update is skipped on every rank (weights "
+                                       "unchanged) and counted in the metrics as nonfinite_skipped.")
+
+    def check_ranges(self) -> None:
+        """Out-of-range numbers fail at parse time, before any model loads (NaN fails every `ok` test)."""
+        lr = self.learning_rate
+        _need(math.isfinite(lr) and lr > 0, "learning_rate", lr, "a positive finite number, e.g. 5e-6")
+        _need(math.isfinite(self.max_norm) and self.max_norm >= 0, "max_norm", self.max_norm,
+              "a finite number >= 0 (0 turns clipping off)")
+        _need(math.isfinite(self.l2) and self.l2 >= 0, "l2", self.l2, "a finite weight decay >= 0")
+        _need(0 <= self.lr_warmup_ratio <= 1, "lr_warmup_ratio", self.lr_warmup_ratio, "in [0, 1]")
+        betas = " ".join(map(str, self.adam_betas))
+        _need(len(self.adam_betas) == 2, "adam_betas", betas, "two numbers, e.g. --adam_betas 0.9 0.95")
+        _need(all(0 <= b < 1 for b in self.adam_betas), "adam_betas", betas, "two numbers in [0, 1)")
+        _need(self.zpg >= 1, "zpg", self.zpg, "at least 1 (1 = off)")
+        _need(self.max_nonfinite_steps >= 1, "max_nonfinite_steps", self.max_nonfinite_steps, "at least 1")
 
 
 @dataclass
@@ -74,6 +106,11 @@ class LoggingArgs:
     metrics_path: str | None = arg(None, "JSONL metrics file (default: <save_path>/metrics.jsonl).")
     disable_progress_bar: bool = arg(False, "No console progress bar (metrics still go to the JSONL file).")
 
+    def check_ranges(self) -> None:
+        _need(self.logging_steps >= 1, "logging_steps", self.logging_steps, "at least 1")
+        _need(self.eval_steps == -1 or self.eval_steps >= 1, "eval_steps", self.eval_steps,
+              "-1 (end of each epoch) or at least 1")
+
 
 @dataclass
 class CheckpointArgs:
@@ -87,6 +124,12 @@ class CheckpointArgs:
     use_ds_universal_ckpt: bool = arg(False, "Save checkpoints in a layout-free form (full fp32 weights and Adam "
                                              "states by parameter name) that resumes at any ZeRO stage and world "
                                              "size; without it they resume at the same stage and world size only.")
+
+    def check_ranges(self) -> None:
+        _need(self.save_steps == -1 or self.save_steps >= 1, "save_steps", self.save_steps,
+              "-1 (no resumable checkpoints) or at least 1")
+        _need(self.max_ckpt_num >= 1, "max_ckpt_num", self.max_ckpt_num, "at least 1")
+        _need(self.max_ckpt_mem > 0, "max_ckpt_mem", self.max_ckpt_mem, "a positive size in GB")
 
 
 @dataclass
@@ -109,6 +152,10 @@ class DataArgs:
     multiturn: bool = arg(False, "Records are whole conversations; loss on every assistant turn.")
     pretrain_mode: bool = arg(False, "Loss on every token (continued pretraining), not only the response.")
     packing_samples: bool = arg(False, "Pack samples into one row; they do not attend to each other.")
+
+    def check_ranges(self) -> None:
+        _need(self.max_len >= 1, "max_len", self.max_len, "at least 1 token")
+        _need(self.max_samples >= 1, "max_samples", self.max_samples, "at least 1")
 
 
 def validate_dynamic_batch(strategy: StrategyArgs, longest: int, longest_flags: str) -> None:

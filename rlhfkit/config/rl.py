@@ -192,6 +192,9 @@ class ResourceArgs:
                                            "(hybrid engine).")
     ref_reward_offload: bool = arg(False, "Keep reference and reward model weights on the CPU between uses.")
     deepspeed_enable_sleep: bool = arg(False, "Offload DeepSpeed states of a role between its calls.")
+    ray_call_timeout: float = arg(1800.0, "train_ppo_ray: seconds one call to a role or rollout engine (a training "
+                                          "step, a generation, a weight sync) may take before the run stops with "
+                                          "a message naming it; a dead actor stops the run at once.")
 
 
 @dataclass
@@ -492,6 +495,8 @@ def _validate_user_code(cfg: PPOConfig) -> None:
 
 def _validate_resources(cfg: PPOConfig) -> None:
     res, r = cfg.resources, cfg.rollout
+    if not res.ray_call_timeout > 0:
+        raise UserError(f"--ray_call_timeout must be a positive number of seconds (got {res.ray_call_timeout})")
     _positive({"actor_num_nodes": res.actor_num_nodes, "actor_num_gpus_per_node": res.actor_num_gpus_per_node})
     for role in ROLES[1:]:
         nodes, gpus = getattr(res, f"{role}_num_nodes"), getattr(res, f"{role}_num_gpus_per_node")

@@ -18,7 +18,14 @@ from typing import Any
 
 import torch
 
-from rlhfkit.data.templates import PromptFormatter, as_messages, locate, prompt_and_response, require_field
+from rlhfkit.data.templates import (
+    PromptFormatter,
+    as_messages,
+    describe,
+    locate,
+    prompt_and_response,
+    require_field,
+)
 from rlhfkit.data.tokens import as_long, encode, sources_of, with_bos, with_eos
 from rlhfkit.errors import UserError
 
@@ -39,8 +46,8 @@ class _PromptResponses:
             text = "" if prompt is None else self.format_prompt(prompt, where, prompt_flag)
             for value, flag in responses:
                 if not isinstance(value, str):
-                    raise UserError(f"{where}: {flag} holds a {type(value).__name__}, not text; for message "
-                                    "lists pass --apply_chat_template")
+                    raise UserError(f"{where}: {flag} holds {describe(value)}, not text; fix the record (or, "
+                                    "for message lists, pass --apply_chat_template)")
             return (with_bos(tok, encode(tok, text)),
                     [with_eos(tok, encode(tok, value)) for value, _ in responses])
         if prompt is not None:

@@ -24,7 +24,8 @@ class PromptDataset:
         self.samples: list[dict[str, Any]] = []
         for i, record in enumerate(records):
             where = locate(record, i)
-            prompt = format_prompt(require_field(record, input_key, where, "--input_key"), where)
+            prompt = format_prompt(require_field(record, input_key, where, "--input_key"), where,
+                                   f"--input_key '{input_key}'")
             label = require_field(record, label_key, where, "--label_key") if label_key is not None else None
             self.samples.append({"prompt": prompt, "label": label})
         if not self.samples:

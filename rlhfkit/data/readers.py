@@ -79,11 +79,20 @@ def _lines(text: str) -> list[str]:
     return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
 
 
+#: Largest JSON line read as one record. No model context holds this much text (--max_len counts tokens), so a
+#: bigger line is a concatenation or export mistake; refusing it names it instead of tokenising megabytes.
+MAX_RECORD_CHARS = 4 * 2**20
+
+
 def _read_jsonl_text(text: str, source: str) -> list[Any]:
     rows = []
     for lineno, line in enumerate(_lines(text), start=1):
         if not line.strip():
             continue
+        if len(line) > MAX_RECORD_CHARS:
+            raise UserError(f"{source}: record {len(rows) + 1} (line {lineno}) is {len(line) / 2**20:.1f} MB of text; "
+                            f"records over {MAX_RECORD_CHARS // 2**20} MB are refused (far beyond any --max_len): "
+                            "split or trim it")
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError as e:
@@ -117,8 +126,8 @@ def _read_json(path: Path, split: str) -> tuple[list[Any], bool]:
         if data and all(isinstance(v, list) for v in data.values()):
             raise UserError(f"{path}: no split '{split}' (it has {', '.join(map(str, data))}); pick one with "
                             f"{path}@<split>")
-    raise UserError(f"{path}: expected a JSON list of records, {{\"data\": [...]}} or JSON lines; found a "
-                    f"{type(data).__name__}" + (f" with keys {sorted(data)[:10]}" if isinstance(data, dict) else ""))
+    found = f"an object with keys {sorted(data)[:10]}" if isinstance(data, dict) else f"a {type(data).__name__}"
+    raise UserError(f"{path}: expected a JSON list of records, {{\"data\": [...]}} or JSON lines; found {found}")
 
 
 def _load_json_file(path: Path) -> Any:

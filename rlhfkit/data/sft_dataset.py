@@ -24,6 +24,7 @@ from rlhfkit.data.templates import (
     PromptFormatter,
     as_messages,
     chat_segments,
+    describe,
     locate,
     prompt_and_response,
     render_chat,
@@ -115,11 +116,15 @@ class SFTDataset:
         return require_field(record, key, where, flag)
 
     def _plain_pieces(self, record: Any, where: str) -> list[Piece]:
-        prompt = self.format_prompt(self._field(record, self.input_key, "--input_key", where), where)
+        prompt = self.format_prompt(self._field(record, self.input_key, "--input_key", where), where,
+                                    f"--input_key '{self.input_key}'")
         response = self._field(record, self.output_key, "--output_key", where)
         if not isinstance(response, str):
-            raise UserError(f"{where}: --output_key '{self.output_key}' holds a {type(response).__name__}, not "
-                            "text; for message lists pass --apply_chat_template")
+            raise UserError(f"{where}: --output_key '{self.output_key}' holds {describe(response)}, not text; fix "
+                            "the record (or, for message lists, pass --apply_chat_template)")
+        if not response.strip():
+            raise UserError(f"{where}: --output_key '{self.output_key}' is empty, so there is nothing to train on; "
+                            "fill in the response or remove the record")
         return [(with_bos(self.tokenizer, encode(self.tokenizer, prompt)), False),
                 (with_eos(self.tokenizer, encode(self.tokenizer, response)), True)]
 

@@ -78,17 +78,39 @@ def setup_chat_template(tokenizer: Any, apply_chat_template: bool, tokenizer_cha
                         "--tokenizer_chat_template or use --input_template")
 
 
+#: Message roles chat templates know; anything else is a typo in the data, not a new speaker.
+CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
 def as_messages(value: Any, role: str, where: str, flag: str) -> Messages:
-    """A string becomes one message with `role`; a message list is checked (dicts with role and content)."""
+    """A string becomes one message with `role`; a message list is checked (dicts with a known role and text
+    content)."""
     if isinstance(value, str):
         return [{"role": role, "content": value}]
-    if isinstance(value, dict) and "role" in value and "content" in value:
-        return [value]
-    if isinstance(value, (list, tuple)) and value and all(
-            isinstance(m, dict) and "role" in m and "content" in m for m in value):
-        return list(value)
-    raise UserError(f"{where}: {flag} must be a string or a list of {{'role': ..., 'content': ...}} messages; "
-                    f"got {_short(value)}")
+    messages = [value] if isinstance(value, dict) else value
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise UserError(f"{where}: {flag} must be a string or a list of {{'role': ..., 'content': ...}} messages; "
+                        f"got {_short(value)}")
+    for i, m in enumerate(messages, start=1):
+        if not isinstance(m, dict):
+            raise UserError(f"{where}: {flag} message {i} is {describe(m)}, not a {{'role': ..., 'content': ...}} "
+                            "object")
+        if m.get("role") not in CHAT_ROLES:
+            raise UserError(f"{where}: {flag} message {i} has role {m.get('role')!r}; use one of "
+                            f"{', '.join(CHAT_ROLES)}")
+        if not isinstance(m.get("content"), str):
+            got = "no 'content'" if "content" not in m else f"content {describe(m['content'])}"
+            raise UserError(f"{where}: {flag} message {i} ({m['role']}) has {got}; give it its text as 'content'")
+    return list(messages)
+
+
+def describe(value: Any) -> str:
+    """`null`, `a number (5)`, `a list ([...])`: what a record field holds, for error messages."""
+    if value is None:
+        return "null"
+    kind = {bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "an object",
+            str: "a string"}.get(type(value), f"a {type(value).__name__}")
+    return f"{kind} ({_short(value)})"
 
 
 def _short(value: Any) -> str:
@@ -164,6 +186,6 @@ class PromptFormatter:
         if self.apply_chat_template:
             return render_chat(self.tokenizer, self.messages(value, where, flag), True, where)
         if not isinstance(value, str):
-            raise UserError(f"{where}: {flag} holds a {type(value).__name__}, not text; for message lists pass "
-                            "--apply_chat_template")
+            raise UserError(f"{where}: {flag} holds {describe(value)}, not text; fix the record (or, for message "
+                            "lists, pass --apply_chat_template)")
         return apply_input_template(self.input_template, value)

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from rlhfkit.distributed.placement import ResourcePlan, Slot
+from rlhfkit.errors import ComponentFailed
 
 #: Environment of every role process. Threads: one unless the actor's slot says how many CPUs its bundle has
 #: (`worker_env(slot=...)`); oversubscription is the main CPU trap.
@@ -171,6 +172,33 @@ class RoleWorker:
         return os.getpid()
 
 
+#: Seconds one Ray call (a role's step, a generation, a weight sync) may take before the run stops; set once per
+#: run from --ray_call_timeout (`set_call_timeout`). A dead actor is reported at once, whatever this is.
+_CALL_TIMEOUT_S: list[float | None] = [None]
+
+
+def set_call_timeout(seconds: float | None) -> None:
+    _CALL_TIMEOUT_S[0] = seconds
+
+
+def ray_get(refs: Any, what: str, timeout: float | None = None) -> Any:
+    """`ray.get` that turns a dead actor or a call past the timeout into ComponentFailed naming `what` and the
+    cause (an exception raised inside the call, e.g. a UserError, still propagates as itself)."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    limit = _CALL_TIMEOUT_S[0] if timeout is None else timeout
+    try:
+        return ray.get(refs, timeout=limit)
+    except GetTimeoutError:
+        raise ComponentFailed(f"{what}: no answer within --ray_call_timeout {limit:g} s; the run stopped (rerun "
+                              "with --load_checkpoint to continue from the last checkpoint)") from None
+    except RayActorError as e:
+        cause = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise ComponentFailed(f"{what}: its Ray actor died ({type(e).__name__}: {cause}); the run stopped (rerun "
+                              "with --load_checkpoint to continue from the last checkpoint)") from None
+
+
 class RayActorGroup:
     """The ranks of one role as Ray actors, with the local role's methods (see the module docstring).
 
@@ -212,17 +240,15 @@ class RayActorGroup:
 
     def ready(self) -> RayActorGroup:
         """Wait until every rank has joined the group and built its role (start groups together, then wait)."""
-        import ray
 
         if not self.pids:
-            self.pids = ray.get(self._setup)
+            self.pids = ray_get(self._setup, f"the {self.name} role (starting)")
         return self
 
     def rank0_address(self) -> tuple[str, int]:
         """Rank 0's node address and a free port there (for rendezvous of groups that include rank 0)."""
-        import ray
 
-        return ray.get(self.workers[0].address.remote())
+        return ray_get(self.workers[0].address.remote(), f"the {self.name} role")
 
     def mode(self, method: str) -> str:
         if method in self.dispatch:
@@ -239,9 +265,8 @@ class RayActorGroup:
 
     def collect(self, method: str, refs: list[Any]) -> Any:
         """Wait for `call_async` results and join them as the method's dispatch mode says."""
-        import ray
 
-        results = ray.get(refs)
+        results = ray_get(refs, f"the {self.name} role ({method})")
         if self.mode(method) == "split":
             return join_from_ranks(results)
         return results[0]
@@ -255,9 +280,8 @@ class RayActorGroup:
 
     def run_on_ranks(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
         """`fn(role, *args, **kwargs)` on every rank; returns every rank's result."""
-        import ray
 
-        return ray.get(self.run_async(fn, *args, **kwargs))
+        return ray_get(self.run_async(fn, *args, **kwargs), f"the {self.name} role")
 
     def __getattr__(self, method: str) -> Callable[..., Any]:
         # Only reached for names that are not attributes of the group: serve the role's public methods.

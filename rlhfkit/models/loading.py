@@ -30,7 +30,10 @@ def check_model_path(path: str | None, flag: str = "--pretrain") -> str:
                         "for a tiny offline one)")
     p = Path(path).expanduser()
     if p.exists():
-        if not p.is_dir() or not (p / "config.json").is_file():
+        if not p.is_dir():
+            raise UserError(f"{flag} {path}: is a file, not a model directory; give the directory that holds it "
+                            f"({p.parent}) if it was written by save_pretrained")
+        if not (p / "config.json").is_file():
             raise UserError(f"{flag} {path}: not a model directory (no config.json); give a directory written "
                             "by save_pretrained")
         return str(p)

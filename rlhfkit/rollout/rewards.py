@@ -22,6 +22,7 @@ a number, NaN or infinite is a UserError naming the source.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import time
@@ -106,6 +107,27 @@ def _text_inputs(batch: dict[str, Any]) -> tuple[list[str], list[str], list[Any]
     return queries, prompts, labels
 
 
+def _wrong_signature(path: str, name: str, n_args: int) -> str | None:
+    """`(queries)` when the file's top-level `def name(...)` cannot take `n_args` positional arguments, else None.
+    Read from the source (the user's code is imported only in the worker processes), so a wrong signature fails
+    at startup, not at the first rollout after every model has loaded; a function defined any other way (imported,
+    assigned) is left to fail at call time."""
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None  # the worker already imported it; whatever this is, the call will tell
+    defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name]
+    if not defs:
+        return None
+    a = defs[-1].args
+    positional = len(a.posonlyargs) + len(a.args)
+    required = positional - len(a.defaults)
+    required_kwonly = sum(d is None for d in a.kw_defaults)
+    if a.vararg is None and positional < n_args or required > n_args or required_kwonly:
+        return f"({ast.unparse(a)})"
+    return None
+
+
 class RewardFunction:
     """`reward_func(queries, prompts, labels)` from a Python file (`--remote_rm_url path.py`), run in worker processes.
 
@@ -134,6 +156,11 @@ class RewardFunction:
         if "reward_func" not in self.pool.functions:
             self.pool.close()
             raise UserError(f"{self.where}: defines no function reward_func(queries, prompts, labels)")
+        wrong = _wrong_signature(self.path, "reward_func", 3)
+        if wrong:
+            self.pool.close()
+            raise UserError(f"{self.where}: reward_func{wrong} has the wrong signature; it is called as "
+                            "reward_func(queries, prompts, labels)")
 
     def score(self, batch: dict[str, Any]) -> dict[str, Any]:
         queries, prompts, labels = _text_inputs(batch)

@@ -281,7 +281,7 @@ def create_engine_actors(engine_cls: type, plan: Any, slots: Sequence[Any], make
     """Start one `engine_cls(make_args(i), env)` Ray actor per slot; with `wait`, return once all are built."""
     import ray
 
-    from rlhfkit.distributed.ray_groups import worker_env
+    from rlhfkit.distributed.ray_groups import ray_get, worker_env
 
     remote_cls = ray.remote(engine_cls)
     engines = []
@@ -292,7 +292,7 @@ def create_engine_actors(engine_cls: type, plan: Any, slots: Sequence[Any], make
                                           scheduling_strategy=plan.scheduling(slot),
                                           ).remote(make_args(i), worker_env(env, slot)))
     if wait:
-        ray.get([e.info.remote() for e in engines])
+        ray_get([e.info.remote() for e in engines], "the rollout engine")
     return engines
 
 
@@ -325,9 +325,7 @@ class RolloutEngineGroup:
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], **sampling: Any) -> list[SampledSequence]:
         """Spread the prompts over the engines in contiguous slices; samples come back in prompt order."""
-        import ray
-
-        from rlhfkit.distributed.ray_groups import split_for_ranks
+        from rlhfkit.distributed.ray_groups import ray_get, split_for_ranks
 
         started = time.perf_counter()
         parts = split_for_ranks(list(prompt_ids), min(len(self.engines), max(len(prompt_ids), 1)))
@@ -336,15 +334,13 @@ class RolloutEngineGroup:
             if part:
                 refs.append(engine.generate.remote(part, seed_offset=offset, **sampling))
             offset += len(part)
-        samples = [sample for result in ray.get(refs) for sample in result]
+        samples = [sample for result in ray_get(refs, "the rollout engine (generate)") for sample in result]
         self.last_generate_seconds = time.perf_counter() - started
         return samples
 
     def generate_episodes(self, requests: Sequence[dict[str, Any]], agent_path: str, **kwargs: Any) -> list[dict]:
         """Agent episodes spread over the engines in contiguous slices, each engine running its slice at once."""
-        import ray
-
-        from rlhfkit.distributed.ray_groups import split_for_ranks
+        from rlhfkit.distributed.ray_groups import ray_get, split_for_ranks
 
         started = time.perf_counter()
         parts = split_for_ranks(list(requests), min(len(self.engines), max(len(requests), 1)))
@@ -354,7 +350,7 @@ class RolloutEngineGroup:
                 refs.append(engine.generate_episodes.remote(part, agent_path, seed_offset=1_000_000 * offset,
                                                             **kwargs))
             offset += len(part)
-        episodes = [episode for result in ray.get(refs) for episode in result]
+        episodes = [episode for result in ray_get(refs, "the rollout engine (agent episodes)") for episode in result]
         self.last_generate_seconds = time.perf_counter() - started
         return episodes
 
@@ -362,17 +358,18 @@ class RolloutEngineGroup:
         """Protocol path: a state dict held by this process, put once into the object store for every engine."""
         import ray
 
+        from rlhfkit.distributed.ray_groups import ray_get
+
         started = time.perf_counter()
         ref = ray.put(dict(state_dict))
-        counts = ray.get([e.update_weights.remote(ref) for e in self.engines])
+        counts = ray_get([e.update_weights.remote(ref) for e in self.engines], "the rollout engine")
         self.last_sync_seconds = time.perf_counter() - started
         return counts[0]
 
     def sync_from(self, actor_group: Any) -> int:
         """Actor group -> engines, streamed from the actor's rank 0 without passing through this process."""
-        import ray
-
         from rlhfkit.distributed import weight_sync
+        from rlhfkit.distributed.ray_groups import ray_get
 
         started = time.perf_counter()
         metas = None
@@ -382,42 +379,41 @@ class RolloutEngineGroup:
             if not self._group_ready:
                 self._init_sync_group(actor_group)
             receivers = [e.receive_broadcast.remote(metas) for e in self.engines]
-            ray.get(actor_group.run_async(weight_sync.send_weights_broadcast))
-            counts = ray.get(receivers)
+            ray_get(actor_group.run_async(weight_sync.send_weights_broadcast), "the rollout engine")
+            counts = ray_get(receivers, "the rollout engine")
         else:
-            ray.get([e.begin_weight_update.remote() for e in self.engines])
+            ray_get([e.begin_weight_update.remote() for e in self.engines], "the rollout engine")
             actor_group.run_on_ranks(weight_sync.send_weights_object_store, self.engines, self.bucket_mb)
-            counts = ray.get([e.finish_weight_update.remote() for e in self.engines])
+            counts = ray_get([e.finish_weight_update.remote() for e in self.engines], "the rollout engine")
         self.last_sync_seconds = time.perf_counter() - started
         return counts[0]
 
     def _init_sync_group(self, actor_group: Any) -> None:
-        import ray
-
         from rlhfkit.distributed import weight_sync
+        from rlhfkit.distributed.ray_groups import ray_get
 
         addr, port = actor_group.rank0_address()
         world = 1 + len(self.engines)
         receivers = [e.init_sync_group.remote(addr, port, i + 1, world, self.sync_backend)
                      for i, e in enumerate(self.engines)]
         actor_group.run_on_ranks(weight_sync.join_side_group_as_source, addr, port, world, self.sync_backend)
-        ray.get(receivers)
+        ray_get(receivers, "the rollout engine")
         self._group_ready = True
 
     def sleep(self) -> None:
-        import ray
+        from rlhfkit.distributed.ray_groups import ray_get
 
-        ray.get([e.sleep.remote() for e in self.engines])
+        ray_get([e.sleep.remote() for e in self.engines], "the rollout engine")
 
     def wake(self) -> None:
-        import ray
+        from rlhfkit.distributed.ray_groups import ray_get
 
-        ray.get([e.wake.remote() for e in self.engines])
+        ray_get([e.wake.remote() for e in self.engines], "the rollout engine")
 
     def info(self) -> list[dict[str, Any]]:
-        import ray
+        from rlhfkit.distributed.ray_groups import ray_get
 
-        return ray.get([e.info.remote() for e in self.engines])
+        return ray_get([e.info.remote() for e in self.engines], "the rollout engine")
 
     def shutdown(self) -> None:
         from rlhfkit.distributed.ray_groups import kill_actors

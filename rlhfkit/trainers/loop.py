@@ -26,6 +26,7 @@ from rlhfkit.config.common import CheckpointArgs, LoggingArgs
 from rlhfkit.data.sampler import global_batches, micro_batches_for_rank
 from rlhfkit.data.token_budget import plan_micro_batches
 from rlhfkit.distributed.accumulation import mark_accumulation_boundary
+from rlhfkit.distributed.nonfinite import NonFiniteGuard
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
 from rlhfkit.errors import Preempted
 from rlhfkit.logging.metrics import MetricsLogger, Progress
@@ -138,6 +139,8 @@ class TrainerLoop:
         history: list[dict[str, float]] = []
         self.history = history
         total = self.total_steps() if self.max_steps < 0 else min(self.max_steps, self.total_steps())
+        nonfinite = NonFiniteGuard(self.args.max_nonfinite_steps, self.kind)
+        nonfinite.watch(self.engine)
         bar = Progress(total, self.state.global_step, self.kind, self.strategy.is_rank0 and
                        not self.log_args.disable_progress_bar)
         while self.state.epoch < self.max_epochs and self.state.global_step < total:
@@ -149,6 +152,7 @@ class TrainerLoop:
                 metrics = self.train_batch(self.step_micro_batches(global_batch), started, global_batch)
                 self.state.batch_in_epoch += 1
                 self.state.global_step += 1
+                metrics["nonfinite_skipped"] = nonfinite.after_step(self.state.global_step, self.engine)
                 history.append(metrics)
                 step = self.state.global_step
                 if step % self.log_args.logging_steps == 0:

@@ -239,6 +239,9 @@ def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None, after_s
 
     cpus = cpus_per_bundle or float(os.environ.get("RLHFKIT_RAY_CPUS_PER_BUNDLE", "1"))
     run = prepare_ray_run(cfg, cpus_per_bundle=cpus)
+    from rlhfkit.distributed.ray_groups import set_call_timeout
+
+    set_call_timeout(cfg.resources.ray_call_timeout)  # every Ray call of this run: a dead or stuck part stops it
     strategy = DriverStrategy()
     for note in run.notes:
         strategy.print(f"train_ppo_ray: {note}")

@@ -26,6 +26,7 @@ from rlhfkit.algorithms.policy_loss import policy_loss, value_loss
 from rlhfkit.config.rl import PPOConfig, clip_range, critic_path, is_bounds, loss_aggregation
 from rlhfkit.data.token_budget import plan_micro_batches
 from rlhfkit.distributed.accumulation import mark_accumulation_boundary
+from rlhfkit.distributed.nonfinite import NonFiniteGuard
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
 from rlhfkit.distributed.universal import load_engine_state, save_engine_state
 from rlhfkit.errors import UserError
@@ -226,6 +227,10 @@ class _TrainedRole:
         sums: dict[str, float] = defaultdict(float)
         weights: dict[str, float] = defaultdict(float)
         buffer = self._buffer(exp, seed)
+        if getattr(self, "nonfinite", None) is None:  # created after a resume restored the engine's counters
+            self.nonfinite = NonFiniteGuard(self.cfg.strategy.max_nonfinite_steps, type(self).__name__)
+            self.nonfinite.watch(self.engine)
+            self.optimizer_steps = 0
         self.engine.train()
         for epoch in range(self.cfg.rollout.max_epochs):
             for step in buffer.epoch(epoch):
@@ -239,13 +244,17 @@ class _TrainedRole:
                         sums[name] += v * w * self._micro_weight
                         weights[name] += w * self._micro_weight
                 self._micro_weight = 1.0
+                self.optimizer_steps += 1
+                skipped_before = self.nonfinite.total
+                self.nonfinite.after_step(self.optimizer_steps, self.engine)  # raises after too many in a row
                 self._after_optimizer_step()
                 norm = self.engine.get_global_grad_norm()
-                if norm is not None:
+                if norm is not None and self.nonfinite.total == skipped_before:
                     sums["grad_norm"] += float(norm)
                     weights["grad_norm"] += 1
         metrics = self._reduce(sums, weights)
         metrics["lr"] = float(self.engine.get_lr()[0])
+        metrics["nonfinite_skipped"] = float(self.nonfinite.total)
         return metrics
 
     def _after_optimizer_step(self) -> None:

@@ -63,3 +63,32 @@ def test_colocated_roles_run_as_many_threads_as_their_bundle_has_cpus(ray_cluste
             group.kill()
     finally:
         plan.remove()
+
+
+def test_dead_or_stuck_role_error_names_the_role_and_the_cause_within_seconds(ray_cluster):
+    """A role whose Ray actor dies mid-run, or stops answering past --ray_call_timeout, stops the caller with
+    ComponentFailed naming the role and the cause, instead of a hang."""
+    import time
+
+    from rlhfkit.distributed.ray_groups import ray_get, set_call_timeout
+    from rlhfkit.errors import ComponentFailed
+
+    ray = ray_cluster
+    plan = ResourcePlan.make([RoleDemand("actor", 1)], use_gpu=False, cpus_per_bundle=1).create()
+    try:
+        actor = RayActorGroup("actor", EchoRole, plan, plan.slots["actor"])
+        assert actor.all_ranks() == [0]
+        set_call_timeout(2.0)
+        slow = [w.run.remote(lambda role: time.sleep(30), (), {}) for w in actor.workers]
+        started = time.monotonic()
+        with pytest.raises(ComponentFailed, match=r"^slow actor: no answer within --ray_call_timeout 2 s"):
+            ray_get(slow, "slow actor")
+        assert time.monotonic() - started < 10
+        ray.kill(actor.workers[0])  # the role's process dies mid-run
+        started = time.monotonic()
+        with pytest.raises(ComponentFailed, match=r"^the actor role \(all_ranks\): its Ray actor died \(.*Error"):
+            actor.all_ranks()
+        assert time.monotonic() - started < 60
+    finally:
+        set_call_timeout(None)
+        plan.remove()
