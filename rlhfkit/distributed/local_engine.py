@@ -41,7 +41,8 @@ class LocalEngine(nn.Module):
         self.micro_steps = 0
         self.global_steps = 0
         self._grad_norm: float | None = None
-        self._boundary: bool | None = None  # set by the trainer (token-budget micro-batches), as on DeepSpeed
+        self._boundary: bool | None = None
+        self.skipped_steps = 0  # updates skipped for a non-finite gradient norm (DeepSpeed's attribute name)  # set by the trainer (token-budget micro-batches), as on DeepSpeed
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
@@ -72,13 +73,19 @@ class LocalEngine(nn.Module):
         """Count a micro-batch; at the accumulation boundary clip, step the optimizer and the LR schedule."""
         if self.is_gradient_accumulation_boundary():
             params = self._parameters_with_grads()
-            if self.max_norm > 0 and params:
-                norm = torch.nn.utils.clip_grad_norm_(params, self.max_norm)
-                self._grad_norm = float(norm)
-            self.optimizer.step()
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.zeros(())
+            self._grad_norm = float(norm) if self.max_norm > 0 or not torch.isfinite(norm) else None
+            if not torch.isfinite(norm):
+                # As DeepSpeed ZeRO 1/2 do: a non-finite gradient skips the update (weights, optimizer moments and
+                # LR schedule untouched), counted in skipped_steps for rlhfkit.distributed.nonfinite.
+                self.skipped_steps += 1
+            else:
+                if self.max_norm > 0 and params:
+                    torch.nn.utils.clip_grads_with_norm_(params, self.max_norm, norm)
+                self.optimizer.step()
+                if self.lr_scheduler is not None:
+                    self.lr_scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
-            if self.lr_scheduler is not None:
-                self.lr_scheduler.step()
             self.global_steps += 1
         self.micro_steps += 1
 

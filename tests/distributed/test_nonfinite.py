@@ -64,8 +64,9 @@ def unchanged(before: dict[str, torch.Tensor], module) -> bool:
     return all(torch.equal(before[n], p.detach()) for n, p in module.named_parameters())
 
 
-def test_nonfinite_update_is_skipped_counted_and_too_many_in_a_row_stop(world_of_one):
-    engine, module = tiny_engine(zero_stage=2)
+@pytest.mark.parametrize("zero_stage", [0, 2])  # both run on rlhfkit's LocalEngine at world size 1
+def test_nonfinite_update_is_skipped_counted_and_too_many_in_a_row_stop(world_of_one, zero_stage):
+    engine, module = tiny_engine(zero_stage=zero_stage)
     guard = NonFiniteGuard(limit=2, what="sft")
     guard.watch(engine)
     start = weights(module)
@@ -88,15 +89,3 @@ def test_nonfinite_update_is_skipped_counted_and_too_many_in_a_row_stop(world_of
     with pytest.raises(NonFiniteStop, match=r"sft stopped at step 5: 2 optimizer steps in a row .* non-finite"):
         guard.after_step(5, engine)
     assert unchanged(before, module)
-
-
-def test_nonfinite_error_stops_at_once_where_the_update_cannot_be_skipped(world_of_one):
-    engine, module = tiny_engine(zero_stage=0)
-    guard = NonFiniteGuard(limit=5, what="sft")
-    guard.watch(engine)
-    one_step(engine, module, poison=False)
-    assert guard.after_step(1, engine) == 0
-    one_step(engine, module, poison=True)
-    with pytest.raises(NonFiniteStop, match="step 2: the gradient norm is nan .*cannot skip"):
-        guard.after_step(2, engine)
-
