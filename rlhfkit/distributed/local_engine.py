@@ -41,8 +41,8 @@ class LocalEngine(nn.Module):
         self.micro_steps = 0
         self.global_steps = 0
         self._grad_norm: float | None = None
-        self._boundary: bool | None = None
-        self.skipped_steps = 0  # updates skipped for a non-finite gradient norm (DeepSpeed's attribute name)  # set by the trainer (token-budget micro-batches), as on DeepSpeed
+        self._boundary: bool | None = None  # set by the trainer (token-budget micro-batches), as on DeepSpeed
+        self.skipped_steps = 0  # updates skipped for a non-finite gradient norm (DeepSpeed's attribute name)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
