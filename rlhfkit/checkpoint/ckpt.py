@@ -4,6 +4,11 @@ Layout: `<ckpt_path>/global_step<N>/` holds each engine under its own name (`act
 trainer's `state.json` and one `rng_rank<R>.pt` per rank. A checkpoint is written under
 `<ckpt_path>/.incomplete/` and renamed into place only once every rank has finished, and `latest` is replaced
 atomically last: a crash mid-save leaves the previous checkpoint as the newest one.
+
+An engine's state is DeepSpeed's own checkpoint (same ZeRO stage and world size to resume), or with
+`--use_ds_universal_ckpt` the layout-free form of `rlhfkit.distributed.universal` (any stage, any world size);
+loading tells the two apart by their files. Old checkpoints are pruned to `--max_ckpt_num` and to a total size of
+`--max_ckpt_mem` GB, oldest first; the newest one is always kept.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 import torch
 
 from rlhfkit.distributed.strategy import DeepSpeedStrategy, RngState
+from rlhfkit.distributed.universal import load_engine_state, save_engine_state
 
 LATEST = "latest"
 INCOMPLETE = ".incomplete"
@@ -27,9 +33,35 @@ def _step_dirs(root: Path) -> list[Path]:
     return sorted(dirs, key=lambda p: int(p.name[len("global_step"):]))
 
 
+def _is_engine(target: Any) -> bool:
+    """A DeepSpeed engine itself (a torch module), as opposed to a role object or Ray group that saves its own."""
+    return isinstance(target, torch.nn.Module)
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def prune_checkpoints(root: Path, max_keep: int, max_gb: float) -> list[Path]:
+    """Remove the oldest checkpoints until at most `max_keep` remain and they total at most `max_gb` GB (the newest
+    stays even when it alone is larger). Returns what was removed."""
+    dirs = _step_dirs(root)
+    sizes = [dir_bytes(d) for d in dirs]
+    removed = []
+    while len(dirs) > 1 and (len(dirs) > max(max_keep, 1) or sum(sizes) > max_gb * 1024**3):
+        removed.append(dirs.pop(0))
+        sizes.pop(0)
+        shutil.rmtree(removed[-1], ignore_errors=True)
+    return removed
+
+
 def save_checkpoint(strategy: DeepSpeedStrategy, ckpt_path: str, step: int, engines: dict[str, Any],
-                    state: dict[str, Any], max_keep: int) -> Path:
-    """Save engines (model, optimizer, scheduler), trainer `state` and per-rank RNG for `step`."""
+                    state: dict[str, Any], max_keep: int, *, max_gb: float = float("inf"),
+                    universal: bool = False) -> Path:
+    """Save engines (model, optimizer, scheduler), trainer `state` and per-rank RNG for `step`.
+
+    `engines` maps names to DeepSpeed engines (saved here, universal or not) or to roles with an engine-like
+    `save_checkpoint(dir, tag=..., save_latest=...)` that choose their form themselves."""
     root = Path(ckpt_path)
     tag = f"global_step{step}"
     staging = root / INCOMPLETE / tag
@@ -38,7 +70,10 @@ def save_checkpoint(strategy: DeepSpeedStrategy, ckpt_path: str, step: int, engi
         staging.mkdir(parents=True, exist_ok=True)
     strategy.barrier()
     for name, engine in engines.items():
-        engine.save_checkpoint(str(staging), tag=name, save_latest=False)
+        if _is_engine(engine):
+            save_engine_state(engine, str(staging), name, universal, strategy.is_rank0)
+        else:
+            engine.save_checkpoint(str(staging), tag=name, save_latest=False)
     torch.save(RngState.capture().__dict__, staging / f"rng_rank{strategy.rank}.pt")
     strategy.barrier()
     final = root / tag
@@ -50,8 +85,7 @@ def save_checkpoint(strategy: DeepSpeedStrategy, ckpt_path: str, step: int, engi
         tmp = root / f"{LATEST}.tmp"
         tmp.write_text(tag)
         os.replace(tmp, root / LATEST)
-        for old in _step_dirs(root)[:-max(max_keep, 1)]:
-            shutil.rmtree(old, ignore_errors=True)
+        prune_checkpoints(root, max_keep, max_gb)
     strategy.barrier()
     return final
 
@@ -69,8 +103,11 @@ def latest_checkpoint(ckpt_path: str) -> Path | None:
 def load_checkpoint(strategy: DeepSpeedStrategy, path: Path, engines: dict[str, Any]) -> dict[str, Any]:
     """Restore engines and this rank's RNG from `path`; return the trainer state saved with them."""
     for name, engine in engines.items():
-        load_path, _ = engine.load_checkpoint(str(path), tag=name)
-        if load_path is None:
+        if _is_engine(engine):
+            found = load_engine_state(engine, str(path), name)
+        else:
+            found = engine.load_checkpoint(str(path), tag=name)[0] is not None
+        if not found:
             raise RuntimeError(f"checkpoint {path} has no state for {name}")
     rng_file = path / f"rng_rank{strategy.rank}.pt"
     if rng_file.is_file():

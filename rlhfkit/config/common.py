@@ -18,13 +18,17 @@ class ModelArgs:
     attn_implementation: str = arg("sdpa", "Attention kernel.", choices=("sdpa", "eager", "flash_attention_2"))
     flash_attn: bool = arg(False, "Use flash_attention_2 (the same as --attn_implementation flash_attention_2).")
     gradient_checkpointing: bool = arg(False, "Recompute activations in the backward pass to save memory.")
-    gradient_checkpointing_use_reentrant: bool = arg(False, "Use the reentrant checkpointing variant.")
+    gradient_checkpointing_use_reentrant: bool = arg(False, "With --gradient_checkpointing, use torch's reentrant "
+                                                            "checkpoint variant (default: non-reentrant); same "
+                                                            "gradients, different autograd mechanics.")
     disable_fast_tokenizer: bool = arg(False, "Load the slow (Python) tokenizer.")
     lora_rank: int = arg(0, "LoRA rank; 0 trains all weights.")
     lora_alpha: int = arg(16, "LoRA alpha (scale = alpha / rank).")
     lora_dropout: float = arg(0.0, "Dropout on the LoRA branch.")
     target_modules: list[str] | None = arg(None, "Module names LoRA adapts (default: every linear layer).")
-    load_in_4bit: bool = arg(False, "Load the base model in 4 bit for QLoRA (needs bitsandbytes and a GPU).")
+    load_in_4bit: bool = arg(False, "QLoRA: load the trained model's base weights in 4-bit NF4 and train LoRA "
+                                    "adapters on them (needs --lora_rank, a CUDA GPU and bitsandbytes; causal-LM "
+                                    "trainers and the RL actor).")
 
 
 @dataclass
@@ -69,10 +73,12 @@ class CheckpointArgs:
     save_steps: int = arg(-1, "Save a resumable checkpoint every N optimizer steps (-1: never).")
     ckpt_path: str = arg("./ckpt/checkpoints", "Directory of the resumable checkpoints.")
     max_ckpt_num: int = arg(3, "Keep at most this many resumable checkpoints (oldest removed first).")
-    max_ckpt_mem: float = arg(1e8, "Accepted for OpenRLHF compatibility; checkpoints are pruned by count.")
+    max_ckpt_mem: float = arg(1e8, "Keep the resumable checkpoints under this total size in GB (OpenRLHF's unit), "
+                                   "removing the oldest first; the newest is always kept.")
     load_checkpoint: bool = arg(False, "Resume from the newest checkpoint in --ckpt_path if there is one.")
-    use_ds_universal_ckpt: bool = arg(False, "Accepted for OpenRLHF compatibility (checkpoints are "
-                                             "resumable at the same ZeRO stage and world size).")
+    use_ds_universal_ckpt: bool = arg(False, "Save checkpoints in a layout-free form (full fp32 weights and Adam "
+                                             "states by parameter name) that resumes at any ZeRO stage and world "
+                                             "size; without it they resume at the same stage and world size only.")
 
 
 @dataclass
@@ -95,4 +101,3 @@ class DataArgs:
     multiturn: bool = arg(False, "Records are whole conversations; loss on every assistant turn.")
     pretrain_mode: bool = arg(False, "Loss on every token (continued pretraining), not only the response.")
     packing_samples: bool = arg(False, "Pack samples into one row; they do not attend to each other.")
-    dataloader_num_workers: int = arg(0, "Reserved; data is tokenised up front in the main process.")

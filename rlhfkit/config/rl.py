@@ -105,6 +105,8 @@ class AlgorithmArgs:
     dual_clip: float | None = arg(None, "Dual-clip constant c > 1 bounding the loss of negative advantages.")
     value_clip: float | None = arg(0.5, "Clip range of the critic's value update (PPO value clipping).")
     entropy_loss_coef: float = arg(0.0, "Weight of the entropy bonus in the actor loss.")
+    aux_loss_coef: float = arg(0.0, "Weight of the mixture-of-experts router load-balancing loss in the actor "
+                                    "loss (MoE policies only).")
     reward_clip_range: list[float] | None = arg(help="Clip rewards to [low, high] (one value c means [-c, c]).",
                                                 factory=lambda: [-10.0, 10.0])
     normalize_reward: bool = arg(False, "Normalise reward-model rewards with the mean/std stored in the reward "

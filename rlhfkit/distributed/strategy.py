@@ -64,10 +64,12 @@ class RngState:
 class DeepSpeedStrategy:
     """Owns the process group and turns models into DeepSpeed engines."""
 
-    def __init__(self, args: StrategyArgs, bf16: bool = False, gradient_checkpointing: bool = False):
+    def __init__(self, args: StrategyArgs, bf16: bool = False, gradient_checkpointing: bool = False,
+                 gradient_checkpointing_use_reentrant: bool = False):
         self.args = args
         self.bf16 = bf16
         self.gradient_checkpointing = gradient_checkpointing
+        self.gradient_checkpointing_use_reentrant = gradient_checkpointing_use_reentrant
         self.accumulation_steps = validate_batch_sizes(args.train_batch_size, args.micro_train_batch_size,
                                                        world_size_from_env())
 
@@ -180,7 +182,7 @@ class DeepSpeedStrategy:
 
         if self.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
             model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False})
+                gradient_checkpointing_kwargs={"use_reentrant": self.gradient_checkpointing_use_reentrant})
         optimizer = self.make_optimizer(model, learning_rate)
         scheduler = self.make_scheduler(optimizer, num_update_steps)
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,

@@ -67,6 +67,34 @@ def load_tokenizer(path: str, *, use_fast: bool = True, flag: str = "--pretrain"
     return tok
 
 
+def quantization_config(load_in_4bit: bool, lora_rank: int, bf16: bool) -> Any | None:
+    """`--load_in_4bit`: QLoRA (Dettmers et al. 2023, "QLoRA: Efficient Finetuning of Quantized LLMs"), the frozen
+    base in 4-bit NormalFloat with double quantisation and LoRA adapters trained on top. None when not asked; a
+    UserError naming what is missing when it cannot run here (bitsandbytes' 4-bit kernels need a CUDA GPU).
+
+    Written for GPUs with bitsandbytes installed; the CPU test suite checks only the errors."""
+    if not load_in_4bit:
+        return None
+    if lora_rank <= 0:
+        raise UserError("--load_in_4bit (QLoRA) trains LoRA adapters on a frozen 4-bit base: set --lora_rank "
+                        "(e.g. 64), or drop --load_in_4bit")
+    missing = [what for what, present in (("a CUDA GPU", torch.cuda.is_available()),
+                                          ("the bitsandbytes package",
+                                           importlib.util.find_spec("bitsandbytes") is not None)) if not present]
+    if missing:
+        raise UserError(f"--load_in_4bit needs {' and '.join(missing)} (4-bit NF4 weights run on bitsandbytes' "
+                        "CUDA kernels), missing here; drop --load_in_4bit to train in full precision")
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=torch.bfloat16 if bf16 else torch.float32)
+
+
+def load_model_config(path: str, flag: str = "--pretrain") -> Any:
+    """The model's Transformers config (defaults filled in), without loading any weights."""
+    return _from_pretrained(AutoConfig, path, flag)
+
+
 def load_tokenizer_for(model_args: ModelArgs, padding_side: str = "right") -> PreTrainedTokenizerBase:
     """The tokenizer of `--pretrain`, as the model flags ask (`--disable_fast_tokenizer`)."""
     path = check_model_path(model_args.pretrain)
@@ -74,13 +102,17 @@ def load_tokenizer_for(model_args: ModelArgs, padding_side: str = "right") -> Pr
 
 
 def load_causal_lm(path: str, *, attn_implementation: str = "sdpa", dtype: torch.dtype = torch.float32,
-                   flag: str = "--pretrain") -> PreTrainedModel:
-    """Load a causal LM in `dtype` (training keeps fp32 master weights; DeepSpeed casts for bf16)."""
-    config = _from_pretrained(AutoConfig, path, flag)
+                   flag: str = "--pretrain", quantization: Any | None = None) -> PreTrainedModel:
+    """Load a causal LM in `dtype` (training keeps fp32 master weights; DeepSpeed casts for bf16), or quantised
+    onto this rank's GPU with a `quantization_config(...)`."""
+    config = load_model_config(path, flag)
     if not getattr(config, "architectures", None) and getattr(config, "model_type", None) is None:
         raise UserError(f"{flag} {path}: config.json names no model type")
+    extra: dict[str, Any] = {}
+    if quantization is not None:  # bitsandbytes places quantised weights at load time: straight onto this GPU
+        extra = {"quantization_config": quantization, "device_map": {"": torch.cuda.current_device()}}
     model = _from_pretrained(AutoModelForCausalLM, path, flag, dtype=dtype,
-                             attn_implementation=attn_implementation)
+                             attn_implementation=attn_implementation, **extra)
     return model
 
 

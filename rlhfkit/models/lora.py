@@ -12,7 +12,13 @@ def apply_lora(model: PreTrainedModel, rank: int, alpha: int, dropout: float,
     """Wrap `model` so only LoRA matrices train; every linear layer is adapted unless names are given.
 
     `head`: a reward/critic model's value head (e.g. "score"), freshly initialised, so it trains in full
-    (PEFT `modules_to_save`) and is never given an adapter of its own."""
+    (PEFT `modules_to_save`) and is never given an adapter of its own. A 4-bit base (`--load_in_4bit`) is first
+    prepared for k-bit training (PEFT: base frozen, norms and head in fp32 for stable adapter training)."""
+    if getattr(model, "is_loaded_in_4bit", False):
+        from peft import prepare_model_for_kbit_training
+
+        # Gradient checkpointing is switched on later by the strategy, with the user's reentrant choice.
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     if head is None:
         config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, bias="none", task_type="CAUSAL_LM",
                             target_modules=target_modules or "all-linear")

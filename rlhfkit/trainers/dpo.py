@@ -64,6 +64,8 @@ class DPOTrainer(PreferenceTrainer):
         if want_aux and aux is not None:
             loss = loss + self.aux_loss_coef * aux
         sums = pair_sums(preference.detach(), chosen_rewards, rejected_rewards)
+        if want_aux and aux is not None:
+            sums["aux_loss"] = (aux.item() * pairs, pairs)
         sums["preference_loss"] = sums["loss"]
         sums["loss"] = (loss.item() * pairs, pairs)
         sums["nll_loss"] = (nll.item() * pairs, pairs)
@@ -88,10 +90,12 @@ def run_dpo(cfg: Any) -> DPOTrainer:
     from rlhfkit.config.preference import validate_dpo_config
     from rlhfkit.data.collate import pair_collate
     from rlhfkit.errors import UserError
+    from rlhfkit.models.moe import check_aux_loss_coef
 
     validate_dpo_config(cfg)
     if cfg.pairs.margin_key:
         raise UserError("--margin_key applies to train_rm only; DPO has no reward margin")
+    check_aux_loss_coef(cfg.train.aux_loss_coef, cfg.model.pretrain, cfg.data.packing_samples)
     run = prepare_policy_and_reference(cfg, "dpo", load_pair_datasets)
     t, strategy = cfg.train, run.strategy
     method = "IPO" if t.ipo else ("cDPO" if t.label_smoothing > 0 else "DPO")

@@ -62,6 +62,7 @@ class KTOTrainer(PreferenceTrainer):
         sums: Sums = {"kto_loss": (loss.item() * n, n), "kl": (float(z0) * n, n)}
         if want_aux and aux is not None:
             loss = loss + self.aux_loss_coef * aux
+            sums["aux_loss"] = (aux.item() * n, n)
         sums["loss"] = (loss.item() * n, n)
         sums["desirable_reward"], sums["undesirable_reward"] = by_label(rewards, labels)
         sums["desirable_logps"], sums["undesirable_logps"] = by_label(policy[:n].detach(), labels)
@@ -102,8 +103,10 @@ def run_kto(cfg: Any) -> KTOTrainer:
 
     from rlhfkit.config.preference import validate_kto_config
     from rlhfkit.data.collate import unpaired_collate
+    from rlhfkit.models.moe import check_aux_loss_coef
 
     validate_kto_config(cfg)
+    check_aux_loss_coef(cfg.train.aux_loss_coef, cfg.model.pretrain, cfg.data.packing_samples)
     run = prepare_policy_and_reference(cfg, "kto", load_unpaired_datasets)
     t, strategy = cfg.train, run.strategy
     desirable = sum(int(s["label"]) for s in run.train)

@@ -135,8 +135,9 @@ class TrainerLoop:
         raise Preempted(preemption_message(self.state.global_step, self.ckpt_args.ckpt_path))
 
     def save_checkpoint(self) -> None:
-        save_checkpoint(self.strategy, self.ckpt_args.ckpt_path, self.state.global_step, {"model": self.engine},
-                        vars(self.state), self.ckpt_args.max_ckpt_num)
+        c = self.ckpt_args
+        save_checkpoint(self.strategy, c.ckpt_path, self.state.global_step, {"model": self.engine}, vars(self.state),
+                        c.max_ckpt_num, max_gb=c.max_ckpt_mem, universal=c.use_ds_universal_ckpt)
 
     def resume(self) -> None:
         path = latest_checkpoint(self.ckpt_args.ckpt_path)

@@ -84,6 +84,7 @@ class RayRunPlan:
 def check_ray_config(cfg: PPOConfig, use_gpu: bool | None = None, cpus_per_bundle: float = 1.0) -> RayRunPlan:
     """Config checks that need no data and no Ray: RL config, placement, engines, batch splits. UserError."""
     from rlhfkit.models.loading import check_model_path
+    from rlhfkit.models.moe import check_aux_loss_coef
 
     validate_rl_config(cfg)
     use_gpu = local_gpus() if use_gpu is None else use_gpu
@@ -109,6 +110,7 @@ def check_ray_config(cfg: PPOConfig, use_gpu: bool | None = None, cpus_per_bundl
     if cfg.model.lora_rank > 0 and cfg.resources.deepspeed_enable_sleep and use_gpu:
         raise UserError("--deepspeed_enable_sleep with --lora_rank is not supported; drop one of them")
     check_model_path(cfg.model.pretrain)
+    check_aux_loss_coef(cfg.algo.aux_loss_coef, cfg.model.pretrain, cfg.data.packing_samples)
     if cfg.rl_model.reward_pretrain:
         check_model_path(cfg.rl_model.reward_pretrain, "--reward_pretrain")
     if needs_critic(cfg) and cfg.rl_model.critic_pretrain:

@@ -94,6 +94,9 @@ def run_rm(cfg: Any) -> RewardModelTrainer:
     if cfg.train.aux_loss_coef > 0:
         raise UserError("--aux_loss_coef is not supported by train_rm (the reward head reads the backbone, which "
                         "returns no router loss); drop it")
+    if cfg.model.load_in_4bit:
+        raise UserError("--load_in_4bit is not supported by train_rm yet (QLoRA covers causal-LM training: "
+                        "train_sft, train_dpo, train_kto and the RL actor); drop it")
     strategy = make_strategy(cfg.model, cfg.strategy)
     attn = resolve_attn_implementation(cfg.model.attn_implementation, cfg.model.flash_attn)
     path = check_model_path(cfg.model.pretrain)

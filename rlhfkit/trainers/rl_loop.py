@@ -295,7 +295,7 @@ class RLTrainer:
         state = asdict(self.state)
         state.pop("global_step")
         save_checkpoint(self.strategy, c.ckpt_path, self.state.global_step, self._checkpoint_targets(), state,
-                        c.max_ckpt_num)
+                        c.max_ckpt_num, max_gb=c.max_ckpt_mem)  # roles save universal state per their config
 
     def resume(self) -> None:
         path = latest_checkpoint(self.cfg.checkpoint.ckpt_path)

