@@ -83,18 +83,15 @@ def output_dirs(cfg: Any) -> list[tuple[str, str]]:
 
 
 def _check_counts(cfg: Any) -> None:
-    """Settings that would make a run do no training at all and still save a model."""
+    """Settings that would make an offline trainer do no training at all and still save a model (the RL
+    counts are checked by `validate_rl_config`)."""
     train = getattr(cfg, "train", None)
-    rollout = getattr(cfg, "rollout", None)
-    if train is not None and getattr(train, "max_epochs", 1) < 1:
+    if train is None:
+        return
+    if train.max_epochs < 1:
         raise UserError(f"--max_epochs {train.max_epochs}: a run needs at least one epoch (1 or more)")
-    if rollout is not None:
-        for name in ("num_episodes", "max_epochs"):
-            if getattr(rollout, name) < 1:
-                raise UserError(f"--{name} {getattr(rollout, name)}: must be 1 or more")
-    for section in (train, rollout):
-        if section is not None and getattr(section, "max_steps", -1) == 0:
-            raise UserError("--max_steps 0 trains nothing: use -1 (every epoch) or a positive number of steps")
+    if train.max_steps == 0:
+        raise UserError("--max_steps 0 trains nothing: use -1 (every epoch) or a positive number of steps")
 
 
 def _check_value_heads(cfg: Any) -> None:
