@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from rlhfkit.checkpoint.runs import RunInfo, claim_ckpt_dir
+from rlhfkit.checkpoint.ckpt import latest_checkpoint
+from rlhfkit.checkpoint.runs import RunInfo, check_compatible, claim_ckpt_dir
 from rlhfkit.config.common import LoggingArgs, ModelArgs, StrategyArgs
 from rlhfkit.config.rl import PPOConfig, remote_reward_urls, samples_per_rollout
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
@@ -123,7 +124,12 @@ def prepare_run(cfg: Any, kind: str) -> RunInfo:
     for note in claim_ckpt_dir(c.ckpt_path, resume=c.load_checkpoint, overwrite=c.overwrite_ckpt, rank0=rank0):
         if rank0:
             print(note, flush=True)
-    return RunInfo(kind, dataclasses.asdict(cfg))
+    run = RunInfo(kind, dataclasses.asdict(cfg))
+    if c.load_checkpoint:  # another trainer's or model's checkpoint: refused now rather than after the model loads
+        newest = latest_checkpoint(c.ckpt_path)
+        if newest is not None:
+            check_compatible(newest, run)
+    return run
 
 
 def run_name(kind: str) -> str:
