@@ -206,3 +206,57 @@ def test_issue_checkpoint_defects_end_to_end(demo_assets, tmp_path, world_of_one
                                               "--disable_progress_bar"])
     assert code == 2 and "was written by sft, not dpo" in err and err.count("\n") == 1, err
     assert not (tmp_path / "dpo" / "model.safetensors").exists()
+
+
+def test_ppo_ray_driver_sigkill_leaks_no_actors_and_resumes_to_the_same_weights(demo_assets, tmp_path):
+    """The driver (with its own local Ray, as `train_ppo_ray` starts one) is SIGKILLed mid-step 2: every process
+    of its Ray cluster (GCS, raylet, the role and engine actors) goes with it, and a rerun with --load_checkpoint
+    resumes global_step1 and ends at the uninterrupted run's weights."""
+    import psutil
+
+    ray_env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+               "RAY_ADDRESS": ""}
+    reward = str(REPO / "tests" / "distributed" / "reward_exact_match.py")
+
+    def args_for(save: Path, *extra: str) -> list[str]:
+        return ["rlhfkit.cli.train_ppo_ray", "--pretrain", str(demo_assets.model_dir), "--prompt_data",
+                str(demo_assets.rl_train), "--input_key", "prompt", "--label_key", "answer", "--input_template",
+                TEMPLATE, "--remote_rm_url", reward, "--advantage_estimator", "group_norm", "--max_samples", "4",
+                "--rollout_batch_size", "2", "--n_samples_per_prompt", "2", "--micro_rollout_batch_size", "2",
+                "--train_batch_size", "4", "--micro_train_batch_size", "2", "--generate_max_len", "6",
+                "--prompt_max_len", "32", "--actor_learning_rate", "1e-3", "--zero_stage", "0", "--save_path",
+                str(save), "--disable_progress_bar", *extra]
+
+    saved_env = dict(os.environ)
+    os.environ.update(ray_env)  # for the subprocesses `start` launches
+    try:
+        reference = tmp_path / "reference"
+        out = finish(args_for(reference))
+        assert (reference / "model.safetensors").is_file(), out[-3000:]
+        save, ckpt, flag = tmp_path / "run", tmp_path / "ckpt", tmp_path / "paused"
+        args = args_for(save, "--ckpt_path", str(ckpt), "--save_steps", "1")
+        proc = start(args, f"mid@2:{flag}")
+        deadline = time.monotonic() + 300
+        while not flag.is_file():
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "mid@2 not reached in time"
+            time.sleep(0.05)
+        cluster = psutil.Process(proc.pid).children(recursive=True)
+        assert any("raylet" in " ".join(p.cmdline()) for p in cluster if p.is_running())
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+        _, alive = psutil.wait_procs(cluster, timeout=45)  # the actors, raylet and GCS share the driver's fate
+        names = [" ".join(p.cmdline()).strip() for p in alive if p.is_running()]
+        # Ray's per-node agents watch their raylet on a slower poll; give them longer, but they must go too
+        _, alive = psutil.wait_procs(alive, timeout=120)
+        leaked = [f"{p.pid} {' '.join(p.cmdline())[:100]}" for p in alive if p.is_running()]
+        for p in alive:  # do not leave them for the next test either way
+            p.kill()
+        assert not leaked, leaked
+        assert all("Agent" in name for name in names), names  # no role or engine actor outlived 45 s
+        out = finish([*args, "--load_checkpoint"])
+        assert f"resumed from {ckpt / 'global_step1'} at step 1" in out and "Traceback" not in out, out[-3000:]
+        assert max_weight_diff(reference, save) <= 1e-6
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
