@@ -23,11 +23,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "rlhfkit"
 
 LAYERS: list[tuple[str, ...]] = [
-    ("config",), ("algorithms",), ("data", "demo"), ("models",), ("distributed",), ("rollout",),
+    ("config",), ("algorithms",), ("data", "demo"), ("models",), ("distributed",), ("rollout", "agents"),
     ("checkpoint", "logging"), ("trainers",), ("cli",),
 ]
 EVERYWHERE = {"rlhfkit", "rlhfkit.errors"}
-TRAINERS = {f"rlhfkit.trainers.{m}" for m in ("sft", "reward", "dpo", "kto", "rl_run", "ray_run")}
+TRAINERS = {f"rlhfkit.trainers.{m}" for m in ("sft", "reward", "dpo", "kto", "rl_run", "ray_run", "batch_inference")}
 
 
 def module_name(path: Path) -> str:

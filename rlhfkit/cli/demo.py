@@ -98,7 +98,7 @@ def grpo_argv(sft_dir: str, prompts: Path, save: Path, steps: int, seed: int, us
                                                                           "reward_func.py"),
         "--advantage_estimator", "group_norm", "--n_samples_per_prompt", "8", "--rollout_batch_size", "16",
         "--micro_rollout_batch_size", "128", "--train_batch_size", "128", "--micro_train_batch_size", "64",
-        "--num_episodes", "2", "--max_steps", str(steps), "--generate_max_len", "8", "--prompt_max_len", "64",
+        "--num_episodes", "2", "--max_rl_steps", str(steps), "--generate_max_len", "8", "--prompt_max_len", "64",
         "--temperature", "1.0", "--actor_learning_rate", "1e-4", "--lr_warmup_ratio", "0.03", "--init_kl_coef", "0",
         "--zero_stage", "0", "--seed", str(seed), "--actor_num_nodes", "1", "--actor_num_gpus_per_node", "1",
         "--colocate_all_models", *engine, "--logging_steps", "1", "--save_path", str(save),

@@ -17,6 +17,9 @@ COMMANDS = {
     "train_ppo": ("train_ppo", "online RL (PPO, REINFORCE++, GRPO, RLOO) in one process"),
     "train_ppo_ray": ("train_ppo_ray", "online RL with Ray roles and rollout engines"),
     "serve_rm": ("serve_rm", "HTTP server for a reward model"),
+    "batch_inference": ("batch_inference", "generate / score a dataset; best-of-N, conditional SFT and DPO data"),
+    "lora_combiner": ("lora_combiner", "merge a LoRA adapter into its base model"),
+    "interactive_chat": ("interactive_chat", "chat with a saved model in the terminal"),
     "report": ("report", "write the HTML report of a run directory"),
 }
 
@@ -28,7 +31,7 @@ def _available() -> dict[str, tuple[str, str]]:
 
 def usage() -> str:
     lines = ["usage: rlhfkit <command> [flags]   (rlhfkit <command> --help for its flags)", "", "commands:"]
-    lines += [f"  {name:<14} {text}" for name, (_, text) in _available().items()]
+    lines += [f"  {name:<17} {text}" for name, (_, text) in _available().items()]
     return "\n".join(lines)
 
 

@@ -20,6 +20,9 @@ TABLES = {
     "train_dpo": "rlhfkit.config.preference:DPOConfig",
     "train_kto": "rlhfkit.config.preference:KTOConfig",
     "train_ppo": "rlhfkit.config.rl:PPOConfig",
+    "batch_inference": "rlhfkit.config.batch_inference:BatchInferenceConfig",
+    "lora_combiner": "rlhfkit.config.lora_combiner:LoraCombinerConfig",
+    "interactive_chat": "rlhfkit.config.chat:ChatConfig",
 }
 
 

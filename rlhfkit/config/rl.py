@@ -10,6 +10,7 @@ the Transformers rollout engine, and `train_ppo_ray` acts on them.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +42,31 @@ class RLModelArgs:
 
 
 @dataclass
+class UserCodeArgs:
+    reward_workers: int = arg(2, "Worker processes that run a --remote_rm_url reward function file (a batch is "
+                                 "scored in calls of --micro_rollout_batch_size samples spread over them), or the "
+                                 "AgentInstances of --agent_func_path episodes (per rollout engine).")
+    reward_timeout: float = arg(60.0, "Seconds one reward function call (or agent reset/step) may take; a slower "
+                                      "call is killed (its worker replaced; an agent's episode ends) and its "
+                                      "samples get --reward_fallback.")
+    reward_fallback: float = arg(0.0, "Reward (and score) of a sample whose reward function call failed: raised, "
+                                      "timed out, crashed, or returned NaN/inf or the wrong number of values (or "
+                                      "whose agent episode failed).")
+    max_reward_failure_ratio: float = arg(0.1, "Stop the run when more than this fraction of a step's samples "
+                                               "failed in the reward function or agent (0: stop at the first "
+                                               "failure).")
+
+
+@dataclass
+class AgentArgs:
+    agent_func_path: str | None = arg(None, "Multi-turn agent file defining AgentExecutor and AgentInstance "
+                                            "(import their bases from rlhfkit.agents); its step rewards are the "
+                                            "reward, so no --remote_rm_url / --reward_pretrain.")
+    max_steps: int | None = arg(None, "Turns per agent episode (with --agent_func_path; default: until done or "
+                                      "--generate_max_len tokens). The RL-step cap is --max_rl_steps.")
+
+
+@dataclass
 class RLDataArgs:
     prompt_data: str | None = arg(None, "RL prompts: comma-separated local files (json, jsonl, parquet, csv, "
                                         "arrow) or dataset directories; @split picks a split.")
@@ -69,7 +95,7 @@ class RolloutArgs:
     micro_rollout_batch_size: int = arg(8, "Samples per forward pass when scoring (log-probs, values, rewards).")
     num_episodes: int = arg(1, "Passes over the prompt data.")
     max_epochs: int = arg(1, "Passes over each rollout batch when training on it.")
-    max_steps: int = arg(-1, "Stop after this many RL steps (-1: every episode); learning-rate schedules still "
+    max_rl_steps: int = arg(-1, "Stop after this many RL steps (-1: every episode); learning-rate schedules still "
                              "span the whole run, so a later --load_checkpoint continues them.")
     temperature: float = arg(1.0, "Sampling temperature (log-probs for training use the same temperature).")
     top_p: float = arg(1.0, "Nucleus sampling: sample from the smallest token set with this much probability.")
@@ -153,6 +179,8 @@ class RLSaveArgs:
 class PPOConfig:
     model: ModelArgs = field(default_factory=ModelArgs)
     rl_model: RLModelArgs = field(default_factory=RLModelArgs)
+    user_code: UserCodeArgs = field(default_factory=UserCodeArgs)
+    agent: AgentArgs = field(default_factory=AgentArgs)
     strategy: StrategyArgs = field(default_factory=StrategyArgs)
     data: RLDataArgs = field(default_factory=RLDataArgs)
     rollout: RolloutArgs = field(default_factory=RolloutArgs)
@@ -302,6 +330,8 @@ def _validate_sources(cfg: PPOConfig) -> None:
     if not d.prompt_data:
         raise UserError("--prompt_data is required: the RL prompts (a local json/jsonl/parquet/csv file)")
     urls = remote_reward_urls(cfg)
+    if _validate_agent(cfg):
+        return
     if not m.reward_pretrain and not urls:
         raise UserError("no reward source: pass --reward_pretrain (a reward model) or --remote_rm_url (a Python "
                         "file with reward_func, or http://host:port/get_reward)")
@@ -319,6 +349,39 @@ def _validate_sources(cfg: PPOConfig) -> None:
         raise UserError("--advantage_estimator gae needs a critic: pass --critic_pretrain")
     if m.remote_rm_retries < 1 or m.remote_rm_timeout <= 0:
         raise UserError("--remote_rm_retries must be >= 1 and --remote_rm_timeout > 0")
+
+
+def _validate_agent(cfg: PPOConfig) -> bool:
+    """Checks of --agent_func_path / --max_steps; True when the agent is the reward source."""
+    a = cfg.agent
+    if a.agent_func_path is None:
+        if a.max_steps is not None:
+            raise UserError(f"--max_steps {a.max_steps} is the turn budget of an agent episode and needs "
+                            "--agent_func_path; to stop after N RL steps use --max_rl_steps N (renamed)")
+        return False
+    path = Path(a.agent_func_path).expanduser()
+    if path.suffix != ".py" or not path.is_file():
+        raise UserError(f"--agent_func_path {a.agent_func_path}: not an existing .py file")
+    if cfg.rl_model.reward_pretrain or cfg.rl_model.remote_rm_url:
+        raise UserError("--agent_func_path: the agent's step rewards are the reward; drop --reward_pretrain / "
+                        "--remote_rm_url")
+    if a.max_steps is not None and a.max_steps < 1:
+        raise UserError(f"--max_steps must be >= 1 turn (got {a.max_steps})")
+    if needs_critic(cfg) and not critic_path(cfg):
+        raise UserError("--advantage_estimator gae needs a critic: pass --critic_pretrain")
+    return True
+
+
+def _validate_user_code(cfg: PPOConfig) -> None:
+    u = cfg.user_code
+    if u.reward_workers < 1:
+        raise UserError(f"--reward_workers must be >= 1 (got {u.reward_workers})")
+    if not u.reward_timeout > 0:
+        raise UserError(f"--reward_timeout must be > 0 seconds (got {u.reward_timeout})")
+    if not math.isfinite(u.reward_fallback):
+        raise UserError(f"--reward_fallback must be a finite number (got {u.reward_fallback})")
+    if not 0 <= u.max_reward_failure_ratio <= 1:
+        raise UserError(f"--max_reward_failure_ratio must be in [0, 1] (got {u.max_reward_failure_ratio})")
 
 
 def _validate_resources(cfg: PPOConfig) -> None:
@@ -342,6 +405,7 @@ def _validate_resources(cfg: PPOConfig) -> None:
 def validate_rl_config(cfg: PPOConfig) -> PPOConfig:
     """Fail fast (UserError, one line) on a config that cannot run; returns the config."""
     _validate_sources(cfg)
+    _validate_user_code(cfg)
     _validate_batches(cfg)
     _validate_algorithm(cfg)
     _validate_resources(cfg)

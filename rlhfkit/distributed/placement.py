@@ -186,3 +186,29 @@ class ResourcePlan:
             except Exception:  # noqa: BLE001 - best effort on shutdown
                 pass
         self.groups.clear()
+
+
+def connect_ray(min_cpus: float) -> bool:
+    """Join the cluster named by RAY_ADDRESS, or start a local one; True when this call started Ray."""
+    import math
+    import os
+
+    import ray
+
+    if ray.is_initialized():
+        return False
+    for key, value in {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}.items():
+        os.environ.setdefault(key, value)
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address="auto", logging_level="ERROR")
+    else:  # a new local cluster (never a stale `ray start` address); logical CPUs: roles mostly take turns, so
+        # a small machine may host more bundles than cores
+        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(min_cpus)), include_dashboard=False,
+                 logging_level="ERROR")
+    return True
+
+
+def unwrap_user_error(e: BaseException) -> BaseException:
+    """The UserError an actor raised (Ray wraps it in a RayTaskError), or `e` itself."""
+    cause = getattr(e, "cause", None)
+    return UserError(str(cause)) if isinstance(cause, UserError) else e

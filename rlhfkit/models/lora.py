@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 from transformers import PreTrainedModel
@@ -35,3 +36,45 @@ def merged_for_saving(model: PreTrainedModel) -> PreTrainedModel:
     if isinstance(model, PeftModel):
         return model.merge_and_unload()
     return model
+
+
+def merge_adapter(base_path: str, lora_path: str, *, is_rm: bool = False, value_head_prefix: str = "score",
+                  dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """The base model at `base_path` with the LoRA adapter at `lora_path` merged in (`lora_combiner`).
+
+    A reward-model adapter (`is_rm`, PEFT task SEQ_CLS) carries its value head in full (`modules_to_save`), which
+    replaces the base model's head; a base without a head and an adapter without one is refused."""
+    import json
+    from pathlib import Path
+
+    from rlhfkit.errors import UserError
+    from rlhfkit.models.loading import check_model_path, load_causal_lm
+    from rlhfkit.models.value_model import _head_was_loaded, load_value_model
+
+    base_path = check_model_path(base_path, "--model_path")
+    config_file = Path(lora_path).expanduser() / "adapter_config.json"
+    if not config_file.is_file():
+        raise UserError(f"--lora_path {lora_path}: no adapter_config.json; give the directory a PEFT adapter was "
+                        "saved to (trainers run with --lora_rank write <save_path>/lora_adapter)")
+    adapter = json.loads(config_file.read_text())
+    rm_adapter = adapter.get("task_type") == "SEQ_CLS"
+    if rm_adapter != is_rm:
+        hint = "drop --is_rm" if is_rm else "pass --is_rm"
+        raise UserError(f"--lora_path {lora_path}: the adapter is for a "
+                        f"{'reward model' if rm_adapter else 'causal LM'} (task_type {adapter.get('task_type')}); "
+                        f"{hint}")
+    if is_rm:
+        if value_head_prefix not in (adapter.get("modules_to_save") or []) and \
+                not _head_was_loaded(base_path, value_head_prefix):
+            raise UserError(f"--lora_path {lora_path}: neither the adapter nor --model_path holds the value head "
+                            f"'{value_head_prefix}' (--value_head_prefix); the merged reward model would score "
+                            "with a random head")
+        base = load_value_model(base_path, value_head_prefix=value_head_prefix, dtype=dtype, flag="--model_path")
+    else:
+        base = load_causal_lm(base_path, dtype=dtype, flag="--model_path")
+    try:
+        model = PeftModel.from_pretrained(base, str(Path(lora_path).expanduser()))
+    except (RuntimeError, ValueError, KeyError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserError(f"--lora_path {lora_path}: does not fit --model_path {base_path}: {first}") from None
+    return model.merge_and_unload()

@@ -30,6 +30,8 @@ class SampledSequence:
     response_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # FINISH_STOP or FINISH_LENGTH
+    # Agent episodes (rlhfkit.agents): 1 for tokens the policy sampled, 0 for environment feedback; None: all 1.
+    action_mask: list[int] | None = None
 
 
 @runtime_checkable

@@ -84,6 +84,12 @@ class HFRolloutEngine:
         return cls(model, tokenizer, **kwargs)
 
     # -- generation -----------------------------------------------------------------------------------------
+    def generate_episodes(self, requests: Sequence[dict[str, Any]], agent_path: str, **kwargs: Any) -> list[dict]:
+        """Agent episodes (rlhfkit.agents) run here, all at once, their generations batched on this engine."""
+        from rlhfkit.agents.episodes import run_episodes
+
+        return run_episodes(self.generate, self.tokenizer, agent_path, requests, **kwargs)
+
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, top_k: int = -1, seed: int | None = None,

@@ -33,6 +33,11 @@ class HFEngineActor(StagedWeights):
     def generate(self, prompt_ids: Any, *, seed: int | None = None, seed_offset: int = 0, **sampling: Any) -> Any:
         return self.engine.generate(prompt_ids, seed=None if seed is None else seed + seed_offset, **sampling)
 
+    def generate_episodes(self, requests: Any, agent_path: str, *, seed: int | None = None, seed_offset: int = 0,
+                          **kwargs: Any) -> Any:
+        return self.engine.generate_episodes(requests, agent_path, seed=None if seed is None else seed + seed_offset,
+                                             **kwargs)
+
     def _apply(self, staged: list[tuple[str, torch.Tensor]]) -> int:
         return self.engine.update_weights(dict(staged))
 

@@ -4,7 +4,10 @@ Both are selected with `--remote_rm_url` (OpenRLHF's flag) and score text:
 - a file `path/to/reward.py` defining `reward_func(queries, prompts, labels)`; queries are prompt + response
   texts, prompts the formatted prompts, labels the `--label_key` values (None without one). It returns the
   rewards (a tensor, list or array with one number per query) or a dict {"rewards", "scores" (optional, in [0, 1]
-  by convention, used for pass@1), "extra_logs" (optional, name -> number or per-sample values, logged as means)};
+  by convention, used for pass@1), "extra_logs" (optional, name -> number or per-sample values, logged as means)}.
+  The file runs in worker processes (`--reward_workers`, `--reward_timeout`): a failing call costs its samples
+  (`--reward_fallback`), counted in the metrics `reward/failures` and `reward/failure_kinds/<kind>`, until more
+  than `--max_reward_failure_ratio` of a step's samples fail;
 - comma-separated `http(s)://host:port/get_reward` URLs: each batch is split into contiguous chunks, one per server,
   posted in parallel threads as {"query": [...], "prompts": [...], "labels": [...]}; each server answers
   {"rewards": [...]} (optionally "scores" and "extra_logs"). Requests time out and are retried (server errors
@@ -12,13 +15,13 @@ Both are selected with `--remote_rm_url` (OpenRLHF's flag) and score text:
   `Authorization: Bearer <key>` (`rlhfkit serve_rm --api_key`).
 
 Every source has the method of the reward role: `score(batch) -> {"rewards": [B], "scores": [B], "extra_logs"}`
-where batch holds "queries", "prompts" and "labels" lists (and token tensors a reward model would use). A reward
-that is missing, of the wrong length, not a number, NaN or infinite is a UserError naming the source.
+where batch holds "queries", "prompts" and "labels" lists (and token tensors a reward model would use), plus
+"metrics" (failure counts) from a reward function file. A server's reward that is missing, of the wrong length, not
+a number, NaN or infinite is a UserError naming the source.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import time
@@ -34,13 +37,18 @@ import torch
 from rlhfkit.errors import UserError
 
 
+class WrongLengthError(UserError):
+    """A reward source returned a different number of values than it was given queries."""
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
-def _as_vector(value: Any, n: int, what: str, where: str) -> torch.Tensor:
-    """A float32 [n] tensor from a tensor / list / array / number sequence, checked for length and finiteness."""
+def _as_vector(value: Any, n: int, what: str, where: str, finite: bool = True) -> torch.Tensor:
+    """A float32 [n] tensor from a tensor / list / array / number sequence, checked for length and (unless
+    `finite` is False) finiteness."""
     try:
         if isinstance(value, torch.Tensor):
             vector = value.detach().to("cpu", torch.float32).reshape(-1)
@@ -50,9 +58,10 @@ def _as_vector(value: Any, n: int, what: str, where: str) -> torch.Tensor:
         raise UserError(f"{where}: {what} must be numbers, one per query, got {type(value).__name__} "
                         f"({_first_line(e)})") from None
     if vector.numel() != n:
-        raise UserError(f"{where}: returned {vector.numel()} {what} for {n} queries; return exactly one per query")
+        raise WrongLengthError(f"{where}: returned {vector.numel()} {what} for {n} queries; return exactly one "
+                               "per query")
     bad = (~torch.isfinite(vector)).nonzero()
-    if bad.numel():
+    if finite and bad.numel():
         i = int(bad[0])
         raise UserError(f"{where}: {what} {vector[i].item()} for query {i} is not a finite number "
                         f"({bad.numel()} of {n} are NaN or infinite)")
@@ -68,13 +77,14 @@ def _log_value(value: Any) -> float | None:
     return float(t.mean()) if t.numel() else None
 
 
-def parse_reward_output(output: Any, n: int, where: str) -> dict[str, Any]:
-    """Turn what a reward function or server returned into {"rewards", "scores", "extra_logs"}."""
+def parse_reward_output(output: Any, n: int, where: str, finite: bool = True) -> dict[str, Any]:
+    """Turn what a reward function or server returned into {"rewards", "scores", "extra_logs"}; with
+    `finite=False` NaN/inf entries are kept (for the caller to count as failed samples) instead of raising."""
     if isinstance(output, dict):
         if "rewards" not in output:
             raise UserError(f"{where}: the returned dict has no 'rewards' (keys: {', '.join(map(str, output))})")
-        rewards = _as_vector(output["rewards"], n, "rewards", where)
-        scores = _as_vector(output["scores"], n, "scores", where) if output.get("scores") is not None \
+        rewards = _as_vector(output["rewards"], n, "rewards", where, finite)
+        scores = _as_vector(output["scores"], n, "scores", where, finite) if output.get("scores") is not None \
             else rewards.clone()
         extra = output.get("extra_logs") or {}
         if not isinstance(extra, dict):
@@ -84,7 +94,7 @@ def parse_reward_output(output: Any, n: int, where: str) -> dict[str, Any]:
     if output is None:
         raise UserError(f"{where}: returned None; return the rewards (one number per query) or a dict with "
                         "'rewards'")
-    rewards = _as_vector(output, n, "rewards", where)
+    rewards = _as_vector(output, n, "rewards", where, finite)
     return {"rewards": rewards, "scores": rewards.clone(), "extra_logs": {}}
 
 
@@ -97,34 +107,92 @@ def _text_inputs(batch: dict[str, Any]) -> tuple[list[str], list[str], list[Any]
 
 
 class RewardFunction:
-    """`reward_func(queries, prompts, labels)` loaded from a Python file (`--remote_rm_url path.py`)."""
+    """`reward_func(queries, prompts, labels)` from a Python file (`--remote_rm_url path.py`), run in worker processes.
 
-    def __init__(self, path: str):
+    A batch is scored in calls of at most `call_size` samples, spread over `workers` processes
+    (rlhfkit.rollout.user_code). A call that raises, times out, kills its worker or returns something unusable costs
+    its samples; a NaN/inf reward costs its own sample. Failed samples get `fallback` as reward and score. When more
+    than `max_failure_ratio` of a batch failed (any failure with 0, the strict mode), `score` raises a UserError
+    naming the file, the first failure and one offending sample.
+    """
+
+    def __init__(self, path: str, workers: int = 1, timeout: float = 60.0, fallback: float = 0.0,
+                 max_failure_ratio: float = 0.0, call_size: int | None = None):
+        from rlhfkit.rollout.user_code import UserCodeLoadError, UserCodePool
+
         self.path = str(Path(path).expanduser())
         self.where = f"reward function {self.path}"
         if not Path(self.path).is_file():
             raise UserError(f"--remote_rm_url {path}: no such file")
-        module_name = f"rlhfkit_reward_func_{abs(hash(self.path))}"
-        spec = importlib.util.spec_from_file_location(module_name, self.path)
-        if spec is None or spec.loader is None:
-            raise UserError(f"--remote_rm_url {path}: not a Python file that can be imported")
-        module = importlib.util.module_from_spec(spec)
+        self.fallback = float(fallback)
+        self.max_failure_ratio = float(max_failure_ratio)
+        self.call_size = call_size
         try:
-            spec.loader.exec_module(module)
-        except Exception as e:  # noqa: BLE001 - any failure while importing is the user's file
-            raise UserError(f"{self.where}: importing it failed ({_first_line(e)})") from e
-        fn = getattr(module, "reward_func", None)
-        if not callable(fn):
+            self.pool = UserCodePool(self.path, workers=workers, timeout=timeout)
+        except UserCodeLoadError as e:
+            raise UserError(f"{self.where}: importing it failed ({e})") from None
+        if "reward_func" not in self.pool.functions:
+            self.pool.close()
             raise UserError(f"{self.where}: defines no function reward_func(queries, prompts, labels)")
-        self.fn = fn
 
     def score(self, batch: dict[str, Any]) -> dict[str, Any]:
         queries, prompts, labels = _text_inputs(batch)
-        try:
-            output = self.fn(queries, prompts, labels)
-        except Exception as e:  # noqa: BLE001 - the user's code failed; say where, keep the cause
-            raise UserError(f"{self.where}: reward_func raised {_first_line(e)}") from e
-        return parse_reward_output(output, len(queries), self.where)
+        n = len(queries)
+        size = max(1, self.call_size or n)
+        spans = [(lo, min(lo + size, n)) for lo in range(0, n, size)]
+        results = self.pool.map("reward_func", [(queries[lo:hi], prompts[lo:hi], labels[lo:hi]) for lo, hi in spans])
+        rewards = torch.full((n,), self.fallback)
+        scores = torch.full((n,), self.fallback)
+        failures: list[tuple[int, int, str, str]] = []  # (first sample, samples, kind, one-line reason)
+        logs: list[tuple[dict[str, float], int]] = []
+        for (lo, hi), result in zip(spans, results):
+            if not result.ok:
+                failures.append((lo, hi - lo, result.kind, result.error))
+                continue
+            try:
+                out = parse_reward_output(result.value, hi - lo, self.where, finite=False)
+            except UserError as e:
+                kind = "wrong_length" if isinstance(e, WrongLengthError) else "bad_output"
+                failures.append((lo, hi - lo, kind, str(e).removeprefix(f"{self.where}: ")))
+                continue
+            good = torch.isfinite(out["rewards"]) & torch.isfinite(out["scores"])
+            for i in (~good).nonzero().flatten().tolist():
+                what = "rewards" if not torch.isfinite(out["rewards"][i]) else "scores"
+                failures.append((lo + i, 1, "non_finite", f"{what} {out[what][i].item()} for query {lo + i} is not "
+                                                          "a finite number"))
+            rewards[lo:hi] = torch.where(good, out["rewards"], rewards[lo:hi])
+            scores[lo:hi] = torch.where(good, out["scores"], scores[lo:hi])
+            logs.append((out["extra_logs"], hi - lo))
+        failed = sum(count for _, count, _, _ in failures)
+        if failed and failed > self.max_failure_ratio * n:
+            raise UserError(self._failure_message(failures, failed, n, queries))
+        kinds: dict[str, int] = {}
+        for _, count, kind, _ in failures:
+            kinds[kind] = kinds.get(kind, 0) + count
+        metrics = {"reward/failures": float(failed),
+                   **{f"reward/failure_kinds/{k}": float(v) for k, v in kinds.items()}}
+        return {"rewards": rewards, "scores": scores, "extra_logs": _weighted_logs(logs), "metrics": metrics}
+
+    def _failure_message(self, failures: list[tuple[int, int, str, str]], failed: int, n: int,
+                         queries: list[str]) -> str:
+        first, _, _, reason = failures[0]
+        sample = repr(queries[first][:160]) if queries else "''"
+        limit = ("--max_reward_failure_ratio 0 allows none" if self.max_failure_ratio == 0 else
+                 f"more than --max_reward_failure_ratio {self.max_failure_ratio:g}")
+        return (f"{self.where}: {reason}; {failed} of {n} samples failed this step ({limit}); e.g. query {first}: "
+                f"{sample}")
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def _weighted_logs(parts: list[tuple[dict[str, float], int]]) -> dict[str, float]:
+    """Per-call extra_logs merged into one mean per name, weighted by the call's samples."""
+    logs: dict[str, float] = {}
+    for key in {k for part, _ in parts for k in part}:
+        values = [(part[key], w) for part, w in parts if key in part]
+        logs[key] = sum(v * w for v, w in values) / max(sum(w for _, w in values), 1)
+    return logs
 
 
 #: Environment variable with the API key of reward servers started with one (`serve_rm --api_key`).
@@ -156,10 +224,7 @@ class _TooLarge(Exception):
 
 def _merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Concatenate parsed reward outputs; extra logs are averaged weighted by sample count."""
-    logs: dict[str, float] = {}
-    for key in {k for r in results for k in r["extra_logs"]}:
-        values = [(r["extra_logs"][key], len(r["rewards"])) for r in results if key in r["extra_logs"]]
-        logs[key] = sum(v * w for v, w in values) / max(sum(w for _, w in values), 1)
+    logs = _weighted_logs([(r["extra_logs"], len(r["rewards"])) for r in results])
     return {"rewards": torch.cat([r["rewards"] for r in results]),
             "scores": torch.cat([r["scores"] for r in results]), "extra_logs": logs}
 
@@ -239,7 +304,8 @@ class HTTPRewardClient:
 
 def make_remote_reward(urls: Sequence[str], timeout: float = 60.0,
                        retries: int = 3) -> RewardFunction | HTTPRewardClient:
-    """The text reward source named by `--remote_rm_url`: a reward function file or HTTP servers."""
+    """The text reward source named by `--remote_rm_url`: a reward function file (with RewardFunction's defaults)
+    or HTTP servers."""
     urls = [u for u in urls if u]
     if len(urls) == 1 and not urls[0].startswith(("http://", "https://")):
         return RewardFunction(urls[0])

@@ -221,6 +221,14 @@ class VLLMEngine(StagedWeights):
             samples.append(SampledSequence(list(map(int, prompt)), tokens, logprobs, finish))
         return samples
 
+    def generate_episodes(self, requests: Sequence[dict[str, Any]], agent_path: str, *, seed: int | None = None,
+                          seed_offset: int = 0, **kwargs: Any) -> list[dict]:
+        """Agent episodes (rlhfkit.agents) run here, all at once, their generations batched on this engine."""
+        from rlhfkit.agents.episodes import run_episodes
+
+        return run_episodes(self.generate, self.llm.get_tokenizer(), agent_path, requests,
+                            seed=None if seed is None else seed + seed_offset, **kwargs)
+
     # -- weights --------------------------------------------------------------------------------------------
     def _apply(self, staged: list[tuple[str, torch.Tensor]]) -> int:
         """Apply the staged weights in one in-place reload; drop KV cache computed with the old weights."""
@@ -331,6 +339,24 @@ class RolloutEngineGroup:
         samples = [sample for result in ray.get(refs) for sample in result]
         self.last_generate_seconds = time.perf_counter() - started
         return samples
+
+    def generate_episodes(self, requests: Sequence[dict[str, Any]], agent_path: str, **kwargs: Any) -> list[dict]:
+        """Agent episodes spread over the engines in contiguous slices, each engine running its slice at once."""
+        import ray
+
+        from rlhfkit.distributed.ray_groups import split_for_ranks
+
+        started = time.perf_counter()
+        parts = split_for_ranks(list(requests), min(len(self.engines), max(len(requests), 1)))
+        refs, offset = [], 0
+        for engine, part in zip(self.engines, parts):
+            if part:
+                refs.append(engine.generate_episodes.remote(part, agent_path, seed_offset=1_000_000 * offset,
+                                                            **kwargs))
+            offset += len(part)
+        episodes = [episode for result in ray.get(refs) for episode in result]
+        self.last_generate_seconds = time.perf_counter() - started
+        return episodes
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> int:
         """Protocol path: a state dict held by this process, put once into the object store for every engine."""

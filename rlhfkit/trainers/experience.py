@@ -177,7 +177,10 @@ def experience_from_samples(samples: Sequence[SampledSequence], pad_id: int) -> 
         ids = list(s.prompt_ids) + list(s.response_ids)
         sequences[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
         attention_mask[i, :len(ids)] = 1
-        action_mask[i, :len(s.response_ids)] = True
+        if s.action_mask is None:
+            action_mask[i, :len(s.response_ids)] = True
+        else:  # an agent episode: feedback tokens are context, never actions (no loss, no KL, no value target)
+            action_mask[i, :len(s.action_mask)] = torch.tensor(s.action_mask, dtype=torch.bool)
         if s.logprobs:
             rollout_log_probs[i, :len(s.logprobs)] = torch.tensor(s.logprobs, dtype=torch.float32)
     info = {

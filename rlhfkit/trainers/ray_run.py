@@ -14,7 +14,6 @@ Ray: a running cluster when RAY_ADDRESS is set (`ray job submit` sets it), else 
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from typing import Any
 import torch
 
 from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference, samples_per_rollout, validate_rl_config
-from rlhfkit.distributed.placement import ResourcePlan, RoleDemand
+from rlhfkit.distributed.placement import ResourcePlan, RoleDemand, connect_ray, unwrap_user_error
 from rlhfkit.errors import UserError
 from rlhfkit.rollout.vllm_engine import check_vllm_args
 from rlhfkit.trainers.rl_loop import RLTrainer
@@ -165,28 +164,6 @@ class RayRLTrainer(RLTrainer):
             callback(self)
 
 
-def connect_ray(min_cpus: float) -> bool:
-    """Join the cluster named by RAY_ADDRESS, or start a local one; True when this call started Ray."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    for key, value in {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}.items():
-        os.environ.setdefault(key, value)
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address="auto", logging_level="ERROR")
-    else:  # a new local cluster (never a stale `ray start` address); logical CPUs: roles mostly take turns, so
-        # a small machine may host more bundles than cores
-        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(min_cpus)), include_dashboard=False,
-                 logging_level="ERROR")
-    return True
-
-
-def _unwrap_user_error(e: BaseException) -> BaseException:
-    cause = getattr(e, "cause", None)
-    return UserError(str(cause)) if isinstance(cause, UserError) else e
-
-
 @dataclass
 class RayRoles:
     """The Ray objects of a run, so they can be torn down whatever happens."""
@@ -282,7 +259,7 @@ def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None, after_s
         try:
             roles, ray_roles = build_ray_roles(cfg, run)
         except ray.exceptions.RayTaskError as e:
-            raise _unwrap_user_error(e) from None
+            raise unwrap_user_error(e) from None
         strategy.print(f"train_ppo_ray: placement {run.plan.describe()}; roles and engines up in "
                        f"{time.perf_counter() - started:.1f} s; weight sync: {run.sync_backend}")
         logger = make_logger(strategy, cfg.logging, cfg.checkpoint.save_path, "ppo_ray", cfg)

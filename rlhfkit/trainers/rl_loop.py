@@ -105,9 +105,9 @@ class RLTrainer:
         return len(self.prompts) // self.cfg.rollout.rollout_batch_size
 
     def total_steps(self) -> int:
-        """RL steps this run trains (--max_steps caps the --num_episodes passes)."""
+        """RL steps this run trains (--max_rl_steps caps the --num_episodes passes)."""
         steps = self.steps_per_episode() * self.cfg.rollout.num_episodes
-        return steps if self.cfg.rollout.max_steps < 0 else min(steps, self.cfg.rollout.max_steps)
+        return steps if self.cfg.rollout.max_rl_steps < 0 else min(steps, self.cfg.rollout.max_rl_steps)
 
     # -- prompts --------------------------------------------------------------------------------------------
     def prompt_ids(self, dataset: Sequence[dict], index: int, key: int = 0) -> list[int]:
@@ -130,21 +130,39 @@ class RLTrainer:
                 ids.append(self.prompt_ids(dataset, i, key))
                 prompts.append(record["prompt"])
                 labels.append(record.get("label"))
+        sampling = dict(temperature=temperature, top_p=r.top_p if temperature > 0 else 1.0,
+                        top_k=r.top_k if temperature > 0 else -1, seed=seed)
+        agent = self.cfg.agent.agent_func_path
+        episode_reward = None
         self.roles.engine.wake()
-        samples = self.roles.engine.generate(ids, max_new_tokens=self.cfg.data.generate_max_len,
-                                             temperature=temperature, top_p=r.top_p if temperature > 0 else 1.0,
-                                             top_k=r.top_k if temperature > 0 else -1, seed=seed)
+        if agent:  # multi-turn episodes run inside the engine(s); their step rewards are the reward
+            from rlhfkit.agents.episodes import episodes_to_samples
+
+            requests = [{"prompt": p, "prompt_ids": i, "label": lab} for p, i, lab in zip(prompts, ids, labels)]
+            code = self.cfg.user_code
+            episodes = self.roles.engine.generate_episodes(requests, agent, max_steps=self.cfg.agent.max_steps,
+                                                           max_length=self.cfg.data.generate_max_len,
+                                                           step_timeout=code.reward_timeout,
+                                                           agent_workers=code.reward_workers, **sampling)
+            samples, episode_reward = episodes_to_samples(episodes, code.reward_fallback,
+                                                          code.max_reward_failure_ratio, f"agent {agent}", prompts)
+        else:
+            samples = self.roles.engine.generate(ids, max_new_tokens=self.cfg.data.generate_max_len, **sampling)
         self.roles.engine.sleep()
         experience = experience_from_samples(samples, self.pad_id)
         responses = self.tokenizer.batch_decode([s.response_ids for s in samples], skip_special_tokens=False)
         queries = [p + resp for p, resp in zip(prompts, responses)]
-        return experience, {"queries": queries, "prompts": prompts, "labels": labels}
+        texts: dict[str, Any] = {"queries": queries, "prompts": prompts, "labels": labels}
+        if episode_reward is not None:
+            texts["episode_reward"] = episode_reward
+        return experience, texts
 
-    def score(self, experience: Experience, texts: dict[str, list]) -> dict[str, Any]:
-        out = self.roles.reward.score({**experience.to_dict(), **texts})
+    def score(self, experience: Experience, texts: dict[str, Any]) -> dict[str, Any]:
+        out = texts.get("episode_reward") or self.roles.reward.score({**experience.to_dict(), **texts})
         return {"rewards": torch.as_tensor(out["rewards"]).float().reshape(-1),
                 "scores": torch.as_tensor(out.get("scores", out["rewards"])).float().reshape(-1),
-                "extra_logs": dict(out.get("extra_logs") or {})}
+                "extra_logs": dict(out.get("extra_logs") or {}),
+                "metrics": dict(out.get("metrics") or {})}  # e.g. reward/failures of a reward function file
 
     # -- one step -------------------------------------------------------------------------------------------
     def make_experience(self, indices: Sequence[int]) -> tuple[Experience, dict[str, float]]:
@@ -185,7 +203,8 @@ class RLTrainer:
             "advantage_abs": float(masked_mean(exp.advantages.abs(), mask)),
             "return": float(masked_mean(exp.returns, mask)),
             "rollout_logprob_diff": float(masked_mean((exp.action_log_probs - exp.rollout_log_probs).abs(), mask)),
-            **{f"reward_extra/{k}": float(v) for k, v in reward["extra_logs"].items()}, **timings,
+            **{f"reward_extra/{k}": float(v) for k, v in reward["extra_logs"].items()}, **reward["metrics"],
+            **timings,
         }
         return exp, metrics
 
@@ -263,7 +282,7 @@ class RLTrainer:
                 if log.eval_steps < 0:
                     self.evaluate(self.state.global_step)
         if log.eval_steps < 0 and self._last_eval_step != self.state.global_step:
-            self.evaluate(self.state.global_step)  # --max_steps ended the run inside an episode
+            self.evaluate(self.state.global_step)  # --max_rl_steps ended the run inside an episode
         bar.close()
         return history
 

@@ -49,7 +49,8 @@ def run_ppo(cfg: PPOConfig) -> Any:
             cfg.model.pretrain, tokenizer, dtype=torch.bfloat16 if cfg.model.bf16 else torch.float32,
             attn_implementation=resolve_attn_implementation(cfg.model.attn_implementation, cfg.model.flash_attn),
             max_batch_size=max(cfg.rollout.micro_rollout_batch_size, 256), device=strategy.device),
-        reward=text_reward if text_reward is not None else RewardModelRole(cfg),
+        reward=text_reward if text_reward is not None else RewardModelRole(cfg) if cfg.rl_model.reward_pretrain
+        else None,  # None: agent episodes bring their rewards
         ref=ReferenceRole(cfg) if needs_reference(cfg) else None,
         critic=CriticRole(cfg, steps) if needs_critic(cfg) else None,
     )
@@ -59,7 +60,7 @@ def run_ppo(cfg: PPOConfig) -> Any:
     strategy.print(f"{cfg.algo.advantage_estimator}: {len(prompts)} prompts, {trainer.total_steps()} RL steps of "
                    f"{cfg.rollout.rollout_batch_size} prompts x {n} samples, {steps} optimizer steps; roles: "
                    f"actor{', critic' if roles.critic else ''}{', reference' if roles.ref else ''}, reward "
-                   f"{'model' if text_reward is None else type(text_reward).__name__}")
+                   f"{type(text_reward).__name__ if text_reward is not None else 'model' if roles.reward else 'agent'}")
     try:
         trainer.fit()
         trainer.save_final()

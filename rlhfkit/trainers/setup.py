@@ -16,7 +16,7 @@ import torch
 from rlhfkit.checkpoint.ckpt import latest_checkpoint
 from rlhfkit.checkpoint.runs import RunInfo, check_compatible, claim_ckpt_dir
 from rlhfkit.config.common import LoggingArgs, ModelArgs, StrategyArgs
-from rlhfkit.config.rl import PPOConfig, remote_reward_urls, samples_per_rollout
+from rlhfkit.config.rl import PPOConfig, is_http, remote_reward_urls, samples_per_rollout
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
 from rlhfkit.errors import UserError
 from rlhfkit.logging.metrics import MetricsLogger
@@ -184,7 +184,19 @@ def num_update_steps(cfg: PPOConfig, num_prompts: int) -> int:
 
 
 def make_text_reward(cfg: PPOConfig) -> Any:
-    from rlhfkit.rollout.rewards import make_remote_reward
+    """The --remote_rm_url source: HTTP reward servers, or a reward function file in its worker pool. None with
+    --agent_func_path (the episodes' step rewards are the reward), after importing the agent file once here so that
+    a broken one fails before any model loads."""
+    from rlhfkit.rollout.rewards import RewardFunction, make_remote_reward
 
-    m = cfg.rl_model
-    return make_remote_reward(remote_reward_urls(cfg), timeout=m.remote_rm_timeout, retries=m.remote_rm_retries)
+    if cfg.agent.agent_func_path:
+        from rlhfkit.agents.episodes import load_agent_executor
+
+        load_agent_executor(cfg.agent.agent_func_path)
+        return None
+    m, code, urls = cfg.rl_model, cfg.user_code, remote_reward_urls(cfg)
+    if any(is_http(url) for url in urls):
+        return make_remote_reward(urls, timeout=m.remote_rm_timeout, retries=m.remote_rm_retries)
+    return RewardFunction(urls[0], workers=code.reward_workers, timeout=code.reward_timeout,
+                          fallback=code.reward_fallback, max_failure_ratio=code.max_reward_failure_ratio,
+                          call_size=cfg.rollout.micro_rollout_batch_size)

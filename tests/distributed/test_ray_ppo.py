@@ -228,7 +228,7 @@ def test_resume_through_ray_continues_exactly(ray_cluster, demo_assets, tmp_path
 
     ckpt = tmp_path / "ckpt"
     run_ppo_ray(parse_config(PPOConfig, argv(tmp_path / "full"), "test"))
-    run_ppo_ray(parse_config(PPOConfig, argv(tmp_path / "first", "--max_steps", "2", "--save_steps", "2",
+    run_ppo_ray(parse_config(PPOConfig, argv(tmp_path / "first", "--max_rl_steps", "2", "--save_steps", "2",
                                              "--ckpt_path", str(ckpt)), "test"))
     assert (ckpt / "latest").read_text() == "global_step2"
     run_ppo_ray(parse_config(PPOConfig, argv(tmp_path / "second", "--load_checkpoint", "--ckpt_path", str(ckpt)),

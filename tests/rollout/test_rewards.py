@@ -18,7 +18,8 @@ BATCH = {"queries": ["p1 a", "p1 bb", "p2 ccc", "p2 dddd"], "prompts": ["p1 ", "
 
 def reward_file(tmp_path, body: str, name: str = "reward.py"):
     path = tmp_path / name
-    path.write_text("import torch\n\n" + body)
+    # torch only where the body uses it: each reward function runs in a fresh worker process, which imports it
+    path.write_text(("import torch\n\n" if "torch." in body else "") + body)
     return str(path)
 
 
@@ -183,3 +184,75 @@ def test_api_key_is_sent_and_a_refusal_is_not_retried(monkeypatch):
         assert client.score({"queries": ["abc"], "prompts": [""], "labels": [None]})["rewards"].tolist() == [3.0]
     finally:
         server.close()
+
+
+# -- isolation: a failing call costs its samples (rlhfkit.rollout.user_code runs the file in workers) ----------
+BAD_BY_LABEL = """
+import ctypes, os, time
+
+
+def reward_func(queries, prompts, labels):
+    kind = labels[0]
+    if kind == "raise":
+        raise ValueError("boom on purpose")
+    if kind == "sleep":
+        time.sleep(30)
+    if kind == "exit":
+        os._exit(1)
+    if kind == "segfault":
+        ctypes.string_at(0)
+    if kind == "short":
+        return []
+    if kind == "nan":
+        return [float("nan")] * len(queries)
+    return [float(len(q)) for q in queries]
+"""
+LABELS = ["ok", "raise", "sleep", "nan", "short", "exit", "segfault", "ok"]
+
+
+def test_bad_crash_and_timeout_calls_cost_their_samples_and_are_counted(tmp_path):
+    batch = {"queries": [f"q{i}" + "x" * i for i in range(8)], "prompts": [""] * 8, "labels": LABELS}
+    source = RewardFunction(reward_file(tmp_path, BAD_BY_LABEL), workers=2, timeout=1.5, fallback=-1.0,
+                            max_failure_ratio=0.8, call_size=1)
+    try:
+        out = source.score(batch)
+        assert out["rewards"].tolist() == [2.0, -1, -1, -1, -1, -1, -1, 9.0]
+        assert out["scores"].tolist() == out["rewards"].tolist()
+        assert out["metrics"] == {"reward/failures": 6.0, "reward/failure_kinds/exception": 1.0,
+                                  "reward/failure_kinds/timeout": 1.0, "reward/failure_kinds/non_finite": 1.0,
+                                  "reward/failure_kinds/wrong_length": 1.0, "reward/failure_kinds/crash": 2.0}
+        assert source.pool.replaced == 3  # timeout, exit, segfault
+        clean = source.score({**batch, "labels": ["ok"] * 8})  # the pool serves on, with no failure counted
+        assert clean["rewards"].tolist() == [float(2 + i) for i in range(8)]
+        assert clean["metrics"] == {"reward/failures": 0.0}
+    finally:
+        source.close()
+
+
+def test_bad_samples_above_the_ratio_stop_with_file_reason_and_sample(tmp_path):
+    path = reward_file(tmp_path, BAD_BY_LABEL)
+    batch = {"queries": ["first query", "second\nquery", "third", "fourth"], "prompts": [""] * 4,
+             "labels": ["ok", "raise", "raise", "ok"]}
+    source = RewardFunction(path, workers=1, fallback=0.0, max_failure_ratio=0.25, call_size=1)
+    try:
+        with pytest.raises(UserError) as err:
+            source.score(batch)
+    finally:
+        source.close()
+    text = str(err.value)
+    assert text == (f"reward function {path}: reward_func raised ValueError: boom on purpose; 2 of 4 samples failed "
+                    "this step (more than --max_reward_failure_ratio 0.25); e.g. query 1: 'second\\nquery'")
+
+
+def test_bad_nan_costs_only_its_own_sample_in_a_call(tmp_path):
+    path = reward_file(tmp_path, "def reward_func(queries, prompts, labels):\n"
+                                 "    return {'rewards': [1.0, float('nan'), 0.5, 2.0],\n"
+                                 "            'scores': [1.0, 1.0, float('inf'), 1.0]}\n")
+    source = RewardFunction(path, fallback=-2.0, max_failure_ratio=0.5)
+    try:
+        out = source.score(BATCH)
+    finally:
+        source.close()
+    assert out["rewards"].tolist() == [1.0, -2.0, -2.0, 2.0]
+    assert out["scores"].tolist() == [1.0, -2.0, -2.0, 1.0]
+    assert out["metrics"] == {"reward/failures": 2.0, "reward/failure_kinds/non_finite": 2.0}

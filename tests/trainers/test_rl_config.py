@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -99,6 +100,15 @@ BASE = "--pretrain m --prompt_data p.jsonl --rollout_batch_size 4 --n_samples_pe
     ("--kl_target -1", "--kl_target and --kl_horizon must be > 0"),
     ("--reward_clip_range 1 2 3", "--reward_clip_range takes one or two numbers"),
     ("--colocate_all_models --vllm_num_engines 2", "--colocate_all_models needs actor devices"),
+    ("--reward_workers 0", "--reward_workers must be >= 1"),
+    ("--reward_timeout 0", "--reward_timeout must be > 0 seconds"),
+    ("--reward_fallback nan", "--reward_fallback must be a finite number"),
+    ("--max_reward_failure_ratio 1.5", "--max_reward_failure_ratio must be in [0, 1]"),
+    ("--max_steps 3", "--max_steps 3 is the turn budget of an agent episode and needs --agent_func_path; to stop "
+                      "after N RL steps use --max_rl_steps N"),
+    (f"--agent_func_path {Path(__file__).parents[2] / 'examples' / 'agent_func_math.py'} --max_steps 3",
+     "--agent_func_path: the agent's step rewards are the reward; drop --reward_pretrain / --remote_rm_url"),
+    ("--agent_func_path nope.py", "--agent_func_path nope.py: not an existing .py file"),
 ])
 def test_invalid_settings_exit_2_with_one_line(capsys, rm_file, flags, message):
     code = run_cli(main, shlex.split(BASE + f"--remote_rm_url {rm_file} " + flags), prog="train_ppo")

@@ -138,7 +138,7 @@ def test_resume_continues_exactly(demo_assets, reward_file, tmp_path):
     check(run_module(ppo_args(demo_assets, full, "gae", *common)))
     ckpt = tmp_path / "ckpt"
     first = tmp_path / "first"
-    check(run_module(ppo_args(demo_assets, first, "gae", *common, "--max_steps", "2", "--save_steps", "2",
+    check(run_module(ppo_args(demo_assets, first, "gae", *common, "--max_rl_steps", "2", "--save_steps", "2",
                               "--ckpt_path", str(ckpt), "--save_hf_ckpt")))
     assert (ckpt / "latest").read_text() == "global_step2"
     assert sorted(p.name for p in (ckpt / "global_step2").iterdir() if p.is_dir()) == ["actor", "actor_hf", "critic"]
@@ -159,7 +159,7 @@ def test_failing_reward_function_is_one_line_exit_2(demo_assets, tmp_path):
     proc = run_module(ppo_args(demo_assets, tmp_path / "out", "reinforce", "--remote_rm_url", str(bad)))
     assert proc.returncode == 2
     last = proc.stderr.strip().splitlines()[-1]
-    assert str(bad) in last and "returned 1 rewards for 8 queries" in last
+    assert str(bad) in last and "returned 1 rewards for 4 queries" in last  # calls of --micro_rollout_batch_size
     assert "Traceback" not in proc.stderr
 
 

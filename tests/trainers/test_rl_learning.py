@@ -60,7 +60,7 @@ def test_rl_raises_held_out_exact_match(sft_model_dir, sft_exact_match, addition
         "--remote_rm_url", str(REPO / "examples" / "reward_func.py"), "--advantage_estimator", estimator,
         "--rollout_batch_size", "16", "--n_samples_per_prompt", "8", "--train_batch_size", "128",
         "--micro_train_batch_size", "64", "--micro_rollout_batch_size", "128", "--num_episodes", "2",
-        "--max_steps", str(STEPS), "--generate_max_len", "8", "--prompt_max_len", "64", "--temperature", "1.0",
+        "--max_rl_steps", str(STEPS), "--generate_max_len", "8", "--prompt_max_len", "64", "--temperature", "1.0",
         "--actor_learning_rate", "1e-4", "--lr_warmup_ratio", "0.03", "--init_kl_coef", "0", "--zero_stage", "0",
         "--seed", "0", "--save_path", str(save), "--disable_progress_bar"], timeout=900)
     seconds = time.perf_counter() - started

