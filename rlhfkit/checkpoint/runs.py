@@ -28,10 +28,8 @@ STEP_PREFIX = "global_step"
 # changes what one step (and the saved data position) means. Every other change resumes with a warning.
 INCOMPATIBLE_KEYS = ("model.pretrain", "model.lora_rank", "strategy.train_batch_size",
                      "rollout.rollout_batch_size", "rollout.n_samples_per_prompt", "rl_model.critic_pretrain")
-# Changes that never affect the weights: not even worth a warning line each.
-SILENT_SECTIONS = ("logging",)
-SILENT_KEYS = ("checkpoint.save_path", "checkpoint.ckpt_path", "checkpoint.save_steps", "checkpoint.max_ckpt_num",
-               "checkpoint.max_ckpt_mem", "checkpoint.load_checkpoint", "checkpoint.overwrite_ckpt")
+# What differs between a run and its resume by construction: no warning.
+SILENT_KEYS = ("checkpoint.load_checkpoint", "checkpoint.overwrite_ckpt")
 
 
 @dataclass
@@ -136,7 +134,7 @@ def check_compatible(path: Path, run: RunInfo) -> list[str]:
         diffs = ", ".join(f"--{k.split('.')[-1]} {saved.get(k)!r} -> {now.get(k)!r}" for k in bad)
         raise UserError(f"--load_checkpoint: {path} was trained with other settings ({diffs}); resume with the "
                         "same ones, or start a new run with another --ckpt_path")
-    loud = [k for k in changed if k.split(".")[0] not in SILENT_SECTIONS and k not in SILENT_KEYS]
+    loud = [k for k in changed if k not in SILENT_KEYS]  # logging, eval or save cadence, paths, learning rate, ...
     notes = []
     if loud:
         notes.append("warning: resuming with changed settings: " + ", ".join(

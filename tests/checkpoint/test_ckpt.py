@@ -216,10 +216,12 @@ def test_resume_error_for_another_trainer_or_another_model_or_batch_size(tmp_pat
         resumed(tmp_path, run_info(model__pretrain="/other"))
 
 
-def test_resume_warns_about_changed_settings_and_is_quiet_about_logging(tmp_path, capsys):
+def test_resume_continues_with_a_warning_for_harmless_changes(tmp_path, capsys):
     save(tmp_path, 1, run_info(), 1.0)
-    assert resumed(tmp_path, run_info(logging__logging_steps=5)) == ("global_step1", 1.0)
+    assert resumed(tmp_path, run_info()) == ("global_step1", 1.0)
     assert "warning" not in capsys.readouterr().out
+    assert resumed(tmp_path, run_info(logging__logging_steps=5)) == ("global_step1", 1.0)
+    assert "warning: resuming with changed settings: --logging_steps 1 -> 5" in capsys.readouterr().out
     assert resumed(tmp_path, run_info(strategy__learning_rate=5e-4)) == ("global_step1", 1.0)
     assert "warning: resuming with changed settings: --learning_rate 0.001 -> 0.0005" in capsys.readouterr().out
 
