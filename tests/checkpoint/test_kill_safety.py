@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from safetensors.torch import load_file
 
@@ -54,9 +55,15 @@ def killed_at(args: list[str], point: str, flag: Path, timeout: float = 300) -> 
             pytest.fail(f"the run ended before reaching {point}:\n{proc.communicate()[0][-3000:]}")
         assert time.monotonic() < deadline, f"{point} not reached in time"
         time.sleep(0.05)
+    children = psutil.Process(proc.pid).children(recursive=True)  # e.g. the reward function's worker processes
     proc.send_signal(signal.SIGKILL)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL
+    _, alive = psutil.wait_procs(children, timeout=30)
+    leaked = [f"{p.pid} {' '.join(p.cmdline())[:100]}" for p in alive if p.is_running()]
+    for p in alive:
+        p.kill()
+    assert not leaked, f"processes of the killed run outlived it: {leaked}"
     return out
 
 
