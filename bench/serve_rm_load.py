@@ -40,7 +40,7 @@ def build_reward_model(root: Path) -> Path:
 
     assets = build_demo_assets(root / "assets", seed=0)
     torch.manual_seed(0)
-    model = load_value_model(str(assets.model_dir), flag="--pretrain")
+    model = load_value_model(str(assets.model_dir), flag="--pretrain", require_head=False)
     out = root / "rm"
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(assets.model_dir).save_pretrained(out)

@@ -32,3 +32,19 @@ def demo_assets(tmp_path_factory):
 
     return build_demo_assets(tmp_path_factory.mktemp("demo_assets"), seed=0)
 
+
+@pytest.fixture(scope="session")
+def demo_reward_model(demo_assets, tmp_path_factory):
+    """The demo backbone with a seeded value head and its tokenizer, saved as train_rm saves a reward model (a
+    plain language model is refused as --reward_pretrain)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from rlhfkit.models.value_model import load_value_model
+
+    out = tmp_path_factory.mktemp("demo_reward_model")
+    torch.manual_seed(0)
+    load_value_model(str(demo_assets.model_dir), require_head=False).save_pretrained(out)
+    AutoTokenizer.from_pretrained(demo_assets.model_dir).save_pretrained(out)
+    return out
+

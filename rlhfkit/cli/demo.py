@@ -148,7 +148,7 @@ def run_preference_stages(out: Path, seed: int) -> list[str]:
               "--packing_samples", "--logging_steps", "4", "--seed", str(seed)]
     tok = load_tokenizer(str(assets.model_dir))
     torch.manual_seed(seed)  # the untrained value head is drawn at random: the same "before" on every run
-    rm_before = preference_accuracy(load_value_model(str(assets.model_dir)), held_out, tok,
+    rm_before = preference_accuracy(load_value_model(str(assets.model_dir), require_head=False), held_out, tok,
                                     input_template=DEMO_INPUT_TEMPLATE)
     print(f"[demo] RM held-out pairwise accuracy before: {rm_before:.3f}")
     rm_dir = out / "rm"

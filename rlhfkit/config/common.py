@@ -120,7 +120,10 @@ class CheckpointArgs:
     max_ckpt_num: int = arg(3, "Keep at most this many resumable checkpoints (oldest removed first).")
     max_ckpt_mem: float = arg(1e8, "Keep the resumable checkpoints under this total size in GB (OpenRLHF's unit), "
                                    "removing the oldest first; the newest is always kept.")
-    load_checkpoint: bool = arg(False, "Resume from the newest checkpoint in --ckpt_path if there is one.")
+    load_checkpoint: bool = arg(False, "Resume from the newest complete checkpoint in --ckpt_path if there is one "
+                                       "(it must come from the same trainer, model and batch size).")
+    overwrite_ckpt: bool = arg(False, "Delete the checkpoints of an earlier run found in --ckpt_path at the start "
+                                      "(without it, or --load_checkpoint, such a --ckpt_path is an error).")
     use_ds_universal_ckpt: bool = arg(False, "Save checkpoints in a layout-free form (full fp32 weights and Adam "
                                              "states by parameter name) that resumes at any ZeRO stage and world "
                                              "size; without it they resume at the same stage and world size only.")

@@ -34,6 +34,10 @@ class RLModelArgs:
                                           "queries, prompts, labels), or comma-separated HTTP reward servers "
                                           "(http://host:port/get_reward).")
     value_head_prefix: str = arg("score", "Attribute name of the linear value head of the reward model / critic.")
+    critic_init_head: bool = arg(False, "Start the critic from a --critic_pretrain that has no trained value head "
+                                        "(a plain language model) with a freshly initialised head; without it "
+                                        "such a model is an error. The default critic, from --pretrain when no "
+                                        "critic or reward model is given, always starts this way.")
     remote_rm_timeout: float = arg(60.0, "Seconds one HTTP reward request may take before it is retried.")
     remote_rm_retries: int = arg(3, "Attempts per HTTP reward request before the run stops with an error.")
 
@@ -245,6 +249,16 @@ def needs_critic(cfg: PPOConfig) -> bool:
 def critic_path(cfg: PPOConfig) -> str | None:
     """The critic's initialisation, OpenRLHF's default: --critic_pretrain, else --reward_pretrain, else --pretrain."""
     return cfg.rl_model.critic_pretrain or cfg.rl_model.reward_pretrain or cfg.model.pretrain
+
+
+CRITIC_HEAD_HINT = ", or add --critic_init_head to start the critic's head from scratch on purpose"
+
+
+def critic_needs_head(cfg: PPOConfig) -> bool:
+    """Whether the critic's initialisation must carry a trained value head: it does when the user named a reward
+    model or critic (a plain model there is usually a wrong path), not for the default critic from --pretrain."""
+    m = cfg.rl_model
+    return bool(m.critic_pretrain or m.reward_pretrain) and not m.critic_init_head
 
 
 def loss_aggregation(cfg: PPOConfig) -> str:

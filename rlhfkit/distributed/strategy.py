@@ -12,7 +12,6 @@ rank runs micro-batches of `micro_train_batch_size`; DeepSpeed accumulates
 from __future__ import annotations
 
 import logging
-import os
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -250,16 +249,18 @@ class DeepSpeedStrategy:
     def save_hf_model(self, engine: nn.Module, tokenizer: Any, path: str) -> None:
         """Save a Hugging Face model directory that plain `from_pretrained` loads (LoRA merged)."""
         from rlhfkit.models.lora import merged_for_saving
+        from rlhfkit.models.publish import publish_model_dir, staging_dir
 
         state = self.full_state_dict(engine)
-        if self.is_rank0:
+        if self.is_rank0:  # written beside `path`, then moved in config.json last: a kill leaves no half model
             module = self.unwrap(engine)
-            os.makedirs(path, exist_ok=True)
+            staging = staging_dir(path)
             if hasattr(module, "peft_config"):
-                module.save_pretrained(os.path.join(path, "lora_adapter"), state_dict=state)
+                module.save_pretrained(str(staging / "lora_adapter"), state_dict=state)
                 module = merged_for_saving(module)
                 state = None
-            module.save_pretrained(path, state_dict=state, safe_serialization=True)
+            module.save_pretrained(str(staging), state_dict=state, safe_serialization=True)
             if tokenizer is not None:
-                tokenizer.save_pretrained(path)
+                tokenizer.save_pretrained(str(staging))
+            publish_model_dir(staging, path)
         self.barrier()

@@ -69,7 +69,8 @@ def merge_adapter(base_path: str, lora_path: str, *, is_rm: bool = False, value_
             raise UserError(f"--lora_path {lora_path}: neither the adapter nor --model_path holds the value head "
                             f"'{value_head_prefix}' (--value_head_prefix); the merged reward model would score "
                             "with a random head")
-        base = load_value_model(base_path, value_head_prefix=value_head_prefix, dtype=dtype, flag="--model_path")
+        base = load_value_model(base_path, value_head_prefix=value_head_prefix, dtype=dtype, flag="--model_path",
+                                require_head=False)  # the head may come with the adapter (checked above)
     else:
         base = load_causal_lm(base_path, dtype=dtype, flag="--model_path")
     try:

@@ -19,8 +19,13 @@ from rlhfkit.models.policy import attn_implementation_of, model_dtype, model_inp
 
 
 def load_value_model(path: str, *, value_head_prefix: str = "score", attn_implementation: str = "sdpa",
-                     dtype: torch.dtype = torch.float32, flag: str = "--reward_pretrain") -> PreTrainedModel:
-    """Load a reward/critic model; a plain causal-LM checkpoint gets a freshly initialised head."""
+                     dtype: torch.dtype = torch.float32, flag: str = "--reward_pretrain",
+                     require_head: bool = True, allow_hint: str = "") -> PreTrainedModel:
+    """Load a reward/critic model. With `require_head` (a reward model, a critic named on purpose) a checkpoint
+    without trained head weights is a UserError naming the missing head (`allow_hint`: how to allow it);
+    otherwise (train_rm, the default critic from --pretrain) a plain causal LM gets a freshly initialised head."""
+    if require_head:
+        check_value_head(path, value_head_prefix, flag, allow_hint)
     config = _from_pretrained(AutoConfig, path, flag)
     config.num_labels = 1
     if config.pad_token_id is None:
@@ -38,6 +43,18 @@ def load_value_model(path: str, *, value_head_prefix: str = "score", attn_implem
     return model
 
 
+def check_value_head(path: str, value_head_prefix: str, flag: str, allow_hint: str = "") -> None:
+    """UserError when the local checkpoint in `path` has no trained value head (a plain language model given where
+    a reward model belongs would otherwise score with a random head). Hub names are not checked here."""
+    import os
+
+    if not os.path.isdir(path) or _head_was_loaded(path, value_head_prefix):
+        return
+    raise UserError(f"{flag} {path} is not a reward model: {value_head_prefix}.weight is not in the checkpoint "
+                    f"(no trained value head named {value_head_prefix!r}, --value_head_prefix). Pass a model "
+                    f"trained by train_rm{allow_hint}")
+
+
 def _head_was_loaded(path: str, prefix: str) -> bool:
     """True when the checkpoint in `path` carries weights for the head (a trained RM or critic)."""
     import json
@@ -53,6 +70,14 @@ def _head_was_loaded(path: str, prefix: str) -> bool:
 
         with safe_open(single, "pt") as f:
             return any(k.startswith(prefix + ".") for k in f.keys())
+    for name in ("pytorch_model.bin.index.json", "pytorch_model.bin"):
+        file = os.path.join(path, name)
+        if os.path.isfile(file) and name.endswith(".json"):
+            with open(file) as f:
+                return any(k.startswith(prefix + ".") for k in json.load(f)["weight_map"])
+        if os.path.isfile(file):
+            keys = torch.load(file, map_location="meta", weights_only=True, mmap=True).keys()
+            return any(k.startswith(prefix + ".") for k in keys)
     return False
 
 

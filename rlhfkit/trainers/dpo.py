@@ -107,6 +107,6 @@ def run_dpo(cfg: Any) -> DPOTrainer:
                          ckpt_args=cfg.checkpoint, logger=run.logger, aux_loss_coef=t.aux_loss_coef,
                          reference=run.reference, beta=t.beta, label_smoothing=t.label_smoothing, ipo=t.ipo,
                          nll_loss_coef=t.nll_loss_coef, compute_fp32_loss=t.compute_fp32_loss,
-                         packing=cfg.data.packing_samples)
+                         packing=cfg.data.packing_samples, run=run.run)
     run.fit_and_save(trainer, cfg.checkpoint.save_path, "dpo")
     return trainer

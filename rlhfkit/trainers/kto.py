@@ -118,7 +118,7 @@ def run_kto(cfg: Any) -> KTOTrainer:
                          ckpt_args=cfg.checkpoint, logger=run.logger, aux_loss_coef=t.aux_loss_coef,
                          reference=run.reference, beta=t.beta, desirable_loss_weight=t.desirable_loss_weight,
                          undesirable_loss_weight=t.undesirable_loss_weight, compute_fp32_loss=t.compute_fp32_loss,
-                         packing=cfg.data.packing_samples)
+                         packing=cfg.data.packing_samples, run=run.run)
     run.fit_and_save(trainer, cfg.checkpoint.save_path, "kto")
     return trainer
 

@@ -20,8 +20,10 @@ from typing import Any
 
 import torch
 
-from rlhfkit.checkpoint.ckpt import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlhfkit.checkpoint.ckpt import resume, save_checkpoint
 from rlhfkit.checkpoint.preemption import PreemptionWatch, preemption_message
+from rlhfkit.checkpoint.runs import RunInfo
+from rlhfkit.checkpoint.test_hooks import pause_point, pausing_after_first
 from rlhfkit.config.common import CheckpointArgs, LoggingArgs
 from rlhfkit.data.sampler import global_batches, micro_batches_for_rank
 from rlhfkit.data.token_budget import plan_micro_batches
@@ -56,7 +58,8 @@ class TrainerLoop:
     def __init__(self, strategy: DeepSpeedStrategy, engine: Any, tokenizer: Any, train_samples: Sequence[Any],
                  eval_samples: Sequence[Any] | None, collate: Collate, *, max_epochs: int, max_steps: int,
                  logging_args: LoggingArgs, ckpt_args: CheckpointArgs, logger: MetricsLogger,
-                 aux_loss_coef: float = 0.0, packing: bool = False):
+                 aux_loss_coef: float = 0.0, packing: bool = False,
+                 run: RunInfo | None = None):
         self.strategy = strategy
         self.engine = engine
         self.tokenizer = tokenizer
@@ -73,6 +76,7 @@ class TrainerLoop:
         self.args = strategy.args
         self.micro_scale = 1.0  # weight of the current micro-batch's loss in its optimizer step (set per micro)
         self.state = LoopState()
+        self.run = run or RunInfo(self.kind)  # identity written into (and checked against) the checkpoints
         self.history: list[dict[str, float]] = []  # per-step training metrics of the latest fit()
 
     def steps_per_epoch(self) -> int:
@@ -147,9 +151,11 @@ class TrainerLoop:
             batches = global_batches(len(self.train_samples), self.args.train_batch_size, self.args.seed,
                                      self.state.epoch)
             while self.state.batch_in_epoch < len(batches) and self.state.global_step < total:
+                pause_point("between", self.state.global_step)
                 started = time.perf_counter()
                 global_batch = batches[self.state.batch_in_epoch]
-                metrics = self.train_batch(self.step_micro_batches(global_batch), started, global_batch)
+                micro = pausing_after_first(self.step_micro_batches(global_batch), self.state.global_step + 1)
+                metrics = self.train_batch(micro, started, global_batch)
                 self.state.batch_in_epoch += 1
                 self.state.global_step += 1
                 metrics["nonfinite_skipped"] = nonfinite.after_step(self.state.global_step, self.engine)
@@ -183,14 +189,14 @@ class TrainerLoop:
     def save_checkpoint(self) -> None:
         c = self.ckpt_args
         save_checkpoint(self.strategy, c.ckpt_path, self.state.global_step, {"model": self.engine}, vars(self.state),
-                        c.max_ckpt_num, max_gb=c.max_ckpt_mem, universal=c.use_ds_universal_ckpt)
+                        c.max_ckpt_num, max_gb=c.max_ckpt_mem, universal=c.use_ds_universal_ckpt, run=self.run)
 
     def resume(self) -> None:
-        path = latest_checkpoint(self.ckpt_args.ckpt_path)
-        if path is None:
+        found = resume(self.strategy, self.ckpt_args.ckpt_path, {"model": self.engine}, self.run)
+        if found is None:
             self.strategy.print(f"no checkpoint in {self.ckpt_args.ckpt_path}; starting from scratch")
             return
-        saved = load_checkpoint(self.strategy, path, {"model": self.engine})
+        path, saved = found
         self.state = LoopState(epoch=saved["epoch"], batch_in_epoch=saved["batch_in_epoch"],
                                global_step=saved["global_step"])
         self.strategy.print(f"resumed from {path} at step {self.state.global_step}")

@@ -242,6 +242,7 @@ class PolicyAndReference:
     engine: Any
     reference: FrozenReference
     logger: Any
+    run: Any  # RunInfo: the identity the trainer's checkpoints carry
 
     def fit_and_save(self, trainer: PreferenceTrainer, save_path: str, kind: str) -> None:
         """Train, save the policy as a Hugging Face model, close the logger whatever happens."""
@@ -257,9 +258,10 @@ def prepare_policy_and_reference(cfg: Any, kind: str,
                                  load_datasets: Callable[[Any, Any], tuple[Any, Any]]) -> PolicyAndReference:
     """Check the model paths and data before any process group starts, then build the policy and the reference."""
     from rlhfkit.models.loading import check_model_path, resolve_attn_implementation
-    from rlhfkit.trainers.setup import load_tokenizer_for, load_trainable_lm, make_logger, make_strategy
+    from rlhfkit.trainers.setup import load_tokenizer_for, load_trainable_lm, make_logger, make_strategy, prepare_run
 
     strategy = make_strategy(cfg.model, cfg.strategy)
+    run = prepare_run(cfg, kind)
     attn = resolve_attn_implementation(cfg.model.attn_implementation, cfg.model.flash_attn)
     check_model_path(cfg.model.pretrain)
     if cfg.reference.ref_pretrain:
@@ -272,7 +274,7 @@ def prepare_policy_and_reference(cfg: Any, kind: str,
     engine = strategy.prepare_train(load_trainable_lm(cfg.model), cfg.strategy.learning_rate, steps)
     reference = load_reference(cfg, strategy, attn)
     logger = make_logger(strategy, cfg.logging, cfg.checkpoint.save_path, kind, cfg)
-    return PolicyAndReference(strategy, tokenizer, train, evalset, steps, engine, reference, logger)
+    return PolicyAndReference(strategy, tokenizer, train, evalset, steps, engine, reference, logger, run)
 
 
 def load_pair_datasets(cfg: Any, tokenizer: Any, need_margin: bool = False) -> tuple[Any, Any]:

@@ -235,10 +235,12 @@ def build_ray_roles(cfg: PPOConfig, run: RayRunPlan) -> tuple[Any, RayRoles]:
 def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None, after_sync: list[Any] | None = None,
                 save: bool = True) -> RayRLTrainer:
     """Validate, start (or join) Ray, build the role groups and engines, run the RL loop, save, tear down."""
-    from rlhfkit.trainers.setup import make_logger
+    from rlhfkit.trainers.setup import make_logger, prepare_run
 
     cpus = cpus_per_bundle or float(os.environ.get("RLHFKIT_RAY_CPUS_PER_BUNDLE", "1"))
     run = prepare_ray_run(cfg, cpus_per_bundle=cpus)
+    run_info = prepare_run(cfg, "ppo_ray")
+
     from rlhfkit.distributed.ray_groups import set_call_timeout
 
     set_call_timeout(cfg.resources.ray_call_timeout)  # every Ray call of this run: a dead or stuck part stops it
@@ -264,7 +266,8 @@ def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None, after_s
         strategy.print(f"train_ppo_ray: placement {run.plan.describe()}; roles and engines up in "
                        f"{time.perf_counter() - started:.1f} s; weight sync: {run.sync_backend}")
         logger = make_logger(strategy, cfg.logging, cfg.checkpoint.save_path, "ppo_ray", cfg)
-        trainer = RayRLTrainer(cfg, roles, run.tokenizer, run.prompts, run.eval_prompts, logger, strategy)
+        trainer = RayRLTrainer(cfg, roles, run.tokenizer, run.prompts, run.eval_prompts, logger, strategy,
+                               run=run_info)
         trainer.after_sync.extend(after_sync or [])
         trainer.fit()
         if save:

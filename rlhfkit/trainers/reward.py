@@ -87,7 +87,7 @@ def run_rm(cfg: Any) -> RewardModelTrainer:
     from rlhfkit.models.loading import check_model_path, resolve_attn_implementation
     from rlhfkit.models.lora import apply_lora
     from rlhfkit.models.value_model import load_value_model
-    from rlhfkit.trainers.setup import load_tokenizer_for, make_logger, make_strategy
+    from rlhfkit.trainers.setup import load_tokenizer_for, make_logger, make_strategy, prepare_run
 
     validate_rm_config(cfg)
     if cfg.train.aux_loss_coef > 0:
@@ -97,6 +97,7 @@ def run_rm(cfg: Any) -> RewardModelTrainer:
         raise UserError("--load_in_4bit is not supported by train_rm yet (QLoRA covers causal-LM training: "
                         "train_sft, train_dpo, train_kto and the RL actor); drop it")
     strategy = make_strategy(cfg.model, cfg.strategy)
+    run = prepare_run(cfg, "rm")
     attn = resolve_attn_implementation(cfg.model.attn_implementation, cfg.model.flash_attn)
     path = check_model_path(cfg.model.pretrain)
     tokenizer = load_tokenizer_for(cfg.model)
@@ -105,7 +106,7 @@ def run_rm(cfg: Any) -> RewardModelTrainer:
     strategy.setup_distributed()
     steps = (len(train) // cfg.strategy.train_batch_size) * cfg.train.max_epochs
     model = load_value_model(path, value_head_prefix=cfg.train.value_head_prefix, attn_implementation=attn,
-                             flag="--pretrain")
+                             flag="--pretrain", require_head=False)
     if cfg.model.lora_rank > 0:  # adapters on the backbone, the value head in full; saved merged
         m = cfg.model
         model = apply_lora(model, m.lora_rank, m.lora_alpha, m.lora_dropout, m.target_modules,
@@ -121,7 +122,7 @@ def run_rm(cfg: Any) -> RewardModelTrainer:
                                  max_epochs=cfg.train.max_epochs, max_steps=cfg.train.max_steps,
                                  logging_args=cfg.logging, ckpt_args=cfg.checkpoint, logger=logger,
                                  packing=cfg.data.packing_samples, loss_kind=cfg.train.loss,
-                                 use_margin=cfg.pairs.margin_key is not None)
+                                 use_margin=cfg.pairs.margin_key is not None, run=run)
     try:
         trainer.fit()
         mean, std = trainer.reward_statistics(cfg.train.reward_stats_samples)

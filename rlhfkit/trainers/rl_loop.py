@@ -27,8 +27,10 @@ import torch
 from rlhfkit.algorithms.advantages import compute_advantages
 from rlhfkit.algorithms.kl import compute_approx_kl, make_kl_controller
 from rlhfkit.algorithms.masking import masked_mean
-from rlhfkit.checkpoint.ckpt import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlhfkit.checkpoint.ckpt import resume, save_checkpoint
 from rlhfkit.checkpoint.preemption import PreemptionWatch, preemption_message
+from rlhfkit.checkpoint.runs import RunInfo
+from rlhfkit.checkpoint.test_hooks import pause_point
 from rlhfkit.config.rl import PPOConfig, reward_clip_bounds
 from rlhfkit.data.sampler import global_batches
 from rlhfkit.data.tokens import encode, with_bos
@@ -90,8 +92,10 @@ def _std(t: torch.Tensor) -> float:
 
 class RLTrainer:
     def __init__(self, cfg: PPOConfig, roles: RoleHandles, tokenizer: Any, prompts: Sequence[dict],
-                 eval_prompts: Sequence[dict] | None, logger: MetricsLogger, strategy: Any):
+                 eval_prompts: Sequence[dict] | None, logger: MetricsLogger, strategy: Any,
+                 run: RunInfo | None = None):
         self.cfg = cfg
+        self.run = run or RunInfo("ppo")  # identity written into (and checked against) the checkpoints
         self.roles = roles
         self.tokenizer = tokenizer
         self.prompts = prompts
@@ -271,6 +275,7 @@ class RLTrainer:
     def train_step(self, indices: Sequence[int]) -> dict[str, float]:
         step_started = time.perf_counter()
         exp, metrics = self.make_experience(indices)
+        pause_point("mid", self.state.global_step + 1)
         batch = exp.to_dict()
         seed = self.cfg.strategy.seed * 1_000_003 + self.state.global_step
         logged = (self.state.global_step + 1) % self.cfg.logging.logging_steps == 0
@@ -319,6 +324,7 @@ class RLTrainer:
         bar = Progress(total, self.state.global_step, cfg.algo.advantage_estimator,
                        self.strategy.is_rank0 and not log.disable_progress_bar)
         while self.state.global_step < total:
+            pause_point("between", self.state.global_step)
             indices = self._next_prompts()
             if indices is None:
                 break
@@ -402,14 +408,15 @@ class RLTrainer:
         state = asdict(self.state)
         state.pop("global_step")
         save_checkpoint(self.strategy, c.ckpt_path, self.state.global_step, self._checkpoint_targets(), state,
-                        c.max_ckpt_num, max_gb=c.max_ckpt_mem)  # roles save universal state per their config
+                        c.max_ckpt_num, max_gb=c.max_ckpt_mem, run=self.run)  # roles pick universal or not
 
     def resume(self) -> None:
-        path = latest_checkpoint(self.cfg.checkpoint.ckpt_path)
-        if path is None:
-            self.strategy.print(f"no checkpoint in {self.cfg.checkpoint.ckpt_path}; starting from scratch")
+        c = self.cfg.checkpoint
+        found = resume(self.strategy, c.ckpt_path, self._checkpoint_targets(), self.run)
+        if found is None:
+            self.strategy.print(f"no checkpoint in {c.ckpt_path}; starting from scratch")
             return
-        saved = load_checkpoint(self.strategy, path, self._checkpoint_targets())
+        path, saved = found
         self.state = RLState(episode=saved["episode"], batch_in_episode=saved["batch_in_episode"],
                              global_step=saved["global_step"], kl_coef=saved["kl_coef"],
                              best_metric=saved.get("best_metric"))

@@ -27,9 +27,11 @@ def run_ppo(cfg: PPOConfig) -> Any:
         make_strategy,
         make_text_reward,
         num_update_steps,
+        prepare_run,
     )
 
     validate_rl_config(cfg)
+    run = prepare_run(cfg, "ppo")
     check_aux_loss_coef(cfg.algo.aux_loss_coef, cfg.model.pretrain, cfg.data.packing_samples)
     tokenizer = load_tokenizer_for(cfg.model)
     prompts, eval_prompts = load_prompts(cfg, tokenizer)
@@ -54,7 +56,7 @@ def run_ppo(cfg: PPOConfig) -> Any:
     )
     logger = make_logger(strategy, cfg.logging, cfg.checkpoint.save_path, "ppo", cfg)
     n = cfg.rollout.n_samples_per_prompt
-    trainer = RLTrainer(cfg, roles, tokenizer, prompts, eval_prompts, logger, strategy)
+    trainer = RLTrainer(cfg, roles, tokenizer, prompts, eval_prompts, logger, strategy, run=run)
     strategy.print(f"{cfg.algo.advantage_estimator}: {len(prompts)} prompts, {trainer.total_steps()} RL steps of "
                    f"{cfg.rollout.rollout_batch_size} prompts x {n} samples, {steps} optimizer steps; roles: "
                    f"actor{', critic' if roles.critic else ''}{', reference' if roles.ref else ''}, reward "

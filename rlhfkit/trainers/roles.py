@@ -23,7 +23,15 @@ from rlhfkit.algorithms.kl import compute_approx_kl
 from rlhfkit.algorithms.logprobs import entropy_from_logits, token_logprobs
 from rlhfkit.algorithms.masking import aggregate_loss, masked_mean
 from rlhfkit.algorithms.policy_loss import policy_loss, value_loss
-from rlhfkit.config.rl import PPOConfig, clip_range, critic_path, is_bounds, loss_aggregation
+from rlhfkit.config.rl import (
+    CRITIC_HEAD_HINT,
+    PPOConfig,
+    clip_range,
+    critic_needs_head,
+    critic_path,
+    is_bounds,
+    loss_aggregation,
+)
 from rlhfkit.data.token_budget import plan_micro_batches
 from rlhfkit.distributed.accumulation import mark_accumulation_boundary
 from rlhfkit.distributed.nonfinite import NonFiniteGuard
@@ -411,7 +419,8 @@ class CriticRole(_TrainedRole):
         super().__init__(cfg)
         path = check_model_path(critic_path(cfg), "--critic_pretrain")
         model = load_value_model(path, value_head_prefix=cfg.rl_model.value_head_prefix,
-                                 attn_implementation=_attn(cfg), dtype=torch.float32, flag="--critic_pretrain")
+                                 attn_implementation=_attn(cfg), dtype=torch.float32, flag="--critic_pretrain",
+                                 require_head=critic_needs_head(cfg), allow_hint=CRITIC_HEAD_HINT)
         self.engine = self.strategy.prepare_train(model, cfg.algo.critic_learning_rate, num_update_steps)
 
     def _values(self, exp: Experience) -> torch.Tensor:

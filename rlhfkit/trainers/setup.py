@@ -6,11 +6,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import tempfile
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from rlhfkit.checkpoint.ckpt import latest_checkpoint
+from rlhfkit.checkpoint.runs import RunInfo, check_compatible, claim_ckpt_dir
 from rlhfkit.config.common import LoggingArgs, ModelArgs, StrategyArgs
 from rlhfkit.config.rl import PPOConfig, is_http, remote_reward_urls, samples_per_rollout
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
@@ -46,6 +50,86 @@ def load_trainable_lm(model_args: ModelArgs, path: str | None = None, flag: str 
         if model_args.gradient_checkpointing:
             model.enable_input_require_grads()
     return model
+
+
+# -- fail before the work -----------------------------------------------------------------------------------
+def check_writable(path: str, flag: str) -> None:
+    """UserError unless `path` can be created (or written) as a directory: its nearest existing ancestor must be a
+    writable directory, and nothing on the way may be a file. Creates nothing."""
+    p = Path(path).expanduser().absolute()
+    probe = p
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        where = "is" if probe == p else f"is under {probe}, which is"
+        raise UserError(f"{flag} {path} {where} a file, not a directory; choose another {flag}")
+    try:
+        tempfile.TemporaryFile(dir=probe).close()
+    except OSError as e:
+        raise UserError(f"{flag} {path}: cannot write in {probe} ({e.strerror}); choose a writable {flag}") from None
+
+
+def output_dirs(cfg: Any) -> list[tuple[str, str]]:
+    """(directory, flag) of everything a run writes: model, checkpoints, metrics, TensorBoard."""
+    c, log = cfg.checkpoint, cfg.logging
+    dirs = [(c.save_path, "--save_path"), (c.ckpt_path, "--ckpt_path")]
+    if log.metrics_path:
+        dirs.append((os.path.dirname(os.path.abspath(log.metrics_path)), "--metrics_path"))
+    if log.use_tensorboard:
+        dirs.append((log.use_tensorboard, "--use_tensorboard"))
+    save = getattr(cfg, "save", None)
+    if getattr(save, "save_value_network", False):
+        dirs.append((c.save_path.rstrip("/") + "_critic", "--save_path (its _critic twin)"))
+    return dirs
+
+
+def _check_counts(cfg: Any) -> None:
+    """Settings that would make an offline trainer do no training at all and still save a model (the RL
+    counts are checked by `validate_rl_config`)."""
+    train = getattr(cfg, "train", None)
+    if train is None:
+        return
+    if train.max_epochs < 1:
+        raise UserError(f"--max_epochs {train.max_epochs}: a run needs at least one epoch (1 or more)")
+    if train.max_steps == 0:
+        raise UserError("--max_steps 0 trains nothing: use -1 (every epoch) or a positive number of steps")
+
+
+def _check_value_heads(cfg: Any) -> None:
+    """RL runs: a --reward_pretrain / --critic_pretrain without a trained value head, before any model loads."""
+    from rlhfkit.config.rl import CRITIC_HEAD_HINT, critic_needs_head
+    from rlhfkit.models.value_model import check_value_head
+
+    m = cfg.rl_model
+    if m.critic_init_head and not m.critic_pretrain:
+        raise UserError("--critic_init_head applies to the model given as --critic_pretrain; pass one, or drop the "
+                        "flag (the default critic from --pretrain starts with a new head anyway)")
+    if m.reward_pretrain:
+        check_value_head(m.reward_pretrain, m.value_head_prefix, "--reward_pretrain")
+    if m.critic_pretrain and critic_needs_head(cfg):
+        check_value_head(m.critic_pretrain, m.value_head_prefix, "--critic_pretrain", CRITIC_HEAD_HINT)
+
+
+def prepare_run(cfg: Any, kind: str) -> RunInfo:
+    """What every trainer checks before it loads a model: counts that would train nothing, every output directory
+    writable, RL reward/critic models really carrying a value head, and the checkpoint directory this run's own
+    (`rlhfkit.checkpoint.runs.claim_ckpt_dir`). Returns the run's identity for its checkpoints."""
+    _check_counts(cfg)
+    for path, flag in output_dirs(cfg):
+        check_writable(path, flag)
+    if hasattr(cfg, "rl_model"):
+        _check_value_heads(cfg)
+    c = cfg.checkpoint
+    rank0 = os.environ.get("RANK", "0") == "0"
+    for note in claim_ckpt_dir(c.ckpt_path, resume=c.load_checkpoint, overwrite=c.overwrite_ckpt, rank0=rank0):
+        if rank0:
+            print(note, flush=True)
+    run = RunInfo(kind, dataclasses.asdict(cfg))
+    if c.load_checkpoint:  # another trainer's or model's checkpoint: refused now rather than after the model loads
+        newest = latest_checkpoint(c.ckpt_path)
+        if newest is not None:
+            check_compatible(newest, run)
+    return run
 
 
 def run_name(kind: str) -> str:

@@ -138,13 +138,14 @@ def run_sft(cfg: Any) -> SFTTrainer:
     from rlhfkit.data.sft_dataset import SFTDataset
     from rlhfkit.errors import UserError
     from rlhfkit.models.moe import check_aux_loss_coef
-    from rlhfkit.trainers.setup import load_tokenizer_for, load_trainable_lm, make_logger, make_strategy
+    from rlhfkit.trainers.setup import load_tokenizer_for, load_trainable_lm, make_logger, make_strategy, prepare_run
 
     validate_sft_config(cfg)
     d = cfg.data
     if not d.dataset:
         raise UserError("--dataset is required: a local json/jsonl/parquet/csv/arrow file or dataset directory")
     strategy = make_strategy(cfg.model, cfg.strategy)  # validates batch arithmetic, joins no group yet
+    run = prepare_run(cfg, "sft")
     check_aux_loss_coef(cfg.train.aux_loss_coef, cfg.model.pretrain, d.packing_samples)
     tokenizer = load_tokenizer_for(cfg.model)
 
@@ -167,7 +168,7 @@ def run_sft(cfg: Any) -> SFTTrainer:
                    f"ZeRO-{cfg.strategy.zero_stage}, gradient accumulation {strategy.accumulation_steps}")
     trainer = SFTTrainer(strategy, engine, tokenizer, train, evalset, collate, max_epochs=cfg.train.max_epochs,
                          max_steps=cfg.train.max_steps, logging_args=cfg.logging, ckpt_args=cfg.checkpoint,
-                         logger=logger, aux_loss_coef=cfg.train.aux_loss_coef, packing=d.packing_samples)
+                         logger=logger, aux_loss_coef=cfg.train.aux_loss_coef, packing=d.packing_samples, run=run)
     try:
         trainer.fit()
         strategy.save_hf_model(engine, tokenizer, cfg.checkpoint.save_path)

@@ -47,7 +47,7 @@ def setup(demo_assets, tmp_path_factory):
     prompts.write_text("".join(json.dumps(r) + "\n" for r in demo_assets.read("rl_eval")[:N_PROMPTS]))
     (root / "reward.py").write_text(REWARD_FUNC)
     torch.manual_seed(0)
-    rm = load_value_model(str(demo_assets.model_dir))
+    rm = load_value_model(str(demo_assets.model_dir), require_head=False)
     rm.save_pretrained(root / "rm")
     from transformers import AutoTokenizer
 

@@ -62,7 +62,7 @@ def test_merged_reward_model_keeps_the_adapter_head(demo_assets, tmp_path, capsy
     from rlhfkit.models.value_model import load_value_model, sequence_rewards
 
     torch.manual_seed(0)
-    rm = apply_lora(load_value_model(str(demo_assets.model_dir)), rank=4, alpha=8, dropout=0.0,
+    rm = apply_lora(load_value_model(str(demo_assets.model_dir), require_head=False), rank=4, alpha=8, dropout=0.0,
                     target_modules=None, head="score")
     _randomise_lora(rm, 1)
     rm.save_pretrained(tmp_path / "rm_adapter")  # what train_rm --lora_rank writes to <save_path>/lora_adapter
@@ -79,7 +79,7 @@ def test_merged_reward_model_keeps_the_adapter_head(demo_assets, tmp_path, capsy
     ids, mask = _batch(demo_assets.model_dir)
     batch = {"input_ids": ids, "attention_mask": mask}
     torch.manual_seed(123)  # the base has no head: load_value_model draws one, which the adapter's head replaces
-    with_adapter = PeftModel.from_pretrained(load_value_model(str(demo_assets.model_dir)),
+    with_adapter = PeftModel.from_pretrained(load_value_model(str(demo_assets.model_dir), require_head=False),
                                              tmp_path / "rm_adapter").eval()
     merged = load_value_model(str(tmp_path / "merged_rm")).eval()
     with torch.no_grad():

@@ -89,10 +89,10 @@ def run_argv(assets, tmp_path, argv: list[str], tie_tolerance: float = 0.0, logp
 
 @needs_vllm
 @pytest.mark.limit(300)
-def test_gae_with_critic_and_reward_model_on_vllm(ray_cluster, demo_assets, tmp_path):
+def test_gae_with_critic_and_reward_model_on_vllm(ray_cluster, demo_assets, demo_reward_model, tmp_path):
     """Separate placement groups (critic and reward model sharing one), weights through the object store."""
     trainer, steps, _ = run(demo_assets, tmp_path, "--advantage_estimator", "gae", "--reward_pretrain",
-                            str(demo_assets.model_dir), "--vllm_num_engines", "1", "--colocate_critic_reward",
+                            str(demo_reward_model), "--vllm_num_engines", "1", "--colocate_critic_reward",
                             "--vllm_sync_backend", "nccl", "--init_kl_coef", "0.01")
     assert all("train/critic/value_loss" in s for s in steps) and trainer.roles.engine.sync_backend == "object"
 
@@ -175,13 +175,13 @@ SEED_HYBRID_PPO = r"""
 """
 
 
-def seed_hybrid_argv(assets, out: Path) -> list[str]:
+def seed_hybrid_argv(assets, out: Path, reward_model: Path) -> list[str]:
     """The seed command with sizes, paths and device counts changed (2 CPU bundles, TP 1: no tensor parallelism
     on CPU), plus where the prompts are (the seed leaves --prompt_data to the user) and 2 steps' worth of them."""
     argv = shlex.split(SEED_HYBRID_PPO.replace("\\\n", " "))
     changes = {"--ref_num_gpus_per_node": "1", "--reward_num_gpus_per_node": "1", "--critic_num_gpus_per_node": "1",
                "--actor_num_gpus_per_node": "2", "--vllm_num_engines": "2", "--vllm_tensor_parallel_size": "1",
-               "--pretrain": str(assets.model_dir), "--reward_pretrain": str(assets.model_dir),
+               "--pretrain": str(assets.model_dir), "--reward_pretrain": str(reward_model),
                "--save_path": str(out / "final"), "--micro_train_batch_size": "1", "--train_batch_size": "2",
                "--micro_rollout_batch_size": "2", "--rollout_batch_size": "2", "--prompt_max_len": "32",
                "--generate_max_len": "8", "--actor_learning_rate": "5e-3", "--critic_learning_rate": "5e-3"}
@@ -193,10 +193,10 @@ def seed_hybrid_argv(assets, out: Path) -> list[str]:
 
 @needs_vllm
 @pytest.mark.limit(300)
-def test_seed_hybrid_engine_ppo_command(ray_cluster, demo_assets, tmp_path):
+def test_seed_hybrid_engine_ppo_command(ray_cluster, demo_assets, demo_reward_model, tmp_path):
     """(gae, vllm, hybrid): actor (2-rank ZeRO-3), critic, reference, reward model and 2 vLLM engines on the same
     2 bundles, bf16, gradient checkpointing, packed samples, both sleep modes, reward normalization."""
-    argv = seed_hybrid_argv(demo_assets, tmp_path)
+    argv = seed_hybrid_argv(demo_assets, tmp_path, demo_reward_model)
     assert len(argv) == len(shlex.split(SEED_HYBRID_PPO.replace("\\\n", " "))) + 9  # nothing dropped
     # --bf16: the engines compute in bf16, the reference in fp32 on the same bf16 weights. Measured: engine tokens
     # at most 0.0022 logits below the reference's top logit, rollout log-prob differences 0.004-0.007.

@@ -25,7 +25,7 @@ def reward_dir(demo_assets, tmp_path_factory) -> Path:
     from rlhfkit.models.value_model import load_value_model
 
     torch.manual_seed(0)
-    model = load_value_model(str(demo_assets.model_dir), flag="--pretrain")
+    model = load_value_model(str(demo_assets.model_dir), flag="--pretrain", require_head=False)
     model.config.reward_mean, model.config.reward_std, model.config.normalize_reward = 0.5, 2.0, False
     out = tmp_path_factory.mktemp("rm")
     model.save_pretrained(out)

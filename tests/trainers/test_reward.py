@@ -46,8 +46,8 @@ def test_pairwise_accuracy_rises_from_chance(trained, max_assets):
     trainer, save = trained
     held_out = records(max_assets.pref_eval)
     torch.manual_seed(0)
-    before = preference_accuracy(load_value_model(str(max_assets.model_dir)), held_out, trainer.tokenizer,
-                                 input_template=TEMPLATE)
+    plain = load_value_model(str(max_assets.model_dir), require_head=False)  # a new head: the untrained baseline
+    before = preference_accuracy(plain, held_out, trainer.tokenizer, input_template=TEMPLATE)
     after = preference_accuracy(str(save), held_out, input_template=TEMPLATE)
     assert 0.3 <= before <= 0.7
     assert after >= 0.75, (before, after)
@@ -103,7 +103,8 @@ def pairs_and_model(max_assets):
         r["margin"] = 0.5 * i
     data = PreferenceDataset(recs, tok, 64, prompt_key="prompt", margin_key="margin", input_template=TEMPLATE)
     torch.manual_seed(1)
-    return [data[i] for i in range(len(data))], tok, load_value_model(str(max_assets.model_dir)).eval()
+    model = load_value_model(str(max_assets.model_dir), require_head=False).eval()
+    return [data[i] for i in range(len(data))], tok, model
 
 
 def test_packed_and_padded_batches_give_the_same_rewards(pairs_and_model):

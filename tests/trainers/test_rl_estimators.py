@@ -97,8 +97,16 @@ def test_two_steps_of_every_estimator(demo_assets, reward_file, tmp_path, estima
 
 
 def test_reward_model_path_with_normalisation(demo_assets, tmp_path):
-    # The demo model as a reward model: a value head is created on load (random), read at the last token.
-    check(run_module(ppo_args(demo_assets, tmp_path, "reinforce", "--reward_pretrain", str(demo_assets.model_dir),
+    # The demo backbone with a seeded value head, saved as train_rm saves a reward model; read at the last token.
+    from transformers import AutoTokenizer
+
+    from rlhfkit.models.value_model import load_value_model
+
+    torch.manual_seed(0)
+    rm = tmp_path.parent / f"{tmp_path.name}_rm"
+    load_value_model(str(demo_assets.model_dir), require_head=False).save_pretrained(rm)
+    AutoTokenizer.from_pretrained(demo_assets.model_dir).save_pretrained(rm)
+    check(run_module(ppo_args(demo_assets, tmp_path, "reinforce", "--reward_pretrain", str(rm),
                               "--normalize_reward", "--init_kl_coef", "0.05", "--kl_estimator", "k2",
                               "--packing_samples")))  # reward model, reference and actor forwards packed
     rows = train_metrics(tmp_path)

@@ -1,0 +1,38 @@
+"""Test hook: pause a run at a named point so a test can SIGKILL it there deterministically.
+
+`RLHFKIT_TEST_PAUSE=<point>@<step>:<file>` makes rank 0 write its pid to `<file>` and sleep when it reaches
+`<point>` at `<step>`. Points: `between` (step <step> finished, logged and checkpointed; the next not begun),
+`mid` (inside step <step>: the first micro batch or the rollout done, the update not), `ckpt` (checkpoint of
+<step> fully written under `.incomplete/` but not yet renamed into place). Unset (always, outside tests): a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+ENV = "RLHFKIT_TEST_PAUSE"
+T = TypeVar("T")
+
+
+def pause_point(point: str, step: int) -> None:
+    spec = os.environ.get(ENV)
+    if not spec or os.environ.get("RANK", "0") != "0":
+        return
+    where, _, flag = spec.partition(":")
+    if where == f"{point}@{step}":
+        Path(flag).write_text(str(os.getpid()))
+        time.sleep(600)
+
+
+def pausing_after_first(items: Iterable[T], step: int) -> Iterator[T]:
+    """`items`, pausing at `mid@step` once the first item has been used (the caller asks for the next one)."""
+    for i, item in enumerate(items):
+        if i == 1:
+            pause_point("mid", step)
+        yield item
+    if os.environ.get(ENV):
+        pause_point("mid", step)  # a single micro batch: its work is done, the step's bookkeeping is not
