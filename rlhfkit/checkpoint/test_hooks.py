@@ -28,11 +28,23 @@ def pause_point(point: str, step: int) -> None:
         time.sleep(600)
 
 
-def pausing_after_first(items: Iterable[T], step: int) -> Iterator[T]:
-    """`items`, pausing at `mid@step` once the first item has been used (the caller asks for the next one)."""
-    for i, item in enumerate(items):
-        if i == 1:
-            pause_point("mid", step)
-        yield item
-    if os.environ.get(ENV):
-        pause_point("mid", step)  # a single micro batch: its work is done, the step's bookkeeping is not
+class PausingList(list):
+    """A list whose iteration pauses at `mid@step` once the first item has been used (the caller asks for the next
+    one); `len` and indexing are a plain list's, so the trainers can size the step by it."""
+
+    def __init__(self, items: Iterable[T], step: int):
+        super().__init__(items)
+        self.step = step
+
+    def __iter__(self) -> Iterator[T]:
+        for i, item in enumerate(list.__iter__(self)):
+            if i == 1:
+                pause_point("mid", self.step)
+            yield item
+        if os.environ.get(ENV):
+            pause_point("mid", self.step)  # a single micro batch: its work is done, the step's bookkeeping is not
+
+
+def pausing_after_first(items: Iterable[T], step: int) -> PausingList:
+    """`items` as a list that pauses at `mid@step` after its first item (see PausingList)."""
+    return PausingList(items, step)

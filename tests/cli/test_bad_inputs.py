@@ -271,9 +271,12 @@ def assert_one_line_error(code: int, err: str, expect: tuple[str, ...]) -> None:
 
 @pytest.fixture
 def no_process_group():
-    """Each case must fail before a process group is joined; if one did not, leave none behind for the next."""
+    """Each case must fail before a process group is joined; if one did not, leave none behind for the next. An
+    earlier in-process test module may have left one: start each case without it."""
     import torch.distributed as dist
 
+    if dist.is_initialized():
+        dist.destroy_process_group()
     yield dist
     if dist.is_initialized():
         dist.destroy_process_group()

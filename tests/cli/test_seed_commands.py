@@ -130,8 +130,9 @@ def _set(argv: list[str], flag: str, value: str, *, add: bool = True) -> None:
         argv += [flag, value]
 
 
-def scale(block: Block, assets, out: Path) -> list[str]:
-    """The block's flags at the demo's scale (see the module docstring); every seed flag stays."""
+def scale(block: Block, assets, out: Path, reward_model: Path | None = None) -> list[str]:
+    """The block's flags at the demo's scale (see the module docstring); every seed flag stays. `reward_model`:
+    a model with a value head for --reward_pretrain / --critic_pretrain (a plain model is refused there)."""
     argv = list(block.argv)
     for flag, (replacement, _) in GPU_ONLY.items():
         if flag in argv:
@@ -146,7 +147,7 @@ def scale(block: Block, assets, out: Path) -> list[str]:
     if "--use_wandb" in argv:
         _set(argv, "--use_wandb", "offline")  # the seeds' {wandb_token} / $WANDB_API_KEY: a secret of the host
     if block.module == "train_ppo_ray":
-        return _scale_rl(argv, assets, chat)
+        return _scale_rl(argv, assets, chat, reward_model)
     _set(argv, "--train_batch_size", "4")
     _set(argv, "--micro_train_batch_size", "2")
     _set(argv, "--max_len", "96")
@@ -162,7 +163,7 @@ def scale(block: Block, assets, out: Path) -> list[str]:
     return argv + ["--disable_progress_bar"]
 
 
-def _scale_rl(argv: list[str], assets, chat: bool) -> list[str]:
+def _scale_rl(argv: list[str], assets, chat: bool, reward_model: Path | None) -> list[str]:
     for role in ("actor", "critic", "ref", "reward"):  # keep 0 (an absent or colocated role), else one device
         for flag in (f"--{role}_num_nodes", f"--{role}_num_gpus_per_node"):
             if flag in argv and argv[argv.index(flag) + 1] != "0":
@@ -171,7 +172,7 @@ def _scale_rl(argv: list[str], assets, chat: bool) -> list[str]:
         _set(argv, "--vllm_num_engines", "1")
     _set(argv, "--vllm_tensor_parallel_size", "1", add=False)
     for flag in ("--reward_pretrain", "--critic_pretrain"):
-        _set(argv, flag, str(assets.model_dir), add=False)
+        _set(argv, flag, str(reward_model or assets.model_dir), add=False)
     if "--reward_pretrain" not in argv:
         _set(argv, "--remote_rm_url", REWARD)  # a seed's reward function file -> the demo's exact-match reward
         _set(argv, "--label_key", "answer")
@@ -261,10 +262,10 @@ def _main(module: str):
 
 
 @pytest.mark.parametrize("block_id", sorted(RUNNABLE))
-def test_seed_block_runs(block_id, demo_assets, chat_pairs, wandb_offline, capsys):
+def test_seed_block_runs(block_id, demo_assets, demo_reward_model, chat_pairs, wandb_offline, capsys):
     block = RUNNABLE[block_id]
     out = chat_pairs.parent / block_id
-    argv = scale(block, demo_assets, out)
+    argv = scale(block, demo_assets, out, demo_reward_model)
     if block.module == "train_ppo_ray":
         from tests.distributed.ray_cluster import ensure_ray
 

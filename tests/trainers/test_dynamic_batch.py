@@ -172,7 +172,7 @@ def rm_step(demo_assets, pairs, micro: int, budget: int | None, packing: bool):
     strategy = DeepSpeedStrategy(strategy_args(micro, budget))
     strategy.setup_distributed()
     torch.manual_seed(0)  # the same random value head in every run
-    model = load_value_model(str(demo_assets.model_dir), dtype=torch.float32)
+    model = load_value_model(str(demo_assets.model_dir), dtype=torch.float32, require_head=False)
     engine = strategy.prepare_train(model, 1e-3, 10)
     trainer = RewardModelTrainer(strategy, engine, None, pairs, None, partial(pair_collate, pad_id=0, packing=packing),
                                  max_epochs=1, max_steps=-1, logging_args=LoggingArgs(), ckpt_args=CheckpointArgs(),

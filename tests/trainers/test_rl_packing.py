@@ -21,7 +21,7 @@ def models(demo_assets):
 
     torch.manual_seed(0)  # the value head of a plain LM checkpoint starts random
     policy = load_causal_lm(str(demo_assets.model_dir), dtype=torch.float32).eval()
-    critic = load_value_model(str(demo_assets.model_dir), dtype=torch.float32).eval()
+    critic = load_value_model(str(demo_assets.model_dir), dtype=torch.float32, require_head=False).eval()
     return policy, critic
 
 
