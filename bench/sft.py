@@ -58,8 +58,8 @@ def child_rlhfkit(model: Path, data: Path, out: Path, max_len: int, steps: int) 
     clock = StepClock()
     original = SFTTrainer.train_batch
 
-    def timed(self, micro, started):
-        metrics = original(self, micro, started)
+    def timed(self, *args, **kwargs):  # train_batch(micro, started, global_batch)
+        metrics = original(self, *args, **kwargs)
         clock.tick()
         return metrics
 
