@@ -15,8 +15,6 @@ Properties the rest of rlhfkit relies on:
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import random
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -60,26 +58,44 @@ def _pydoc_text() -> list[str]:
     return [topics[key] for key in sorted(topics)]
 
 
-def _docstring_text(limit: int) -> list[str]:
-    """Docstrings of `_DOC_MODULES` and their public members, in a fixed order, up to `limit` characters."""
-    out: list[str] = []
-    total = 0
-    for name in _DOC_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:  # a stripped-down Python; the corpus just gets a little smaller
+_DOCSTRINGS_SCRIPT = """
+import importlib, inspect, json, sys
+names, limit = json.loads(sys.argv[1]), int(sys.argv[2])
+out, total = [], 0
+for name in names:
+    try:
+        module = importlib.import_module(name)
+    except ImportError:
+        continue
+    objects = [module] + [getattr(module, attr) for attr in sorted(vars(module)) if not attr.startswith("_")]
+    for obj in objects:
+        if obj is not module and getattr(obj, "__module__", None) != module.__name__:
             continue
-        objects = [module] + [getattr(module, attr) for attr in sorted(vars(module)) if not attr.startswith("_")]
-        for obj in objects:
-            if obj is not module and getattr(obj, "__module__", None) != module.__name__:
-                continue  # re-exports and constants: skip, they would repeat other modules' text
-            doc = inspect.getdoc(obj) if inspect.ismodule(obj) or callable(obj) else None
-            if doc:
-                out.append(doc)
-                total += len(doc)
-                if total >= limit:
-                    return out
-    return out
+        doc = inspect.getdoc(obj) if inspect.ismodule(obj) or callable(obj) else None
+        if doc:
+            out.append(doc)
+            total += len(doc)
+            if total >= limit:
+                break
+    if total >= limit:
+        break
+json.dump(out, sys.stdout)
+"""
+
+
+def _docstring_text(limit: int) -> list[str]:
+    """Docstrings of `_DOC_MODULES` and their public members, in a fixed order, up to `limit` characters.
+
+    Read in a fresh, isolated interpreter (`python -I`): libraries imported in this process may patch stdlib
+    functions (one replaces `inspect.getsourcefile`), which would change the text, and with it the tokenizer,
+    depending on what ran before. Re-exports and constants are skipped (they would repeat other modules' text)."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-I", "-c", _DOCSTRINGS_SCRIPT, json.dumps(_DOC_MODULES), str(limit)],
+                          capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(proc.stdout)
 
 
 def _task_text(seed: int, n_lines: int) -> list[str]:
