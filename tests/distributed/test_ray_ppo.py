@@ -117,7 +117,8 @@ def test_group_norm_hybrid_engine_zero3_two_rank_actor_on_vllm(ray_cluster, demo
 def test_gae_hybrid_engine_on_transformers_engine(ray_cluster, demo_assets, tmp_path):
     """--vllm_num_engines 0: one Transformers engine actor, colocated with actor, critic and reference."""
     _, steps, check = run(demo_assets, tmp_path, "--advantage_estimator", "gae", "--remote_rm_url", REWARD,
-                          "--critic_pretrain", str(demo_assets.model_dir), "--vllm_num_engines", "0",
+                          "--critic_pretrain", str(demo_assets.model_dir), "--critic_init_head",
+                          "--vllm_num_engines", "0",
                           "--colocate_all_models", "--ref_reward_offload", "--init_kl_coef", "0.01",
                           "--save_steps", "2")
     assert all("train/critic/value_loss" in s for s in steps)
@@ -130,7 +131,8 @@ def test_gae_hybrid_engine_on_transformers_engine(ray_cluster, demo_assets, tmp_
 
 CELLS = {  # the cells the named tests above leave: (estimator, engine, colocate_all_models) -> extra flags;
     # (gae, vllm, hybrid) is the seed's hybrid-engine PPO command, `test_seed_hybrid_engine_ppo_command`
-    ("gae", "transformers", False): ["--critic_pretrain", "MODEL", "--vllm_num_engines", "0",
+    ("gae", "transformers", False): ["--critic_pretrain", "MODEL", "--critic_init_head",
+                                     "--vllm_num_engines", "0",
                                      "--actor_num_gpus_per_node", "2", "--zero_stage", "3"],
     ("group_norm", "vllm", False): ["--vllm_num_engines", "1", "--colocate_actor_ref"],
     ("group_norm", "transformers", True): ["--vllm_num_engines", "0", "--use_kl_loss", "--kl_estimator", "k2"],
@@ -218,7 +220,8 @@ def test_resume_through_ray_continues_exactly(ray_cluster, demo_assets, tmp_path
 
     def argv(out: Path, *extra: str) -> list[str]:
         base = ppo_argv(demo_assets, out, "--advantage_estimator", "gae", "--remote_rm_url", REWARD,
-                        "--critic_pretrain", str(demo_assets.model_dir), "--vllm_num_engines", "0",
+                        "--critic_pretrain", str(demo_assets.model_dir), "--critic_init_head",
+                        "--vllm_num_engines", "0",
                         "--colocate_all_models", "--init_kl_coef", "0.01", *extra)
         i = base.index("--max_samples")
         base[i + 1] = "6"  # 3 steps of 2 prompts
