@@ -30,14 +30,11 @@ LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER
 @pytest.fixture(scope="module", autouse=True)
 def _launcher_env_stays_in_its_module():
     """A trainer run in-process (a CLI's main) joins a world of one: it sets RANK / MASTER_PORT ... in os.environ
-    and leaves its process group listening on that port. Undo both after each module, so later subprocesses do not
-    inherit the port (EADDRINUSE) and later in-process runs start clean."""
+    and leaves its process group listening on that port. Restore the variables after each module, so later
+    subprocesses do not inherit a port that is taken (EADDRINUSE). The group itself stays: DeepSpeed keeps a
+    handle on it, and later in-process modules reuse it."""
     saved = {k: os.environ.get(k) for k in LAUNCHER_VARS}
     yield
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
     for key, value in saved.items():
         if value is None:
             os.environ.pop(key, None)
