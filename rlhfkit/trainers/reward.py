@@ -81,21 +81,13 @@ def run_rm(cfg: Any) -> RewardModelTrainer:
     """Assemble and run reward-model training from an `RMConfig`; saves a model `load_value_model` reads back."""
     from functools import partial
 
-    from rlhfkit.config.preference import validate_rm_config
     from rlhfkit.data.collate import pair_collate
-    from rlhfkit.errors import UserError
     from rlhfkit.models.loading import check_model_path, resolve_attn_implementation
     from rlhfkit.models.lora import apply_lora
     from rlhfkit.models.value_model import load_value_model
     from rlhfkit.trainers.setup import load_tokenizer_for, make_logger, make_strategy, prepare_run
 
-    validate_rm_config(cfg)
-    if cfg.train.aux_loss_coef > 0:
-        raise UserError("--aux_loss_coef is not supported by train_rm (the reward head reads the backbone, which "
-                        "returns no router loss); drop it")
-    if cfg.model.load_in_4bit:
-        raise UserError("--load_in_4bit is not supported by train_rm yet (QLoRA covers causal-LM training: "
-                        "train_sft, train_dpo, train_kto and the RL actor); drop it")
+    cfg.check_inputs()  # the flags were validated when parsed
     strategy = make_strategy(cfg.model, cfg.strategy)
     run = prepare_run(cfg, "rm")
     attn = resolve_attn_implementation(cfg.model.attn_implementation, cfg.model.flash_attn)

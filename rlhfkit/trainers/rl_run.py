@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference, validate_rl_config
+from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference
 
 
 def run_ppo(cfg: PPOConfig) -> Any:
@@ -30,9 +30,9 @@ def run_ppo(cfg: PPOConfig) -> Any:
         prepare_run,
     )
 
-    validate_rl_config(cfg)
+    cfg.check_inputs()  # the flags were validated when parsed
     run = prepare_run(cfg, "ppo")
-    check_aux_loss_coef(cfg.algo.aux_loss_coef, cfg.model.pretrain, cfg.data.packing_samples)
+    check_aux_loss_coef(cfg.algo.aux_loss_coef, cfg.model.pretrain)
     tokenizer = load_tokenizer_for(cfg.model)
     prompts, eval_prompts = load_prompts(cfg, tokenizer)
     text_reward = make_text_reward(cfg) if not cfg.rl_model.reward_pretrain else None

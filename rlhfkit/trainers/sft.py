@@ -132,7 +132,6 @@ class SFTTrainer(TrainerLoop):
 
 def run_sft(cfg: Any) -> SFTTrainer:
     """Assemble and run SFT from an `SFTConfig`: data, model, strategy, trainer, final save."""
-    from rlhfkit.config.sft import validate_sft_config
     from rlhfkit.data.collate import make_collate
     from rlhfkit.data.readers import load_mixture
     from rlhfkit.data.sft_dataset import SFTDataset
@@ -140,13 +139,11 @@ def run_sft(cfg: Any) -> SFTTrainer:
     from rlhfkit.models.moe import check_aux_loss_coef
     from rlhfkit.trainers.setup import load_tokenizer_for, load_trainable_lm, make_logger, make_strategy, prepare_run
 
-    validate_sft_config(cfg)
+    cfg.check_inputs()  # the flags were validated when parsed
     d = cfg.data
-    if not d.dataset:
-        raise UserError("--dataset is required: a local json/jsonl/parquet/csv/arrow file or dataset directory")
     strategy = make_strategy(cfg.model, cfg.strategy)  # validates batch arithmetic, joins no group yet
     run = prepare_run(cfg, "sft")
-    check_aux_loss_coef(cfg.train.aux_loss_coef, cfg.model.pretrain, d.packing_samples)
+    check_aux_loss_coef(cfg.train.aux_loss_coef, cfg.model.pretrain)
     tokenizer = load_tokenizer_for(cfg.model)
 
     def tokenised(spec: str, probs: str | None, split: str, max_samples: int, flag: str) -> SFTDataset:

@@ -131,7 +131,8 @@ def test_config_file_with_nested_and_dotted_openrlhf_keys(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("actor:\n  model_name_or_path: m\n  adam:\n    lr: 1.0e-6\n  eps_clip_low_high: [0.1, 0.3]\n"
                     "train.colocate_all: true\nds.zero_stage: 1\nstrategy:\n  seed: 7\n"
-                    "algo: {kl: {use_loss: true, estimator: k3}}\nrollout_batch_size: 4\n")
+                    "algo: {kl: {use_loss: true, estimator: k3}}\nrollout_batch_size: 4\n"
+                    "train_batch_size: 4\nmicro_train_batch_size: 2\nmicro_rollout_batch_size: 2\n")
     cfg = parse_config(PPOConfig, ["--config", str(path), "--ds.zero_stage", "3"], "t")
     assert (cfg.model.pretrain, cfg.algo.actor_learning_rate, cfg.resources.colocate_all_models) == ("m", 1e-6, True)
     assert (cfg.algo.clip_eps_low, cfg.algo.clip_eps_high) == (0.1, 0.3)
