@@ -96,7 +96,7 @@ def _check_value_heads(cfg: Any) -> None:
 
 
 def prepare_run(cfg: Any, kind: str) -> RunInfo:
-    """What every trainer checks before it loads a model: counts that would train nothing, every output directory
+    """What every trainer checks before it loads a model (its flags were validated when parsed): every output directory
     writable, RL reward/critic models really carrying a value head, and the checkpoint directory this run's own
     (`rlhfkit.checkpoint.runs.claim_ckpt_dir`). Returns the run's identity for its checkpoints."""
     for path, flag in output_dirs(cfg):
