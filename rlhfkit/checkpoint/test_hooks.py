@@ -1,9 +1,10 @@
-"""Test hook: pause a run at a named point so a test can SIGKILL it there deterministically.
+"""Test hook: pause a run at a named point so a test can SIGKILL it (or a part of it) there deterministically.
 
 `RLHFKIT_TEST_PAUSE=<point>@<step>:<file>` makes rank 0 write its pid to `<file>` and sleep when it reaches
-`<point>` at `<step>`, until the test deletes `<file>` (then the run goes on) or 600 s pass. Points: `between` (step <step> finished, logged and checkpointed; the next not begun),
-`mid` (inside step <step>: the first micro batch or the rollout done, the update not), `ckpt` (checkpoint of
-<step> fully written under `.incomplete/` but not yet renamed into place). Unset (always, outside tests): a no-op.
+`<point>` at `<step>`, until the test deletes `<file>` (then the run goes on) or 600 s pass. Points: `between`
+(step <step> finished, logged and checkpointed; the next not begun), `mid` (inside step <step>: the first micro
+batch or the rollout done, the update not), `ckpt` (checkpoint of <step> fully written under `.incomplete/` but not
+yet renamed into place). Unset (always, outside tests): a no-op.
 """
 
 from __future__ import annotations
