@@ -71,6 +71,7 @@ def test_rank_whose_peer_never_arrives_fails_after_the_timeout(tmp_path):
                 proc.kill()
             proc.communicate(timeout=30)
     lines = err.strip().splitlines()
+    print(f"rank 0 stopped {waited:.1f} s after rank 1 joined: {lines[-1] if lines else ''}")
     assert procs[0].returncode == 1, err[-3000:]
     assert lines[-1].startswith(f"absent_peer: error: rank 0: a torch.distributed collective waited past "
                                 f"--ddp_timeout {timeout} s for a peer rank that died or is stuck"), err[-3000:]
