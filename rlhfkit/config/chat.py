@@ -39,5 +39,5 @@ class ChatConfig:
                             "flag uses)")
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.repetition_penalty <= 0:
             raise UserError("--temperature must be >= 0, --top_p in (0, 1] and --repetition_penalty > 0")
-        if self.max_len < 1 or self.max_new_tokens < 1:
-            raise UserError(f"--max_len and --max_new_tokens must be >= 1 (got {self.max_len}, {self.max_new_tokens})")
+        if self.max_new_tokens < 1 or self.max_len <= self.max_new_tokens:
+            raise UserError(f"--max_len {self.max_len} must exceed --max_new_tokens {self.max_new_tokens} (>= 1)")

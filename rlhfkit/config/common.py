@@ -175,7 +175,7 @@ class DataArgs:
     packing_samples: bool = arg(False, "Pack samples into one row; they do not attend to each other.")
 
     def validate(self) -> None:
-        _need(self.max_len >= 1, "max_len", self.max_len, "at least 1 token")
+        _need(self.max_len >= 2, "max_len", self.max_len, "at least 2 tokens (a token and the one it predicts)")
         _need(self.max_samples >= 1, "max_samples", self.max_samples, "at least 1")
 
 

@@ -218,7 +218,9 @@ class ServeRMConfig:
         """Fail fast, before the model loads, on settings the server cannot run with."""
         if not 0 <= self.port <= 65535:
             raise UserError(f"--port {self.port} is not a TCP port; use 1-65535 (or 0 to pick a free one)")
-        for flag in ("max_len", "batch_size", "max_body_bytes", "max_queries_per_request"):
+        if self.max_len < 2:
+            raise UserError(f"--max_len must be at least 2 (got {self.max_len})")
+        for flag in ("batch_size", "max_body_bytes", "max_queries_per_request"):
             if getattr(self, flag) < 1:
                 raise UserError(f"--{flag} must be at least 1 (got {getattr(self, flag)})")
         for flag in ("request_timeout", "client_timeout"):

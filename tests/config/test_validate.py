@@ -95,7 +95,10 @@ def test_sft_check_inputs_is_separate_from_the_flags():
     (ChatConfig, "--apply_chat_template --input_template 'Q: {}'", "exclude each other"),
     (ChatConfig, "--tokenizer_chat_template t", "needs --apply_chat_template"),
     (ChatConfig, "--top_p 0", "--top_p in (0, 1]"),
-    (ChatConfig, "--max_new_tokens 0", "--max_new_tokens must be >= 1"),
+    (ChatConfig, "--max_new_tokens 0", "--max_len 4096 must exceed --max_new_tokens 0 (>= 1)"),
+    (ChatConfig, "--max_len 512", "--max_len 512 must exceed --max_new_tokens 512"),
+    (ServeRMConfig, "--max_len 1", "--max_len must be at least 2"),
+    (RMConfig, "--max_len 1", "--max_len 1: must be at least 2 tokens"),
     (LoraCombinerConfig, "--model_path m --lora_path l", "--output_path is required"),
 ])
 def test_every_config_validates_its_flags_when_parsed(cls, flags, message):
