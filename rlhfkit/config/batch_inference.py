@@ -161,6 +161,8 @@ def _validate(cfg: BatchInferenceConfig) -> None:
         for name in names:
             if getattr(section, name) < 1:
                 raise UserError(f"--{name} must be >= 1 (got {getattr(section, name)})")
+    if d.max_len < 2:
+        raise UserError(f"--max_len must be at least 2 (got {d.max_len})")
     if g.temperature < 0:
         raise UserError(f"--temperature must be >= 0 (got {g.temperature})")
     if not 0 < g.top_p <= 1:

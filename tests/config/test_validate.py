@@ -90,6 +90,7 @@ def test_sft_check_inputs_is_separate_from_the_flags():
     (BatchInferenceConfig, "--eval_task rm --best_of_n 2", "--eval_task rm only scores"),
     (BatchInferenceConfig, "--eval_task generate --tp_size 2", "apply to --eval_task generate_vllm only"),
     (BatchInferenceConfig, "--top_p 0", "--top_p must be in (0, 1]"),
+    (BatchInferenceConfig, "--max_len 1", "--max_len must be at least 2"),
     (BatchInferenceConfig, "--csft_buckets 3", "apply to --post_processor csft only"),
     (BatchInferenceConfig, "--reward_pretrain r --remote_rm_url u", "not both"),
     (ChatConfig, "--apply_chat_template --input_template 'Q: {}'", "exclude each other"),
