@@ -1,0 +1,97 @@
+"""`--dry_run`: the seed's layouts (7B hybrid engine on 8 GPUs, 70B on the 8-node layout) planned from a CPU machine
+with synthetic Llama-2 config.json files, the printed estimates checked (README shows the same output), advice when
+a plan does not fit, and that a dry run loads no model (the model directories hold only config.json)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from rlhfkit.cli import train_dpo, train_ppo_ray, train_sft
+from rlhfkit.cli.common import run_cli
+from tests.cli.test_seed_commands import BLOCKS, SEEDS
+from tests.distributed.memory_shapes import LLAMA2_7B, LLAMA2_70B, write_config
+from tests.helpers import REPO
+
+pytestmark = pytest.mark.skipif(SEEDS is None, reason="the seed documents (../shared/seeds) are not on this machine")
+
+SEED_7B_HYBRID = "001-0-train_ppo_ray"  # "PPO Training (Hybrid Engine)": 8 GPUs, --colocate_all_models, both sleeps
+SEED_70B_MULTINODE = "001-10-train_ppo_ray"  # "8-node cluster (64 GPUs) - 70B model"
+
+
+def seed_argv(block_id: str, model: str, gpu_gb: str = "80") -> list[str]:
+    """The seed block's flags with the model paths pointing at a config.json-only directory, a prompt file name
+    where the block has none (it is not read), and --dry_run for GPUs of `gpu_gb`."""
+    argv = list(next(b for b in BLOCKS if b.id == block_id).argv)
+    for flag in ("--pretrain", "--reward_pretrain"):
+        if flag in argv:
+            argv[argv.index(flag) + 1] = model
+    if "--prompt_data" not in argv:
+        argv += ["--prompt_data", "prompts.jsonl"]
+    return argv + ["--dry_run", "--dry_run_gpu_memory_gb", gpu_gb]
+
+
+def dry_run(capsys, main, argv: list[str]) -> str:
+    code = run_cli(main, argv, prog="x")
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
+
+
+@pytest.fixture
+def models(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # relative model paths: the printed plan is the README's, byte for byte
+    write_config(tmp_path / "Llama-2-7b-hf", LLAMA2_7B)
+    write_config(tmp_path / "Llama-2-70b-hf", LLAMA2_70B)
+
+
+def readme_block(title: str) -> str:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    match = re.search(re.escape(title) + r".*?```text\n(.*?)```", text, re.S)
+    assert match, f"README.md has no ```text block after {title!r}"
+    return match.group(1)
+
+
+def test_seed_7b_hybrid_engine_on_8_gpus(capsys, models):
+    out = dry_run(capsys, train_ppo_ray.main, seed_argv(SEED_7B_HYBRID, "Llama-2-7b-hf"))
+    # 6.738B params; ZeRO-3 over 8: weights and gradients 6.738e9 x 2 / 8 = 1.57 GiB, Adam 12 x / 8 = 9.41 GiB
+    assert re.search(r"actor +weights +train +1\.57 GiB", out)
+    assert re.search(r"actor +optimizer states +train +9\.41 GiB", out)
+    # vLLM: 0.5 x 80 GiB reserved per GPU, its weights 6.738e9 x 2 / TP 2 = 6.28 GiB
+    assert re.search(r"vllm +weights +generate +6\.28 GiB", out)
+    assert "peak: resident 0.0 MiB + max(generate 40.00 GiB, train 24.75 GiB) = 40.00 GiB of 80.00 GiB" in out
+    assert "verdict: FITS: largest per-device peak 40.00 GiB of 80.00 GiB" in out
+    assert out == readme_block("7B, hybrid engine on 8 GPUs")
+
+
+def test_seed_70b_on_the_multi_node_layout(capsys, models):
+    out = dry_run(capsys, train_ppo_ray.main, seed_argv(SEED_70B_MULTINODE, "Llama-2-70b-hf"))
+    # 68.98B params, ZeRO-3 over 16: 16 bytes x 68.98e9 / 16 = 64.24 GiB of states per actor GPU
+    assert "peak: resident 64.24 GiB + max(generate 0.0 MiB, train 3.87 GiB) = 68.10 GiB of 80.00 GiB" in out
+    assert "verdict: FITS: largest per-device peak 72.00 GiB of 80.00 GiB (pool vllm)" in out
+    assert out == readme_block("70B on the 8-node layout")
+
+
+def test_a_plan_that_does_not_fit_says_what_to_change(capsys, models):
+    out = dry_run(capsys, train_ppo_ray.main, seed_argv(SEED_7B_HYBRID, "Llama-2-7b-hf", gpu_gb="24"))
+    assert "verdict: DOES NOT FIT: largest per-device peak 24.75 GiB of 24.00 GiB" in out
+    assert "--adam_offload: peak 24.75 GiB -> 15.34 GiB (fits)" in out
+    assert "--micro_train_batch_size 4: peak 24.75 GiB -> 18.65 GiB (fits)" in out
+    # 70B on 24 GiB GPUs: vLLM's share of the weights (32 GiB at TP 4) exceeds its 0.9 x 24 GiB
+    out = dry_run(capsys, train_ppo_ray.main, seed_argv(SEED_70B_MULTINODE, "Llama-2-70b-hf", gpu_gb="24"))
+    assert "problem: vLLM:" in out and "vLLM will not start" in out and "DOES NOT FIT" in out
+
+
+def test_trainers_plan_from_config_json_alone(capsys, tmp_path):
+    model = write_config(tmp_path / "m", LLAMA2_7B)  # no weights, no tokenizer: a dry run loads neither
+    common = ["--pretrain", str(model), "--dataset", "d.jsonl", "--bf16", "--zero_stage", "3", "--dry_run",
+              "--dry_run_gpu_memory_gb", "80", "--dry_run_num_gpus", "8", "--micro_train_batch_size", "1"]
+    out = dry_run(capsys, train_sft.main, common)
+    assert "8 GPUs of 80.00 GiB" in out and re.search(r"model +optimizer states +resident +9\.41 GiB", out)
+    out = dry_run(capsys, train_dpo.main, common + ["--ref_offload"])
+    assert re.search(r"reference +weights \(offloaded\) +host RAM +1\.57 GiB", out)
+    assert run_cli(train_sft.main, ["--pretrain", str(model), "--dry_run_gpu_memory_gb", "80"], prog="x") == 2
+    assert "only apply with --dry_run" in capsys.readouterr().err
+    assert run_cli(train_sft.main, ["--pretrain", str(tmp_path), "--dry_run"], prog="x") == 2
+    assert "config.json" in capsys.readouterr().err
