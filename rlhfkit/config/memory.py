@@ -120,6 +120,15 @@ def trained_states(params: int, trainable: int, bf16: bool, zero_stage: int, ran
     return TrainedStates(weights, gradients, 0.0 if adam_offload else optimizer, optimizer if adam_offload else 0.0)
 
 
+NF4_BYTES = 0.5 + 0.127 / 8  # QLoRA's 4-bit NormalFloat plus its double-quantized block constants (0.127 bits)
+
+
+def qlora_weights(params: int, lora: int) -> float:
+    """Weights of a 4-bit QLoRA model (Dettmers et al. 2023, "QLoRA", section 3): NF4 base weights (0.5 byte per
+    parameter plus 0.127 bits of quantization constants) and the LoRA adapters in bf16 (2 bytes)."""
+    return params * NF4_BYTES + lora * 2
+
+
 def frozen_weights(params: int, bf16: bool, zero_stage: int, ranks: int) -> float:
     """Bytes per rank of a frozen model: 2 or 4 per parameter, / ranks under ZeRO-3 (DeepSpeed's inference engine
     partitions the reference like the trained model)."""

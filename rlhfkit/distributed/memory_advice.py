@@ -146,6 +146,6 @@ def render(plan: Plan, prog: str) -> str:
         verdict = "FITS"
     lines.append(f"verdict: {verdict}: {what} {gib(total)} of {gib(cap)}{worst}")
     if plan.advice:
-        lines.append("to make it fit, each alone:")
+        lines.append("to make it fit (each change alone, then the first combination that fits):")
         lines += [f"  {a}" for a in plan.advice]
     return "\n".join(lines)

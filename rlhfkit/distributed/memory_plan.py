@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rlhfkit.config import memory as mem
@@ -36,6 +36,9 @@ from rlhfkit.errors import UserError
 # terms for those runs (16-32 MiB) that leaves 510-520 MiB. tests/distributed/test_memory_plan_measured.py checks
 # the whole estimate against the demo model and a 27M-parameter Llama.
 CPU_PROCESS_BASELINE = 515 * mem.MIB
+# The local Ray cluster of a train_ppo_ray run on one machine (GCS, raylet, dashboard, workers' core): about 0.5 GB
+# after ray.init (Ray 2.60, measured on the CPU dev machine 2026-11-22).
+RAY_LOCAL_CLUSTER = 512 * mem.MIB
 # Below this share of a device left free the plan still fits but says so: allocator fragmentation and the CUDA
 # context (about 0.5-1 GiB per process on a GPU) are not in the rows.
 TIGHT_FRACTION = 0.9
@@ -118,9 +121,13 @@ def _trained_rows(role: str, shape: mem.ModelShape, cfg: Any, ranks: int, phase:
     params = shape.params(lm_head)
     trainable = shape.lora_params(lora_rank) + (0 if lm_head else shape.hidden_size + 1) if lora_rank else params
     st = mem.trained_states(params, trainable, m.bf16, s.zero_stage, ranks, s.adam_offload)
+    weights_note = f"{params / 1e9:.3f}B x {'2 (bf16)' if m.bf16 else '4'}"
+    if m.load_in_4bit and lora_rank:  # QLoRA: NF4 base weights, not partitioned
+        st = replace(st, weights=mem.qlora_weights(params, trainable))
+        weights_note = f"{params / 1e9:.3f}B in NF4 (--load_in_4bit) + LoRA in bf16"
     what = f"ZeRO-{s.zero_stage} over {ranks}" if ranks > 1 else f"ZeRO-{s.zero_stage}"
-    rows = [Row(role, "weights", phase, st.weights, note=f"{params / 1e9:.3f}B x {'2 (bf16)' if m.bf16 else '4'}"
-                + (f", {what}" if s.zero_stage >= 3 else "")),
+    rows = [Row(role, "weights", phase, st.weights,
+                note=weights_note + (f", {what}" if s.zero_stage >= 3 and not m.load_in_4bit else "")),
             Row(role, "gradients", phase, st.gradients, note=("LoRA only, " if lora_rank else "") + what),
             Row(role, "optimizer states", phase, st.optimizer,
                 note=f"Adam {'12' if m.bf16 else '8'} B/param, {what}" + (", offloaded" if s.adam_offload else ""))]
@@ -198,8 +205,9 @@ def _engine_rows(cfg: PPOConfig, shape: mem.ModelShape, devices: Devices, name: 
         bf16 = cfg.model.bf16
         rows_ = min(r.rollout_batch_size * r.n_samples_per_prompt, max(r.micro_rollout_batch_size, 256))
         if name == "vllm":
-            kv = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")) * mem.GIB
-            kv_note = "VLLM_CPU_KVCACHE_SPACE"
+            space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")  # rlhfkit's default (rollout/vllm_engine.py)
+            kv = float(space) * mem.GIB
+            kv_note = f"VLLM_CPU_KVCACHE_SPACE={space} GiB"
         else:
             kv = mem.kv_bytes_per_token(shape, bf16) * rows_ * max_len
             kv_note = f"{rows_} x {max_len} tokens"
@@ -290,6 +298,8 @@ def _to_host(pools: list[Pool], cfg: Any, trainer: str, world_size: int) -> None
         pool.rows.insert(0, Row("process", "Python + torch + transformers", "resident", CPU_PROCESS_BASELINE * procs,
                                 note=f"{procs} process{'es' if procs > 1 else ''} x measured baseline"))
         pool.turns = False
+    if trainer == "ppo_ray" and pools:
+        pools[0].rows.insert(1, Row("ray", "local Ray cluster", "resident", RAY_LOCAL_CLUSTER, note="measured"))
 
 
 def plan_pools_for(cfg: Any, trainer: str, devices: Devices, world_size: int = 1) -> list[Pool]:

@@ -58,6 +58,13 @@ def test_lora_trains_only_the_adapters():
     assert st.weights == 2 * L7.params() and st.gradients == 2 * L7.lora_params(8)
 
 
+def test_qlora_keeps_4_bit_base_weights():
+    # 6.738B x (0.5 + 0.127 / 8) bytes = 3.48 GB, plus the rank-8 adapters in bf16
+    got = mem.qlora_weights(L7.params(), L7.lora_params(8))
+    assert got == pytest.approx(6_738_415_616 * 0.5158750 + 2 * L7.lora_params(8))
+    assert got / GB == pytest.approx(3.517, abs=0.01)
+
+
 def test_frozen_models_hold_only_weights():
     assert mem.frozen_weights(1000, bf16=True, zero_stage=2, ranks=4) == 2000
     assert mem.frozen_weights(1000, bf16=True, zero_stage=3, ranks=4) == 500
