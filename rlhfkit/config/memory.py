@@ -43,16 +43,39 @@ class ModelShape:
     head_dim: int
     tie_word_embeddings: bool
     max_position_embeddings: int | None = None
+    # mixture of experts (0 experts: a dense MLP of intermediate_size): routed experts of expert_intermediate_size,
+    # experts_per_token of them active per token, plus an always-active shared expert of shared_intermediate_size
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    shared_intermediate_size: int = 0
 
     @property
     def kv_dim(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    def mlp_params(self) -> int:
+        """SwiGLU MLP of one layer: gate, up, down (h x i each); MoE: every expert's, the router (h x experts) and
+        the shared expert's."""
+        h = self.hidden_size
+        if not self.num_experts:
+            return 3 * h * self.intermediate_size
+        return (self.num_experts * 3 * h * self.expert_intermediate_size + h * self.num_experts
+                + 3 * h * self.shared_intermediate_size)
+
+    def mlp_activation_elements(self) -> int:
+        """Elements one token keeps in the MLP for backward: gate, up, activated gate, product (4 x i); MoE: that
+        for each active expert and the shared one, plus the router logits."""
+        if not self.num_experts:
+            return 4 * self.intermediate_size
+        return (4 * self.experts_per_token * self.expert_intermediate_size + 4 * self.shared_intermediate_size
+                + self.num_experts)
+
     def layer_params(self) -> int:
-        """One decoder layer: q, k, v, o projections, gate/up/down of the SwiGLU MLP, two RMSNorm weights."""
-        h, i = self.hidden_size, self.intermediate_size
+        """One decoder layer: q, k, v, o projections, the MLP, two RMSNorm weights."""
+        h = self.hidden_size
         attention = h * self.num_heads * self.head_dim * 2 + h * self.kv_dim * 2
-        return attention + 3 * h * i + 2 * h
+        return attention + self.mlp_params() + 2 * h
 
     def params(self, lm_head: bool = True) -> int:
         """All parameters: embeddings, layers, final norm, and the LM head unless tied (or replaced by a value head
@@ -66,7 +89,10 @@ class ModelShape:
         """LoRA parameters with rank r on every linear layer of the decoder: r x (in + out) per matrix (Hu et al.
         2021, "LoRA: Low-Rank Adaptation of Large Language Models")."""
         h, i, q = self.hidden_size, self.intermediate_size, self.num_heads * self.head_dim
-        per_layer = (h + q) * 2 + (h + self.kv_dim) * 2 + (h + i) * 3
+        mlp = (h + i) * 3
+        if self.num_experts:  # every expert's and the shared expert's projections
+            mlp = (h + self.expert_intermediate_size) * 3 * self.num_experts + (h + self.shared_intermediate_size) * 3
+        per_layer = (h + q) * 2 + (h + self.kv_dim) * 2 + mlp
         return rank * per_layer * self.num_layers
 
 
@@ -82,13 +108,18 @@ def read_model_shape(path: str, flag: str = "--pretrain") -> ModelShape:
     c = c.get("text_config", c)  # multimodal wrappers keep the language model's numbers here
     try:
         h, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
+        experts = int(c.get("num_local_experts") or c.get("num_experts") or c.get("n_routed_experts") or 0)
+        moe = {} if not experts else {
+            "num_experts": experts, "experts_per_token": int(c.get("num_experts_per_tok") or 2),
+            "expert_intermediate_size": int(c.get("moe_intermediate_size") or c["intermediate_size"]),
+            "shared_intermediate_size": int(c.get("shared_expert_intermediate_size") or 0)}
         return ModelShape(vocab_size=int(c["vocab_size"]), hidden_size=h,
                           intermediate_size=int(c.get("intermediate_size") or 4 * h),
                           num_layers=int(c["num_hidden_layers"]), num_heads=heads,
                           num_kv_heads=int(c.get("num_key_value_heads") or heads),
                           head_dim=int(c.get("head_dim") or h // heads),
                           tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
-                          max_position_embeddings=c.get("max_position_embeddings"))
+                          max_position_embeddings=c.get("max_position_embeddings"), **moe)
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"{flag} {path}: config.json lacks a decoder size the planner needs ({e})") from None
 
@@ -139,10 +170,9 @@ def layer_activation_elements(shape: ModelShape, seq_len: int, eager_attention: 
     """Elements one token keeps for the backward pass of one decoder layer (Korthikanti et al. 2022, "Reducing
     Activation Recomputation in Large Transformer Models", section 4.1, adapted to a SwiGLU decoder without
     dropout): RMSNorm inputs and outputs (4h), q (h), k and v (2 kv), the attention output (h), the MLP's gate, up,
-    activated gate and product (4i). Eager attention also keeps the [heads x seq] softmax per token (sdpa and flash
-    attention recompute it)."""
-    h, i = shape.hidden_size, shape.intermediate_size
-    elements = 6 * h + 2 * shape.kv_dim + 4 * i
+    activated gate and product (4i; MoE: per active expert, `ModelShape.mlp_activation_elements`). Eager attention
+    also keeps the [heads x seq] softmax per token (sdpa and flash attention recompute it)."""
+    elements = 6 * shape.hidden_size + 2 * shape.kv_dim + shape.mlp_activation_elements()
     if eager_attention:
         elements += shape.num_heads * seq_len
     return float(elements)

@@ -98,6 +98,16 @@ def test_kv_cache_and_vllm_blocks():
     assert small.kv_cache == 0 and small.sequences == 0  # 13.5 GB of weights in 8 GiB: vLLM cannot start
 
 
+def test_mixture_of_experts_counts_every_expert_and_activates_top_k(tmp_path):
+    # Mixtral-8x7B's config: 8 experts of 14336, 2 per token, 32 layers, hidden 4096, GQA 8 KV heads, vocab 32000
+    mixtral = {**LLAMA2_7B, "intermediate_size": 14336, "num_key_value_heads": 8, "num_local_experts": 8,
+               "num_experts_per_tok": 2, "max_position_embeddings": 32768}
+    s = mem.read_model_shape(str(write_config(tmp_path / "mixtral", mixtral)))
+    layer = 2 * 4096**2 + 2 * 4096 * 1024 + 8 * 3 * 4096 * 14336 + 4096 * 8 + 2 * 4096
+    assert s.params() == 2 * 32000 * 4096 + 32 * layer + 4096 == 46_702_792_704  # Mixtral's published 46.7B
+    assert mem.layer_activation_elements(s, 1, False) == 6 * 4096 + 2 * 1024 + 4 * 2 * 14336 + 8
+
+
 def test_reads_a_directory_holding_only_config_json(tmp_path):
     got = mem.read_model_shape(str(write_config(tmp_path / "m", LLAMA2_70B)))
     assert got == L70

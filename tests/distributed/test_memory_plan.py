@@ -95,3 +95,21 @@ def test_trainers_plan_from_config_json_alone(capsys, tmp_path):
     assert "only apply with --dry_run" in capsys.readouterr().err
     assert run_cli(train_sft.main, ["--pretrain", str(tmp_path), "--dry_run"], prog="x") == 2
     assert "config.json" in capsys.readouterr().err
+
+
+def test_pool_peak_phases_by_hand():
+    """resident + max(generate, train); activations add as a maximum; with --deepspeed_enable_sleep (turns) the
+    train phase is the largest single role."""
+    from rlhfkit.distributed.memory_plan import Pool, Row
+
+    rows = [Row("vllm", "reserved", "generate", 40.0), Row("actor", "states", "train", 12.0),
+            Row("actor", "activations", "train", 10.0, transient=True), Row("critic", "states", "train", 11.0),
+            Row("critic", "activations", "train", 6.0, transient=True), Row("x", "context", "resident", 1.0),
+            Row("ref", "weights (offloaded)", "host RAM", 99.0)]
+    shared = Pool("hybrid", 8, ["actor", "critic", "vllm"], rows)
+    assert shared.phase_bytes("train") == 12 + 11 + max(10, 6)
+    assert shared.peak == 1 + max(40, 33)
+    turns = Pool("hybrid", 8, ["actor", "critic", "vllm"], rows, turns=True)
+    assert turns.phase_bytes("train") == max(12 + 10, 11 + 6)
+    rows[0].bytes = 20.0
+    assert shared.peak == 1 + 33 and turns.peak == 1 + 22
