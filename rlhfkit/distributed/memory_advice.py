@@ -144,7 +144,9 @@ def render(plan: Plan, prog: str) -> str:
         verdict = "FITS, TIGHT (under 10% headroom)"
     else:
         verdict = "FITS"
-    lines.append(f"verdict: {verdict}: {what} {gib(total)} of {gib(cap)}{worst}")
+    largest = max(p.largest_process for p in plan.pools)
+    per_process = f"; the largest process peaks at {gib(largest)}" if d.kind == "cpu" and largest < total else ""
+    lines.append(f"verdict: {verdict}: {what} {gib(total)} of {gib(cap)}{worst}{per_process}")
     if plan.advice:
         lines.append("to make it fit (each change alone, then the first combination that fits):")
         lines += [f"  {a}" for a in plan.advice]

@@ -72,6 +72,7 @@ class Pool:
     rows: list[Row] = field(default_factory=list)
     turns: bool = False  # --deepspeed_enable_sleep: roles take turns in the train phase
     checks: list[str] = field(default_factory=list)  # failed hard conditions (vLLM cannot start ...)
+    largest_process: float = 0.0  # CPU plans: the peak of the pool's largest process (baseline included)
 
     def phase_bytes(self, phase: str) -> float:
         rows = [r for r in self.rows if r.phase == phase]
@@ -293,8 +294,16 @@ def _to_host(pools: list[Pool], cfg: Any, trainer: str, world_size: int) -> None
         procs = sum(_ranks_of(cfg, trainer, m, world_size) for m in pool.members) if trainer == "ppo_ray" \
             else _ranks_of(cfg, trainer, "model", world_size)
         for row in pool.rows:
-            row.bytes *= _ranks_of(cfg, trainer, row.role, world_size) if trainer == "ppo_ray" else procs
             row.phase = "train" if row.transient else "resident"
+        if trainer == "ppo_ray":  # a process per rank of each role: the largest role's rank
+            per_role: dict[str, float] = {}
+            for row in pool.rows:
+                per_role[row.role] = per_role.get(row.role, 0.0) + row.bytes
+            pool.largest_process = CPU_PROCESS_BASELINE + max(per_role.values(), default=0.0)
+        else:  # every rank holds all rows
+            pool.largest_process = CPU_PROCESS_BASELINE + pool.peak
+        for row in pool.rows:
+            row.bytes *= _ranks_of(cfg, trainer, row.role, world_size) if trainer == "ppo_ray" else procs
         pool.rows.insert(0, Row("process", "Python + torch + transformers", "resident", CPU_PROCESS_BASELINE * procs,
                                 note=f"{procs} process{'es' if procs > 1 else ''} x measured baseline"))
         pool.turns = False
