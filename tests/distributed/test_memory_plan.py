@@ -113,3 +113,38 @@ def test_pool_peak_phases_by_hand():
     assert turns.phase_bytes("train") == max(12 + 10, 11 + 6)
     rows[0].bytes = 20.0
     assert shared.peak == 1 + 33 and turns.peak == 1 + 22
+
+
+def test_every_trainer_plans_lora_and_offload(capsys, tmp_path):
+    """train_rm and train_kto plan too; LoRA trains only the adapters (gradients and Adam states of r x (in + out)
+    per linear layer), QLoRA keeps NF4 base weights; --adam_offload moves the optimizer states to host RAM."""
+    from rlhfkit.cli import train_kto, train_rm
+    from rlhfkit.config import memory as mem
+
+    model = write_config(tmp_path / "m", LLAMA2_7B)
+    common = ["--pretrain", str(model), "--dataset", "d.jsonl", "--bf16", "--dry_run", "--dry_run_gpu_memory_gb", "80"]
+    out = dry_run(capsys, train_rm.main, common + ["--adam_offload"])
+    # reward model: 6.738B - LM head + value head, 12 bytes each, on the host
+    host = 12 * (6_738_415_616 - 32000 * 4096 + 4097)
+    assert re.search(rf"model +optimizer states \(host RAM\) +host RAM +{host / mem.GIB:.2f} GiB", out)
+    out = dry_run(capsys, train_kto.main, common + ["--lora_rank", "8"])
+    lora = 32 * 8 * (4 * 8192 + 3 * (4096 + 11008))
+    assert re.search(rf"model +gradients +resident +{2 * lora / mem.MIB:.1f} MiB +LoRA only", out)
+    assert re.search(r"reference +weights +resident +12\.55 GiB", out)
+    out = dry_run(capsys, train_sft.main, common + ["--lora_rank", "8", "--load_in_4bit"])
+    assert re.search(rf"model +weights +resident +{mem.qlora_weights(6_738_415_616, lora) / mem.GIB:.2f} GiB", out)
+
+
+def test_cpu_ray_plan_counts_a_process_per_rank(capsys, demo_assets):
+    """train_ppo_ray on CPU: every rank is a process with its own baseline, plus the local Ray cluster."""
+    argv = ["--pretrain", str(demo_assets.model_dir), "--prompt_data", str(demo_assets.rl_train), "--input_key",
+            "prompt", "--remote_rm_url", str(REPO / "tests" / "distributed" / "reward_exact_match.py"),
+            "--advantage_estimator", "group_norm", "--rollout_batch_size", "4", "--n_samples_per_prompt", "2",
+            "--train_batch_size", "8", "--micro_train_batch_size", "4", "--micro_rollout_batch_size", "4",
+            "--actor_num_gpus_per_node", "2", "--dry_run"]
+    out = dry_run(capsys, train_ppo_ray.main, argv)
+    # actor x 2 ranks, ref x 1, the Transformers engine x 1
+    assert re.search(r"process +Python \+ torch \+ transformers +resident +515\.0 MiB +1 process", out)
+    assert re.search(r"process +Python \+ torch \+ transformers +resident +1\.01 GiB +2 processes", out)
+    assert re.search(r"ray +local Ray cluster +resident +512\.0 MiB", out)
+    assert "the largest process peaks at" in out
