@@ -73,7 +73,7 @@ def test_frozen_models_hold_only_weights():
 def test_activations_by_hand():
     s = mem.ModelShape(vocab_size=10, hidden_size=4, intermediate_size=8, num_layers=2, num_heads=2, num_kv_heads=1,
                        head_dim=2, tie_word_embeddings=True)
-    per_token_layer = 6 * 4 + 2 * 2 + 4 * 8  # 60 elements
+    per_token_layer = 8 * 4 + 2 * 2 + 4 * 8 + 2  # 70 elements: 8h + 2kv + 4i + heads
     tokens = 3 * 5
     logits = tokens * 10 * 4 * 3
     assert mem.train_activations(s, 3, 5, bf16=False, checkpointing=False) == 2 * per_token_layer * tokens * 4 + logits
@@ -105,7 +105,7 @@ def test_mixture_of_experts_counts_every_expert_and_activates_top_k(tmp_path):
     s = mem.read_model_shape(str(write_config(tmp_path / "mixtral", mixtral)))
     layer = 2 * 4096**2 + 2 * 4096 * 1024 + 8 * 3 * 4096 * 14336 + 4096 * 8 + 2 * 4096
     assert s.params() == 2 * 32000 * 4096 + 32 * layer + 4096 == 46_702_792_704  # Mixtral's published 46.7B
-    assert mem.layer_activation_elements(s, 1, False) == 6 * 4096 + 2 * 1024 + 4 * 2 * 14336 + 8
+    assert mem.layer_activation_elements(s, 1, False) == 8 * 4096 + 2 * 1024 + 4 * 2 * 14336 + 8 + 32
 
 
 def test_reads_a_directory_holding_only_config_json(tmp_path):
