@@ -86,6 +86,7 @@ def test_estimate_within_25_percent_of_peak_rss(trainer, demo_assets, llama_27m,
         argv = flags(trainer, demo_assets, model, tmp_path / name)
         results[name] = (estimate_mib(trainer, argv), measured_mib(trainer, argv))
     report = {k: f"estimate {e:.0f} MiB, measured {m:.0f} MiB" for k, (e, m) in results.items()}
+    print(trainer, report)
     for estimate, measured in results.values():
         assert abs(estimate - measured) <= 0.25 * measured, report
     # the size-dependent part is real: the 27M model's extra memory over the demo model's is predicted within 25%
