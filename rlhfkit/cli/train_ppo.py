@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from rlhfkit.cli.common import quiet_libraries, run_cli
+from rlhfkit.cli.common import dry_run, quiet_libraries, run_cli
 from rlhfkit.config.base import parse_config
 from rlhfkit.config.rl import PPOConfig
 
@@ -22,7 +22,11 @@ PROG = "rlhfkit.cli.train_ppo"
 
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_libraries()
-    cfg = parse_config(PPOConfig, argv, PROG, __doc__)
+    cfg = parse_config(PPOConfig, argv, PROG, __doc__)  # validates the flags
+    if cfg.plan.dry_run:  # the trainer checks its inputs too; a dry run must fail on the same mistakes
+        cfg.check_inputs()
+    if dry_run(cfg, "ppo", PROG):
+        return 0
     from rlhfkit.trainers.rl_run import run_ppo
 
     run_ppo(cfg)

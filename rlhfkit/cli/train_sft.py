@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from rlhfkit.cli.common import quiet_libraries, run_cli
+from rlhfkit.cli.common import dry_run, quiet_libraries, run_cli
 from rlhfkit.config.base import parse_config
 from rlhfkit.config.sft import SFTConfig
 
@@ -14,7 +14,9 @@ PROG = "rlhfkit.cli.train_sft"
 
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_libraries()
-    cfg = parse_config(SFTConfig, argv, PROG, __doc__)
+    cfg = parse_config(SFTConfig, argv, PROG, __doc__)  # validates the flags
+    if dry_run(cfg, "sft", PROG):
+        return 0
     from rlhfkit.trainers.sft import run_sft
 
     run_sft(cfg)

@@ -14,6 +14,7 @@ from rlhfkit.config.base import arg, validate_sections
 from rlhfkit.config.common import (
     CheckpointArgs,
     DataArgs,
+    DryRunArgs,
     LoggingArgs,
     ModelArgs,
     StrategyArgs,
@@ -122,6 +123,7 @@ class RMConfig:
     train: RMTrainArgs = field(default_factory=RMTrainArgs)
     logging: LoggingArgs = field(default_factory=LoggingArgs)
     checkpoint: CheckpointArgs = field(default_factory=CheckpointArgs)
+    plan: DryRunArgs = field(default_factory=DryRunArgs)
 
     def validate(self) -> None:
         """Every flag rule (UserError, one line): the sections' own, then the ones that join sections."""
@@ -146,6 +148,7 @@ class DPOConfig:
     train: DPOTrainArgs = field(default_factory=DPOTrainArgs)
     logging: LoggingArgs = field(default_factory=LoggingArgs)
     checkpoint: CheckpointArgs = field(default_factory=CheckpointArgs)
+    plan: DryRunArgs = field(default_factory=DryRunArgs)
 
     def validate(self) -> None:
         """Every flag rule (UserError, one line): the sections' own, then the ones that join sections."""
@@ -170,6 +173,7 @@ class KTOConfig:
     train: KTOTrainArgs = field(default_factory=KTOTrainArgs)
     logging: LoggingArgs = field(default_factory=LoggingArgs)
     checkpoint: CheckpointArgs = field(default_factory=CheckpointArgs)
+    plan: DryRunArgs = field(default_factory=DryRunArgs)
 
     def validate(self) -> None:
         """Every flag rule (UserError, one line): the sections' own, then the ones that join sections."""

@@ -17,6 +17,7 @@ from pathlib import Path
 from rlhfkit.config.base import arg, validate_sections
 from rlhfkit.config.common import (
     CheckpointArgs,
+    DryRunArgs,
     LoggingArgs,
     ModelArgs,
     StrategyArgs,
@@ -249,6 +250,7 @@ class PPOConfig:
     resources: ResourceArgs = field(default_factory=ResourceArgs)
     logging: LoggingArgs = field(default_factory=LoggingArgs)
     checkpoint: CheckpointArgs = field(default_factory=CheckpointArgs)
+    plan: DryRunArgs = field(default_factory=DryRunArgs)
     save: RLSaveArgs = field(default_factory=RLSaveArgs)
 
     def validate(self) -> None:

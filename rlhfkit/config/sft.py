@@ -8,6 +8,7 @@ from rlhfkit.config.base import arg, validate_sections
 from rlhfkit.config.common import (
     CheckpointArgs,
     DataArgs,
+    DryRunArgs,
     LoggingArgs,
     ModelArgs,
     StrategyArgs,
@@ -37,6 +38,7 @@ class SFTConfig:
     train: SFTTrainArgs = field(default_factory=SFTTrainArgs)
     logging: LoggingArgs = field(default_factory=LoggingArgs)
     checkpoint: CheckpointArgs = field(default_factory=CheckpointArgs)
+    plan: DryRunArgs = field(default_factory=DryRunArgs)
 
     def validate(self) -> None:
         """Every flag rule (UserError, one line): the sections' own, then the ones that join sections."""
