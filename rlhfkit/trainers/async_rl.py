@@ -50,7 +50,8 @@ class AsyncTraining:
         self.generator_pid: int | None = None
         self.policy_version = 0
         self.last_generator_stats: dict[str, Any] | None = None  # lock intervals, kept when the generator stops
-        self.consumed: list[dict[str, int]] = []  # per step: trainer version and the batch's sampling versions
+        self.consumed: list[dict[str, Any]] = []  # per step: trainer version and the batch's sampling versions
+        self.trained_prompts: list[str] = []  # per sample, in training order
 
     # -- the generator ----------------------------------------------------------------------------------------
     def start_generator(self) -> None:
@@ -103,7 +104,9 @@ class AsyncTraining:
         newest = exp.info["policy_version_max"]
         lag = self.policy_version - exp.info["policy_version"]
         self.consumed.append({"step": self.state.global_step + 1, "trainer_version": self.policy_version,
-                              "sample_version": oldest, "sample_version_max": int(newest.max())})
+                              "sample_version": oldest, "sample_version_max": int(newest.max()),
+                              "position": tuple(item["position"])})
+        self.trained_prompts.extend(item["texts"]["prompts"])
         exp, metrics = self.finish_experience(exp, item["texts"], item["reward"], item["recipe_metrics"],
                                               dict(item["timings"]), stale=oldest < self.policy_version)
         metrics.update({"async/staleness": float(lag.max()), "async/staleness_mean": float(lag.float().mean()),

@@ -59,3 +59,58 @@ def test_staleness_bound_and_lock(ray_cluster, demo_assets, tmp_path, queue, par
     if partial:
         # 8 new tokens in chunks of 3: three generate calls per batch, each a point where an update may land
         assert len(stats["intervals"]["generate"]) >= 3 * 6
+
+
+@pytest.mark.limit(400)
+def test_agent_trains_two_async_steps(ray_cluster, demo_assets, tmp_path):
+    """The seed's agent command shape (--async_train --agent_func_path ... --max_steps 3, REINFORCE++)."""
+    argv = ppo_argv(demo_assets, tmp_path, "--async_train", "--agent_func_path", str(EXAMPLES / "agent_func.py"),
+                    "--max_steps", "3", "--advantage_estimator", "reinforce", "--init_kl_coef", "0.01",
+                    "--generate_max_len", "24")
+    trainer = run_ppo_ray(parse_config(PPOConfig, argv, "test"))
+    rows = [r for r in rows_of(tmp_path / "final" / "metrics.jsonl") if "train/actor/policy_loss" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(1 <= r["train/agent/turns"] <= 3 and r["train/async/staleness"] <= 1 for r in rows)
+    assert [c["position"] for c in trainer.consumed] == [(0, 1), (0, 2)]
+    assert_no_overlap(trainer.last_generator_stats)
+    assert (tmp_path / "final" / "model.safetensors").is_file()
+
+
+@pytest.mark.limit(300)
+def test_killed_generator_stops_the_run_naming_it(ray_cluster, demo_assets, tmp_path):
+    import os
+    import signal
+    import time
+
+    from rlhfkit.errors import ComponentFailed
+
+    killed: list[float] = []
+
+    def kill_generator(trainer):
+        if trainer.generator is not None and not killed:  # after step 1's update, mid-run
+            os.kill(trainer.generator_pid, signal.SIGKILL)
+            killed.append(time.monotonic())
+
+    argv = grpo_argv(demo_assets, tmp_path, "--num_episodes", "3")
+    with pytest.raises(ComponentFailed, match="the rollout generator") as failure:
+        run_ppo_ray(parse_config(PPOConfig, argv, "test"), after_sync=[kill_generator])
+    assert killed and time.monotonic() - killed[0] < 60
+    assert "died" in str(failure.value)
+
+
+@pytest.mark.limit(400)
+def test_resume_continues_at_the_consumed_position(ray_cluster, demo_assets, tmp_path):
+    """Batches queued at checkpoint time are not in the checkpoint: the data position counts consumed batches
+    only, so the resumed run trains on the next prompts of the stream, none skipped or repeated."""
+    from rlhfkit.data.sampler import global_batches
+
+    argv = grpo_argv(demo_assets, tmp_path, "--max_samples", "8", "--save_steps", "1", "--async_queue_size", "2")
+    first = run_ppo_ray(parse_config(PPOConfig, [*argv, "--max_rl_steps", "2"], "test"))
+    assert [c["position"] for c in first.consumed] == [(0, 1), (0, 2)]
+    resumed = run_ppo_ray(parse_config(PPOConfig, [*argv, "--load_checkpoint"], "test"))
+    assert [c["position"] for c in resumed.consumed] == [(0, 3), (0, 4)]
+    assert [c["step"] for c in resumed.consumed] == [3, 4]
+    # the prompts the resumed steps trained on are batches 2 and 3 of episode 0 in the seeded order
+    batches = global_batches(8, 2, resumed.cfg.strategy.seed, 0)
+    prompts = [resumed.prompts[i]["prompt"] for b in batches[2:] for i in b for _ in range(2)]
+    assert resumed.trained_prompts == prompts
