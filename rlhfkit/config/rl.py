@@ -584,6 +584,10 @@ def _validate_async(cfg: PPOConfig) -> None:
         if g <= r.rollout_batch_size or g % r.rollout_batch_size:
             raise UserError(f"--vllm_generate_batch_size {g} must be a multiple of --rollout_batch_size "
                             f"{r.rollout_batch_size} above it (the extra batches are queued for the next steps)")
+        if g // r.rollout_batch_size > a.async_queue_size:
+            raise UserError(f"--vllm_generate_batch_size {g} makes {g // r.rollout_batch_size} batches per engine "
+                            f"call, more than --async_queue_size {a.async_queue_size} holds; raise the queue size "
+                            "to at least that (it bounds how stale a sample may be)")
         if cfg.recipe.dynamic_filtering:
             raise UserError("--vllm_generate_batch_size with --dynamic_filtering is not supported yet (dynamic "
                             "sampling refills each batch itself); drop one of them")

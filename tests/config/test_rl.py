@@ -90,7 +90,8 @@ ASYNC_BASE = "--remote_rm_url http://127.0.0.1:1/get_reward "
      "--partial_rollout_chunk_len must be positive"),
     ("--async_train --vllm_generate_batch_size 16", "must be a multiple of --rollout_batch_size 16 above it"),
     ("--async_train --vllm_generate_batch_size 40", "must be a multiple of --rollout_batch_size 16 above it"),
-    ("--async_train --vllm_generate_batch_size 32 --n_samples_per_prompt 4 --dynamic_filtering",
+    ("--async_train --vllm_generate_batch_size 32", "makes 2 batches per engine call, more than --async_queue_size 1"),
+    ("--async_train --async_queue_size 2 --vllm_generate_batch_size 32 --n_samples_per_prompt 4 --dynamic_filtering",
      "--vllm_generate_batch_size with --dynamic_filtering is not supported yet"),
     ("--async_train --vllm_enable_sleep", "the engines never sleep; drop --vllm_enable_sleep"),
 ])

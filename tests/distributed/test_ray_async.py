@@ -114,3 +114,20 @@ def test_resume_continues_at_the_consumed_position(ray_cluster, demo_assets, tmp
     batches = global_batches(8, 2, resumed.cfg.strategy.seed, 0)
     prompts = [resumed.prompts[i]["prompt"] for b in batches[2:] for i in b for _ in range(2)]
     assert resumed.trained_prompts == prompts
+
+
+@pytest.mark.limit(400)
+def test_oversampling_queues_the_extra_batches(ray_cluster, demo_assets, tmp_path):
+    """--vllm_generate_batch_size 4 with --rollout_batch_size 2: one engine call makes two steps' batches; the
+    second waits in the queue for the next step, and the stream order is that of synchronous training."""
+    from rlhfkit.data.sampler import global_batches
+
+    argv = grpo_argv(demo_assets, tmp_path, "--max_samples", "8", "--vllm_generate_batch_size", "4",
+                     "--async_queue_size", "2")
+    trainer = run_ppo_ray(parse_config(PPOConfig, argv, "test"))
+    assert [c["position"] for c in trainer.consumed] == [(0, 1), (0, 2), (0, 3), (0, 4)]
+    assert all(c["trainer_version"] - c["sample_version"] <= 2 for c in trainer.consumed)
+    assert len(trainer.last_generator_stats["intervals"]["generate"]) == 2  # two engine calls for four steps
+    assert_no_overlap(trainer.last_generator_stats)
+    batches = global_batches(8, 2, trainer.cfg.strategy.seed, 0)
+    assert trainer.trained_prompts == [trainer.prompts[i]["prompt"] for b in batches for i in b for _ in range(2)]
