@@ -23,7 +23,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rlhfkit.distributed.placement import unwrap_user_error
 from rlhfkit.distributed.ray_groups import kill_actors, ray_get, worker_env
+from rlhfkit.errors import ComponentFailed
 from rlhfkit.trainers.experience import Experience
 
 GENERATOR = "the rollout generator"
@@ -89,8 +91,16 @@ class AsyncTraining:
     def next_rollout(self) -> dict[str, Any] | None:
         if self.generator is None:
             self.start_generator()
+        import ray
+
         started = time.perf_counter()
-        item = ray_get(self.generator.next_batch.remote(), GENERATOR)
+        try:
+            item = ray_get(self.generator.next_batch.remote(), GENERATOR)
+        except ray.exceptions.RayTaskError as e:  # the generator's own error (e.g. a failing reward function)
+            cause = unwrap_user_error(e)
+            if cause is not e:
+                raise cause from None
+            raise ComponentFailed(f"{GENERATOR} failed: {type(e.cause).__name__}: {e.cause}") from None
         if item is None:
             return None
         item["wait_s"] = time.perf_counter() - started

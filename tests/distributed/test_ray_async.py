@@ -131,3 +131,17 @@ def test_oversampling_queues_the_extra_batches(ray_cluster, demo_assets, tmp_pat
     assert_no_overlap(trainer.last_generator_stats)
     batches = global_batches(8, 2, trainer.cfg.strategy.seed, 0)
     assert trainer.trained_prompts == [trainer.prompts[i]["prompt"] for b in batches for i in b for _ in range(2)]
+
+
+@pytest.mark.limit(300)
+def test_generator_error_stops_the_run_with_that_error(ray_cluster, demo_assets, tmp_path):
+    """A reward function failing inside the generator (past --max_reward_failure_ratio 0) stops the run with the
+    reward function's one-line error, while the trainer may be waiting for a batch or to update weights."""
+    from rlhfkit.errors import UserError
+
+    bad = tmp_path / "bad_reward.py"
+    bad.write_text("def reward_func(queries, prompts, labels):\n    raise ValueError('boom on purpose')\n")
+    argv = grpo_argv(demo_assets, tmp_path, "--max_reward_failure_ratio", "0")
+    argv[argv.index("--remote_rm_url") + 1] = str(bad)
+    with pytest.raises(UserError, match="reward_func raised ValueError: boom on purpose"):
+        run_ppo_ray(parse_config(PPOConfig, argv, "test"))
