@@ -195,8 +195,9 @@ class AsyncArgs:
     partial_rollout_chunk_len: int = arg(16, "With --partial_rollout: tokens generated per chunk between which a "
                                              "weight update may land.")
     vllm_generate_batch_size: int | None = arg(None, "With --async_train: prompts generated per engine call, a "
-                                                     "multiple of --rollout_batch_size above it (oversampling); the "
-                                                     "extra batches are queued for the next steps.")
+                                                     "multiple of --rollout_batch_size above it and at most "
+                                                     "--async_queue_size batches (oversampling); the extra batches "
+                                                     "are queued for the next steps.")
 
 
 @dataclass

@@ -119,6 +119,7 @@ class AsyncTraining:
         self.trained_prompts.extend(item["texts"]["prompts"])
         exp, metrics = self.finish_experience(exp, item["texts"], item["reward"], item["recipe_metrics"],
                                               dict(item["timings"]), stale=oldest < self.policy_version)
+        self.consumed[-1]["old_log_probs_from_actor_forward"] = exp.action_log_probs is not None
         metrics.update({"async/staleness": float(lag.max()), "async/staleness_mean": float(lag.float().mean()),
                         "async/mixed_version_samples": float((newest > exp.info["policy_version"]).float().mean()),
                         "async/wait_s": item["wait_s"], "async/queued": float(item["queued_after"])})
