@@ -25,7 +25,9 @@ def quiet_libraries() -> None:
 def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None,
             prog: str = "rlhfkit") -> int:
     """Run `main`; a UserError becomes one line on stderr (rank 0 only) and exit code 2; a preempted run (SIGTERM,
-    checkpoint saved) says how to resume and exits 0."""
+    checkpoint saved) says how to resume and exits 0; a failed part of the run (ComponentFailed) is one line and exit
+    code 1, and so is a collective past --ddp_timeout, said by the rank that waited (any rank may be the one whose
+    peer is gone)."""
     try:
         code = main(argv)
     except UserError as e:
@@ -40,6 +42,14 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
         if os.environ.get("RANK", "0") == "0":
             sys.stderr.write(f"{prog}: {e}\n")
         return Preempted.exit_code
+    except RuntimeError as e:
+        from rlhfkit.distributed.launch import collective_timeout_message
+
+        message = collective_timeout_message(e)
+        if message is None:
+            raise
+        sys.stderr.write(f"{prog}: error: rank {os.environ.get('RANK', '0')}: {message}\n")
+        return ComponentFailed.exit_code
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: interrupted\n")
         return 130

@@ -73,6 +73,9 @@ class StrategyArgs:
     max_tokens_per_gpu: int | None = arg(None, "Token budget of one forward/backward on one device with "
                                                "--use_dynamic_batch (packed: the samples' tokens; padded: rows x "
                                                "the longest row).")
+    ddp_timeout: float = arg(1800.0, "Seconds a torch.distributed collective (and the start-up rendezvous) of the "
+                                     "training ranks waits for its peers (gloo and NCCL); past it, a rank whose "
+                                     "peer died or hangs stops the run with an error naming this flag.")
     max_nonfinite_steps: int = arg(10, "Stop the run (exit 2) after this many optimizer steps in a row whose loss "
                                        "or gradient was NaN/inf; each such update is skipped on every rank (weights "
                                        "unchanged) and counted in the metrics as nonfinite_skipped.")
@@ -89,6 +92,8 @@ class StrategyArgs:
         _need(len(self.adam_betas) == 2, "adam_betas", betas, "two numbers, e.g. --adam_betas 0.9 0.95")
         _need(all(0 <= b < 1 for b in self.adam_betas), "adam_betas", betas, "two numbers in [0, 1)")
         _need(self.zpg >= 1, "zpg", self.zpg, "at least 1 (1 = off)")
+        _need(math.isfinite(self.ddp_timeout) and self.ddp_timeout > 0, "ddp_timeout", self.ddp_timeout,
+              "a positive number of seconds (default 1800)")
         _need(self.max_nonfinite_steps >= 1, "max_nonfinite_steps", self.max_nonfinite_steps, "at least 1")
 
 
