@@ -166,6 +166,26 @@ class DataArgs:
         _need(self.max_samples >= 1, "max_samples", self.max_samples, "at least 1")
 
 
+@dataclass
+class DryRunArgs:
+    dry_run: bool = arg(False, "Print the memory plan (per device and role: weights, gradients, optimizer states, "
+                               "activations, KV cache) with a verdict and advice, then exit 0 without loading a "
+                               "model or training; reads only the models' config.json.")
+    dry_run_gpu_memory_gb: float | None = arg(None, "With --dry_run: plan for GPUs of this many GB (GiB) each, e.g. "
+                                                    "80, from any machine (default: the local GPUs, else the host's "
+                                                    "memory for a CPU run).")
+    dry_run_num_gpus: int | None = arg(None, "With --dry_run: data-parallel GPUs of train_sft/rm/dpo/kto (default: "
+                                             "the launcher's WORLD_SIZE, else 1); train_ppo_ray takes its devices "
+                                             "from the --*_num_nodes / --*_num_gpus_per_node flags.")
+
+    def check_ranges(self) -> None:
+        gb, n = self.dry_run_gpu_memory_gb, self.dry_run_num_gpus
+        _need(gb is None or (math.isfinite(gb) and gb > 0), "dry_run_gpu_memory_gb", gb, "a positive size in GB")
+        _need(n is None or n >= 1, "dry_run_num_gpus", n, "at least 1")
+        if not self.dry_run and (gb is not None or n is not None):
+            raise UserError("--dry_run_gpu_memory_gb / --dry_run_num_gpus only apply with --dry_run; add it")
+
+
 def validate_dynamic_batch(strategy: StrategyArgs, longest: int, longest_flags: str) -> None:
     """--use_dynamic_batch needs a --max_tokens_per_gpu that holds the longest possible sample (`longest` tokens,
     set by `longest_flags`); --max_tokens_per_gpu alone would be ignored, so it is an error too."""
