@@ -268,8 +268,13 @@ def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None, after_s
         strategy.print(f"train_ppo_ray: placement {run.plan.describe()}; roles and engines up in "
                        f"{time.perf_counter() - started:.1f} s; weight sync: {run.sync_backend}")
         logger = make_logger(strategy, cfg.logging, cfg.checkpoint.save_path, "ppo_ray", cfg)
-        trainer = RayRLTrainer(cfg, roles, run.tokenizer, run.prompts, run.eval_prompts, logger, strategy,
-                               run=run_info)
+        trainer_cls, extra = RayRLTrainer, {}
+        if cfg.asynchronous.async_train:  # generation in its own actor, overlapping training
+            from rlhfkit.trainers.async_rl import with_async_training
+
+            trainer_cls, extra = with_async_training(RayRLTrainer), {"reward_handle": ray_roles.groups.get("reward")}
+        trainer = trainer_cls(cfg, roles, run.tokenizer, run.prompts, run.eval_prompts, logger, strategy,
+                              run=run_info, **extra)
         trainer.after_sync.extend(after_sync or [])
         trainer.fit()
         if save:
