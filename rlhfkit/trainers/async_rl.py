@@ -5,9 +5,10 @@ the loop (`RLTrainer._fit`), the experience pieces (`finish_experience`) and the
 synchronous ones:
 - `next_rollout`: the next batch from the generator's bounded queue (`async_generator.RolloutGenerator`, started
   after resume and the first weight sync), adopting the data position it was drawn at;
-- `train_step`: reference / critic / old-policy forwards on that batch (old log-probs always come from an actor
-  forward for a stale batch: the one-optimizer-step shortcut assumes the actor still holds the sampling policy),
-  then the same training as a synchronous step; the rollout log-probs stay for the IS correction;
+- `train_step`: reference / critic / old-policy forwards on that batch, then the same training as a synchronous
+  step. The old policy is the actor's current weights (recomputed, not the sampler's), so with one optimizer step
+  per batch the training forward gives them exactly, stale batch or not (`RLTrainer.reuses_old_log_probs`); the
+  rollout log-probs of the older sampling policy stay for the IS correction;
 - `sync_weights`: the weight update under the generator's lock, bumping the policy version.
 Metrics: `async/staleness` (trainer version minus the oldest sampling version of the batch, at most
 --async_queue_size), `async/staleness_mean`, `async/mixed_version_samples` (partial rollout), `async/wait_s` (the
@@ -118,7 +119,7 @@ class AsyncTraining:
                               "position": tuple(item["position"])})
         self.trained_prompts.extend(item["texts"]["prompts"])
         exp, metrics = self.finish_experience(exp, item["texts"], item["reward"], item["recipe_metrics"],
-                                              dict(item["timings"]), stale=oldest < self.policy_version)
+                                              dict(item["timings"]))
         self.consumed[-1]["old_log_probs_from_actor_forward"] = exp.action_log_probs is not None
         metrics.update({"async/staleness": float(lag.max()), "async/staleness_mean": float(lag.float().mean()),
                         "async/mixed_version_samples": float((newest > exp.info["policy_version"]).float().mean()),

@@ -230,17 +230,17 @@ class RLTrainer:
         return self.finish_experience(exp, texts, reward, recipe_metrics, timings)
 
     def finish_experience(self, exp: Experience, texts: dict[str, Any], reward: dict[str, Any],
-                          recipe_metrics: dict[str, float], timings: dict[str, float], stale: bool = False
+                          recipe_metrics: dict[str, float], timings: dict[str, float]
                           ) -> tuple[Experience, dict[str, float]]:
         """A generated and scored batch -> reference / critic / old-policy forwards, shaped rewards, advantages
-        and returns, and the step's metrics. `stale`: sampled by an older policy than the actor's (async), so the
-        old log-probs must come from an actor forward, never from the training forward."""
+        and returns, and the step's metrics. The old policy is the actor as it is now, also for a batch an older
+        policy sampled (async): the sampling policy's log-probs are the rollout log-probs, for the IS correction."""
         cfg, a, n = self.cfg, self.cfg.algo, self.cfg.rollout.n_samples_per_prompt
         started = time.perf_counter()
         batch = exp.to_dict()
         exp.base_action_log_probs = self.roles.ref.log_probs(batch) if self.roles.ref is not None else None
         exp.values = self.roles.critic.values(batch) if self.roles.critic is not None else None
-        reuse_old = not stale and self.reuses_old_log_probs(len(exp))
+        reuse_old = self.reuses_old_log_probs(len(exp))
         exp.action_log_probs = None if reuse_old else self.roles.actor.log_probs(batch)
         timings["time/score_s"] = timings.get("time/score_s", 0.0) + time.perf_counter() - started
 
