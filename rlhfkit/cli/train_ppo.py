@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from rlhfkit.cli.common import dry_run, quiet_libraries, run_cli
 from rlhfkit.config.base import parse_config
-from rlhfkit.config.rl import PPOConfig
+from rlhfkit.config.rl import PPOConfig, validate_single_process
 
 PROG = "rlhfkit.cli.train_ppo"
 
@@ -23,6 +23,7 @@ PROG = "rlhfkit.cli.train_ppo"
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_libraries()
     cfg = parse_config(PPOConfig, argv, PROG, __doc__)  # validates the flags
+    validate_single_process(cfg)
     if cfg.plan.dry_run:  # the trainer checks its inputs too; a dry run must fail on the same mistakes
         cfg.check_inputs()
     if dry_run(cfg, "ppo", PROG):

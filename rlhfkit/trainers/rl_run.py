@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference
+from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference, validate_single_process
 
 
 def run_ppo(cfg: PPOConfig) -> Any:
@@ -31,6 +31,7 @@ def run_ppo(cfg: PPOConfig) -> Any:
     )
 
     cfg.check_inputs()  # the flags were validated when parsed
+    validate_single_process(cfg)
     run = prepare_run(cfg, "ppo")
     check_aux_loss_coef(cfg.algo.aux_loss_coef, cfg.model.pretrain)
     tokenizer = load_tokenizer_for(cfg.model)
