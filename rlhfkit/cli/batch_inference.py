@@ -17,20 +17,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from rlhfkit.cli.common import quiet_libraries, run_cli
-from rlhfkit.config.base import parse_config
+from rlhfkit.cli.common import run_cli, run_config
 from rlhfkit.config.batch_inference import BatchInferenceConfig
 
 PROG = "rlhfkit.cli.batch_inference"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    quiet_libraries()
-    cfg = parse_config(BatchInferenceConfig, argv, PROG, __doc__)
-    from rlhfkit.trainers.batch_inference import run_batch_inference
-
-    run_batch_inference(cfg)
-    return 0
+    return run_config(BatchInferenceConfig, argv, PROG, __doc__, "rlhfkit.trainers.batch_inference:run_batch_inference")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
-"""What every entry point shares: user errors as one line with exit code 2, and quiet library logs."""
+"""What every entry point shares: user errors as one line with exit code 2, quiet library logs, and the body of
+the training and inference entry points (`run_config`)."""
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from rlhfkit.errors import ComponentFailed, Preempted, UserError
 
@@ -44,3 +47,19 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
         sys.stderr.write(f"{prog}: interrupted\n")
         return 130
     return int(code or 0)
+
+
+def run_config(config_cls: type, argv: Sequence[str] | None, prog: str, doc: str | None, runner: str,
+               validate: Callable[[Any], Any] | None = None) -> int:
+    """The body of an entry point that parses flags into a config and runs one trainer: quiet the libraries, parse
+    `argv` into `config_cls` (`--help` shows `doc`), `validate` it, then import `runner` ("module:function", imported
+    only now so that --help and flag errors answer without loading torch) and call it with the config."""
+    from rlhfkit.config.base import parse_config
+
+    quiet_libraries()
+    cfg = parse_config(config_cls, argv, prog, doc)
+    if validate is not None:
+        validate(cfg)
+    module, _, function = runner.partition(":")
+    getattr(importlib.import_module(module), function)(cfg)
+    return 0

@@ -5,20 +5,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from rlhfkit.cli.common import quiet_libraries, run_cli
-from rlhfkit.config.base import parse_config
+from rlhfkit.cli.common import run_cli, run_config
 from rlhfkit.config.preference import DPOConfig
 
 PROG = "rlhfkit.cli.train_dpo"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    quiet_libraries()
-    cfg = parse_config(DPOConfig, argv, PROG, __doc__)
-    from rlhfkit.trainers.dpo import run_dpo
-
-    run_dpo(cfg)
-    return 0
+    return run_config(DPOConfig, argv, PROG, __doc__, "rlhfkit.trainers.dpo:run_dpo")
 
 
 if __name__ == "__main__":

@@ -5,20 +5,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from rlhfkit.cli.common import quiet_libraries, run_cli
-from rlhfkit.config.base import parse_config
+from rlhfkit.cli.common import run_cli, run_config
 from rlhfkit.config.preference import KTOConfig
 
 PROG = "rlhfkit.cli.train_kto"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    quiet_libraries()
-    cfg = parse_config(KTOConfig, argv, PROG, __doc__)
-    from rlhfkit.trainers.kto import run_kto
-
-    run_kto(cfg)
-    return 0
+    return run_config(KTOConfig, argv, PROG, __doc__, "rlhfkit.trainers.kto:run_kto")
 
 
 if __name__ == "__main__":

@@ -13,20 +13,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from rlhfkit.cli.common import quiet_libraries, run_cli
-from rlhfkit.config.base import parse_config
+from rlhfkit.cli.common import run_cli, run_config
 from rlhfkit.config.rl import PPOConfig, validate_rl_config
 
 PROG = "rlhfkit.cli.train_ppo"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    quiet_libraries()
-    cfg = validate_rl_config(parse_config(PPOConfig, argv, PROG, __doc__))
-    from rlhfkit.trainers.rl_run import run_ppo
-
-    run_ppo(cfg)
-    return 0
+    return run_config(PPOConfig, argv, PROG, __doc__, "rlhfkit.trainers.rl_run:run_ppo", validate=validate_rl_config)
 
 
 if __name__ == "__main__":

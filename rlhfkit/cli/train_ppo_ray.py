@@ -17,20 +17,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from rlhfkit.cli.common import quiet_libraries, run_cli
-from rlhfkit.config.base import parse_config
+from rlhfkit.cli.common import run_cli, run_config
 from rlhfkit.config.rl import PPOConfig
 
 PROG = "rlhfkit.cli.train_ppo_ray"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    quiet_libraries()
-    cfg = parse_config(PPOConfig, argv, PROG, __doc__)
-    from rlhfkit.trainers.ray_run import run_ppo_ray
-
-    run_ppo_ray(cfg)
-    return 0
+    return run_config(PPOConfig, argv, PROG, __doc__, "rlhfkit.trainers.ray_run:run_ppo_ray")
 
 
 if __name__ == "__main__":

@@ -5,20 +5,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from rlhfkit.cli.common import quiet_libraries, run_cli
-from rlhfkit.config.base import parse_config
+from rlhfkit.cli.common import run_cli, run_config
 from rlhfkit.config.preference import RMConfig
 
 PROG = "rlhfkit.cli.train_rm"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    quiet_libraries()
-    cfg = parse_config(RMConfig, argv, PROG, __doc__)
-    from rlhfkit.trainers.reward import run_rm
-
-    run_rm(cfg)
-    return 0
+    return run_config(RMConfig, argv, PROG, __doc__, "rlhfkit.trainers.reward:run_rm")
 
 
 if __name__ == "__main__":

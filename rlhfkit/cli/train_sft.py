@@ -5,20 +5,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from rlhfkit.cli.common import quiet_libraries, run_cli
-from rlhfkit.config.base import parse_config
+from rlhfkit.cli.common import run_cli, run_config
 from rlhfkit.config.sft import SFTConfig
 
 PROG = "rlhfkit.cli.train_sft"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    quiet_libraries()
-    cfg = parse_config(SFTConfig, argv, PROG, __doc__)
-    from rlhfkit.trainers.sft import run_sft
-
-    run_sft(cfg)
-    return 0
+    return run_config(SFTConfig, argv, PROG, __doc__, "rlhfkit.trainers.sft:run_sft")
 
 
 if __name__ == "__main__":
