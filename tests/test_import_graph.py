@@ -150,7 +150,7 @@ ASSEMBLY = {"make_strategy": "rlhfkit.trainers.setup", "make_logger": "rlhfkit.t
 def test_run_assembly_is_written_once():
     """Every trainer and both RL runners get their strategy and logger from `trainers/setup.py` (`assemble_offline`,
     `build_strategy`, `train_rl`); a module that calls `make_strategy` or `make_logger` itself is a copied assembly
-    block. Likewise the CLI entry points parse and run through `cli.common.run_config`."""
+    block. Likewise the CLI entry points parse and run through `cli.common.cli_main`."""
     wrong = []
     for name, path in all_modules().items():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -161,4 +161,4 @@ def test_run_assembly_is_written_once():
     for path in sorted((ROOT / "cli").glob("train_*.py")) + [ROOT / "cli" / "batch_inference.py"]:
         calls = {n.func.id for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)
                  and isinstance(n.func, ast.Name)}
-        assert "run_config" in calls and "parse_config" not in calls, path.name
+        assert "cli_main" in calls and "parse_config" not in calls, path.name

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 
-from rlhfkit.cli.common import run_cli, run_config
-from rlhfkit.config.preference import DPOConfig
+from rlhfkit.cli.common import cli_main, run_cli
+from rlhfkit.config.preference import DPOConfig, validate_dpo_config
 
 PROG = "rlhfkit.cli.train_dpo"
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    return run_config(DPOConfig, argv, PROG, __doc__, "rlhfkit.trainers.dpo:run_dpo")
+main = cli_main(DPOConfig, PROG, __doc__, "rlhfkit.trainers.dpo:run_dpo",
+               plan_as="dpo", validate=validate_dpo_config)
 
 
 if __name__ == "__main__":

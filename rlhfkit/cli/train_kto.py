@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 
-from rlhfkit.cli.common import run_cli, run_config
-from rlhfkit.config.preference import KTOConfig
+from rlhfkit.cli.common import cli_main, run_cli
+from rlhfkit.config.preference import KTOConfig, validate_kto_config
 
 PROG = "rlhfkit.cli.train_kto"
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    return run_config(KTOConfig, argv, PROG, __doc__, "rlhfkit.trainers.kto:run_kto")
+main = cli_main(KTOConfig, PROG, __doc__, "rlhfkit.trainers.kto:run_kto",
+               plan_as="kto", validate=validate_kto_config)
 
 
 if __name__ == "__main__":

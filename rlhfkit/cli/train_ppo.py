@@ -11,16 +11,14 @@ generates. Example (GRPO with a rule-based reward):
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 
-from rlhfkit.cli.common import run_cli, run_config
+from rlhfkit.cli.common import cli_main, run_cli
 from rlhfkit.config.rl import PPOConfig, validate_rl_config
 
 PROG = "rlhfkit.cli.train_ppo"
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    return run_config(PPOConfig, argv, PROG, __doc__, "rlhfkit.trainers.rl_run:run_ppo", validate=validate_rl_config)
+main = cli_main(PPOConfig, PROG, __doc__, "rlhfkit.trainers.rl_run:run_ppo",
+               plan_as="ppo", validate=validate_rl_config, validate_always=True)
 
 
 if __name__ == "__main__":

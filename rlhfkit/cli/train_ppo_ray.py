@@ -15,16 +15,14 @@ with one line and exit code 2.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 
-from rlhfkit.cli.common import run_cli, run_config
-from rlhfkit.config.rl import PPOConfig
+from rlhfkit.cli.common import cli_main, run_cli
+from rlhfkit.config.rl import PPOConfig, validate_rl_config
 
 PROG = "rlhfkit.cli.train_ppo_ray"
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    return run_config(PPOConfig, argv, PROG, __doc__, "rlhfkit.trainers.ray_run:run_ppo_ray")
+main = cli_main(PPOConfig, PROG, __doc__, "rlhfkit.trainers.ray_run:run_ppo_ray",
+               plan_as="ppo_ray", validate=validate_rl_config)
 
 
 if __name__ == "__main__":

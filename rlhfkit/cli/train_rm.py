@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 
-from rlhfkit.cli.common import run_cli, run_config
-from rlhfkit.config.preference import RMConfig
+from rlhfkit.cli.common import cli_main, run_cli
+from rlhfkit.config.preference import RMConfig, validate_rm_config
 
 PROG = "rlhfkit.cli.train_rm"
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    return run_config(RMConfig, argv, PROG, __doc__, "rlhfkit.trainers.reward:run_rm")
+main = cli_main(RMConfig, PROG, __doc__, "rlhfkit.trainers.reward:run_rm",
+               plan_as="rm", validate=validate_rm_config)
 
 
 if __name__ == "__main__":

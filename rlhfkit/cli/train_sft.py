@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 
-from rlhfkit.cli.common import run_cli, run_config
-from rlhfkit.config.sft import SFTConfig
+from rlhfkit.cli.common import cli_main, run_cli
+from rlhfkit.config.sft import SFTConfig, validate_sft_config
 
 PROG = "rlhfkit.cli.train_sft"
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    return run_config(SFTConfig, argv, PROG, __doc__, "rlhfkit.trainers.sft:run_sft")
+main = cli_main(SFTConfig, PROG, __doc__, "rlhfkit.trainers.sft:run_sft",
+               plan_as="sft", validate=validate_sft_config)
 
 
 if __name__ == "__main__":

@@ -346,7 +346,8 @@ NOT_SUPPORTED: dict[str, str] = {
 RLHFKIT_ONLY = frozenset({
     "remote_rm_timeout", "remote_rm_retries", "metrics_path", "disable_progress_bar", "clip_eps_low",
     "clip_eps_high", "reward_stats_samples", "policy_loss_agg", "host", "port", "api_key", "batch_size",
-    "batch_wait_ms", "max_body_bytes", "compute_fp32_loss",
+    "batch_wait_ms", "max_body_bytes", "compute_fp32_loss", "ddp_timeout", "dry_run", "dry_run_gpu_memory_gb",
+    "dry_run_num_gpus",
 })
 
 

@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlhfkit.config.base import arg
-from rlhfkit.config.common import CheckpointArgs, LoggingArgs, ModelArgs, StrategyArgs, validate_dynamic_batch
+from rlhfkit.config.common import (
+    CheckpointArgs,
+    DryRunArgs,
+    LoggingArgs,
+    ModelArgs,
+    StrategyArgs,
+    validate_dynamic_batch,
+)
 from rlhfkit.errors import UserError
 
 ADVANTAGE_ESTIMATORS = ("gae", "reinforce", "reinforce_baseline", "group_norm", "dr_grpo", "rloo")
@@ -226,6 +233,7 @@ class PPOConfig:
     resources: ResourceArgs = field(default_factory=ResourceArgs)
     logging: LoggingArgs = field(default_factory=LoggingArgs)
     checkpoint: CheckpointArgs = field(default_factory=CheckpointArgs)
+    plan: DryRunArgs = field(default_factory=DryRunArgs)
     save: RLSaveArgs = field(default_factory=RLSaveArgs)
 
 

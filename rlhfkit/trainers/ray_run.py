@@ -171,6 +171,7 @@ class RayRoles:
 
 def build_ray_roles(cfg: PPOConfig, run: RayRunPlan) -> tuple[Any, RayRoles]:
     """Placement groups, role groups and engines; returns (RoleHandles, RayRoles)."""
+    from rlhfkit.distributed.launch import DIST_TIMEOUT_ENV
     from rlhfkit.distributed.ray_groups import RayActorGroup
     from rlhfkit.rollout.hf_engine_actor import HFEngineActor
     from rlhfkit.rollout.vllm_engine import (
@@ -194,6 +195,7 @@ def build_ray_roles(cfg: PPOConfig, run: RayRunPlan) -> tuple[Any, RayRoles]:
             if name in slots:
                 ray_roles.groups[name] = RayActorGroup(name, cls, plan, slots[name], init_args=args,
                                                        offload_between_calls=between_calls,
+                                                       env={DIST_TIMEOUT_ENV: str(cfg.strategy.ddp_timeout)},
                                                        wait=False)
         if "vllm" in slots:
             from transformers import AutoConfig
