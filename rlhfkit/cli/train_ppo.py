@@ -13,12 +13,18 @@ from __future__ import annotations
 import sys
 
 from rlhfkit.cli.common import cli_main, run_cli
-from rlhfkit.config.rl import PPOConfig, validate_rl_config
+from rlhfkit.config.rl import PPOConfig, validate_rl_config, validate_single_process
 
 PROG = "rlhfkit.cli.train_ppo"
 
-main = cli_main(PPOConfig, PROG, __doc__, "rlhfkit.trainers.rl_run:run_ppo",
-               plan_as="ppo", validate=validate_rl_config, validate_always=True)
+
+def validate(cfg: PPOConfig) -> None:
+    """The RL checks, and those of a single-process run (no --async_train)."""
+    validate_single_process(validate_rl_config(cfg))
+
+
+main = cli_main(PPOConfig, PROG, __doc__, "rlhfkit.trainers.rl_run:run_ppo", plan_as="ppo", validate=validate,
+                validate_always=True)
 
 
 if __name__ == "__main__":

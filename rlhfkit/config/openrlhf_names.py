@@ -48,6 +48,12 @@ ALIASES: dict[str, str | tuple[str, ...]] = {
     "ds.lora.dropout": "lora_dropout",
     "ref.offload": ("ref_offload", "ref_reward_offload"),
     "reward.offload": "ref_reward_offload",
+    # asynchronous training (OpenRLHF 0.10.2+ docs: --train.async_enable, --train.async_queue_size,
+    # --train.partial_rollout_enable, --rollout.vllm_generate_batch_size)
+    "train.async_enable": "async_train",
+    "train.async_queue_size": "async_queue_size",
+    "train.partial_rollout_enable": "partial_rollout",
+    "rollout.vllm_generate_batch_size": "vllm_generate_batch_size",
     # DeepSpeed and optimizer
     "ds.zero_stage": "zero_stage",
     "ds.adam_offload": "adam_offload",
@@ -257,7 +263,6 @@ ADAPTED: tuple[Adapted, ...] = (
 
 # -- no equivalent yet --------------------------------------------------------------------------------------
 _AGENTS = "agent execution lands in a later release; use --remote_rm_url with a reward function meanwhile"
-_ASYNC = "async training lands with the agent API; train synchronously meanwhile"
 _DYNBATCH = "token-budget dynamic batching is not implemented yet; use --micro_train_batch_size"
 _RING = "ring attention / sequence parallelism is not implemented"
 _TP = "DeepSpeed tensor parallelism is not implemented; use ZeRO (--zero_stage 3)"
@@ -270,9 +275,6 @@ _VLM = "vision-language models are not supported"
 NOT_SUPPORTED: dict[str, str] = {
     # flat (OpenRLHF 0.8/0.9) flags
     "agent_func_path": _AGENTS,
-    "async_train": _ASYNC,
-    "async_queue_size": _ASYNC,
-    "partial_rollout": _ASYNC,
     "use_dynamic_batch": _DYNBATCH,
     "train_max_tokens_per_gpu": _DYNBATCH,
     "rollout_max_tokens_per_gpu": _DYNBATCH,
@@ -286,18 +288,13 @@ NOT_SUPPORTED: dict[str, str] = {
     "stop_properly_penalty_coef": _OVERLONG,
     "use_liger_kernel": "Liger kernels are not integrated",
     "full_determinism": "a fully deterministic mode is not implemented (runs are seeded with --seed)",
-    "vllm_generate_batch_size": "engines generate the whole rollout batch at once",
     "disable_ds_ckpt": "checkpoints always hold the DeepSpeed states needed to resume",
     "use_ms": "ModelScope downloads are not supported; pass a local model directory",
     # dotted (OpenRLHF 0.10.2+) flags
     "train.agent_func_path": _AGENTS,
-    "train.async_enable": _ASYNC,
-    "train.async_queue_size": _ASYNC,
-    "train.partial_rollout_enable": _ASYNC,
     "train.dynamic_batch_enable": _DYNBATCH,
     "train.max_tokens_per_gpu": _DYNBATCH,
     "rollout.max_tokens_per_gpu": _DYNBATCH,
-    "rollout.vllm_generate_batch_size": "engines generate the whole rollout batch at once",
     "ds.ring_attn_size": _RING,
     "ds.ring_attn_head_stride": _RING,
     "ds.tensor_parallel_size": _TP,
@@ -347,7 +344,7 @@ RLHFKIT_ONLY = frozenset({
     "remote_rm_timeout", "remote_rm_retries", "metrics_path", "disable_progress_bar", "clip_eps_low",
     "clip_eps_high", "reward_stats_samples", "policy_loss_agg", "host", "port", "api_key", "batch_size",
     "batch_wait_ms", "max_body_bytes", "compute_fp32_loss", "ddp_timeout", "dry_run", "dry_run_gpu_memory_gb",
-    "dry_run_num_gpus",
+    "dry_run_num_gpus", "partial_rollout_chunk_len",
 })
 
 

@@ -256,8 +256,13 @@ def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None, after_s
             raise unwrap_user_error(e) from None
         strategy.print(f"train_ppo_ray: placement {run.plan.describe()}; roles and engines up in "
                        f"{time.perf_counter() - started:.1f} s; weight sync: {run.sync_backend}")
-        return train_rl(RayRLTrainer, cfg, roles, run.inputs, strategy, run_info, "ppo_ray", save=save,
-                        before_fit=lambda trainer: trainer.after_sync.extend(after_sync or []))
+        trainer_cls, extra = RayRLTrainer, {}
+        if cfg.asynchronous.async_train:  # generation in its own actor, overlapping training
+            from rlhfkit.trainers.async_rl import with_async_training
+
+            trainer_cls, extra = with_async_training(RayRLTrainer), {"reward_handle": ray_roles.groups.get("reward")}
+        return train_rl(trainer_cls, cfg, roles, run.inputs, strategy, run_info, "ppo_ray", save=save,
+                        before_fit=lambda trainer: trainer.after_sync.extend(after_sync or []), **extra)
     finally:
         if ray_roles is not None:
             ray_roles.shutdown()

@@ -295,13 +295,15 @@ def load_rl_inputs(cfg: PPOConfig) -> RLInputs:
 
 
 def train_rl(trainer_cls: Callable[..., Any], cfg: PPOConfig, roles: Any, inputs: RLInputs, strategy: Any,
-             run: RunInfo, kind: str, *, save: bool = True, before_fit: Callable[[Any], None] | None = None) -> Any:
-    """Open the logger, build the RL loop (`trainer_cls`, an `rl_loop.RLTrainer`) over the role handles, run
-    `before_fit(trainer)`, train, save the final model(s); the logger is closed whatever happens."""
+             run: RunInfo, kind: str, *, save: bool = True, before_fit: Callable[[Any], None] | None = None,
+             **trainer_kwargs: Any) -> Any:
+    """Open the logger, build the RL loop (`trainer_cls`, an `rl_loop.RLTrainer`, with `trainer_kwargs`) over the
+    role handles, run `before_fit(trainer)`, train, save the final model(s); the logger is closed whatever
+    happens."""
     logger = make_logger(strategy, cfg.logging, cfg.checkpoint.save_path, kind, cfg)
     try:
         trainer = trainer_cls(cfg, roles, inputs.tokenizer, inputs.prompts, inputs.eval_prompts, logger, strategy,
-                              run=run)
+                              run=run, **trainer_kwargs)
         if before_fit is not None:
             before_fit(trainer)
         trainer.fit()

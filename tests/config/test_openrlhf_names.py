@@ -95,8 +95,7 @@ def test_boolean_aliases_are_booleans():
 
 
 @pytest.mark.parametrize("main, flags, needle", [
-    (ppo_ray_main, ["--train.async_enable"], "--train.async_enable is not supported yet by rlhfkit (async"),
-    (ppo_ray_main, ["--async_train", "--agent_func_path", "a.py"], "--async_train is not supported yet"),
+    (ppo_ray_main, ["--ds.ring_attn_size", "2"], "--ds.ring_attn_size is not supported yet by rlhfkit (ring"),
     (ppo_ray_main, ["--algo.dynamic_filtering_range", "0", "1"], "--algo.dynamic_filtering_range is not sup"),
     (ppo_ray_main, ["--ds.param_dtype", "fp16"], "--ds.param_dtype fp16 is not supported yet"),
     (ppo_ray_main, ["--actor.policy_loss_type", "gspo"], "GSPO is not implemented"),
@@ -138,9 +137,16 @@ def test_config_file_with_nested_and_dotted_openrlhf_keys(tmp_path):
     assert (cfg.strategy.zero_stage, cfg.strategy.seed, cfg.rollout.rollout_batch_size) == (3, 7, 4)
     assert cfg.algo.use_kl_loss and cfg.algo.kl_estimator == "k3"
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"train": {"async_enable": True}}))
-    with pytest.raises(UserError, match="train.async_enable is not supported yet by rlhfkit"):
+    bad.write_text(json.dumps({"ds": {"ring_attn_size": 2}}))
+    with pytest.raises(UserError, match="ds.ring_attn_size is not supported yet by rlhfkit"):
         parse_config(PPOConfig, ["--config", str(bad)], "t")
+
+
+def test_async_aliases():
+    cfg = parse_config(PPOConfig, ["--train.async_enable", "--train.async_queue_size", "3",
+                                   "--train.partial_rollout_enable", "--rollout.vllm_generate_batch_size", "8"], "t")
+    a = cfg.asynchronous
+    assert (a.async_train, a.async_queue_size, a.partial_rollout, a.vllm_generate_batch_size) == (True, 3, True, 8)
 
 
 def test_alias_table_is_consistent():
