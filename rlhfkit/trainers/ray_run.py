@@ -191,11 +191,11 @@ def build_ray_roles(cfg: PPOConfig, run: RayRunPlan) -> tuple[Any, RayRoles]:
         steps = run.inputs.num_update_steps
         specs = {"actor": (ActorRole, (cfg, steps), sleep), "critic": (CriticRole, (cfg, steps), sleep),
                  "ref": (ReferenceRole, (cfg,), offload), "reward": (RewardModelRole, (cfg,), offload)}
+        timeout_env = {DIST_TIMEOUT_ENV: str(cfg.strategy.ddp_timeout)}  # role groups and the weight-sync group
         for name, (cls, args, between_calls) in specs.items():
             if name in slots:
                 ray_roles.groups[name] = RayActorGroup(name, cls, plan, slots[name], init_args=args,
-                                                       offload_between_calls=between_calls,
-                                                       env={DIST_TIMEOUT_ENV: str(cfg.strategy.ddp_timeout)},
+                                                       offload_between_calls=between_calls, env=timeout_env,
                                                        wait=False)
         if "vllm" in slots:
             from transformers import AutoConfig
@@ -207,9 +207,10 @@ def build_ray_roles(cfg: PPOConfig, run: RayRunPlan) -> tuple[Any, RayRoles]:
                 enable_prefix_caching=r.enable_prefix_caching, dtype="bfloat16" if cfg.model.bf16 else "float32",
                 seed=cfg.strategy.seed, enable_sleep=r.vllm_enable_sleep,
                 max_model_len=min(cfg.data.prompt_max_len + cfg.data.generate_max_len + 1, limit))
-            actors = create_vllm_engines(plan, slots["vllm"], base, wait=False)
+            actors = create_vllm_engines(plan, slots["vllm"], base, env=timeout_env, wait=False)
         else:
-            actors = create_engine_actors(HFEngineActor, plan, slots["hf_engine"], lambda i: cfg, wait=False)
+            actors = create_engine_actors(HFEngineActor, plan, slots["hf_engine"], lambda i: cfg, env=timeout_env,
+                                          wait=False)
         ray_roles.engine = RolloutEngineGroup(actors, sync_backend=run.sync_backend)
         for group in ray_roles.groups.values():  # every role and engine started above loads in parallel
             group.ready()
