@@ -11,25 +11,20 @@ generates. Example (GRPO with a rule-based reward):
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 
-from rlhfkit.cli.common import dry_run, quiet_libraries, run_cli
-from rlhfkit.config.base import parse_config
+from rlhfkit.cli.common import cli_main, run_cli
 from rlhfkit.config.rl import PPOConfig, validate_rl_config, validate_single_process
 
 PROG = "rlhfkit.cli.train_ppo"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    quiet_libraries()
-    cfg = validate_rl_config(parse_config(PPOConfig, argv, PROG, __doc__))
-    validate_single_process(cfg)
-    if dry_run(cfg, "ppo", PROG):
-        return 0
-    from rlhfkit.trainers.rl_run import run_ppo
+def validate(cfg: PPOConfig) -> None:
+    """The RL checks, and those of a single-process run (no --async_train)."""
+    validate_single_process(validate_rl_config(cfg))
 
-    run_ppo(cfg)
-    return 0
+
+main = cli_main(PPOConfig, PROG, __doc__, "rlhfkit.trainers.rl_run:run_ppo", plan_as="ppo", validate=validate,
+                validate_always=True)
 
 
 if __name__ == "__main__":
