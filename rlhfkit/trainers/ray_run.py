@@ -22,31 +22,15 @@ from typing import Any
 import torch
 
 from rlhfkit.config.rl import (
-    ROLES,
     PPOConfig,
     needs_critic,
-    role_needed,
-    role_ranks,
     samples_per_rollout,
     validate_rl_config,
 )
-from rlhfkit.distributed.placement import ResourcePlan, RoleDemand, connect_ray, unwrap_user_error
+from rlhfkit.distributed.placement import ResourcePlan, connect_ray, role_demands, unwrap_user_error
 from rlhfkit.errors import UserError
 from rlhfkit.rollout.vllm_engine import check_vllm_args
 from rlhfkit.trainers.rl_loop import RLTrainer
-
-
-def role_demands(cfg: PPOConfig) -> list[RoleDemand]:
-    """The devices each role of this run needs (vllm: engines x tensor parallel; Transformers engine: one)."""
-    # Roles the run does not have are left out whatever their device flags say (OpenRLHF commands pass 0 for
-    # them); a colocated role given 0 devices runs on its host's devices (role_ranks).
-    demands = [RoleDemand(role, role_ranks(cfg, role)) for role in ROLES if role_needed(cfg, role)]
-    r = cfg.rollout
-    if r.vllm_num_engines > 0:
-        demands.append(RoleDemand("vllm", r.vllm_num_engines, r.vllm_tensor_parallel_size))
-    else:
-        demands.append(RoleDemand("hf_engine", 1))
-    return demands
 
 
 def local_gpus() -> bool:
