@@ -1,9 +1,10 @@
-"""Test hook: pause a run at a named point so a test can SIGKILL it there deterministically.
+"""Test hook: pause a run at a named point so a test can SIGKILL it (or a part of it) there deterministically.
 
 `RLHFKIT_TEST_PAUSE=<point>@<step>:<file>` makes rank 0 write its pid to `<file>` and sleep when it reaches
-`<point>` at `<step>`. Points: `between` (step <step> finished, logged and checkpointed; the next not begun),
-`mid` (inside step <step>: the first micro batch or the rollout done, the update not), `ckpt` (checkpoint of
-<step> fully written under `.incomplete/` but not yet renamed into place). Unset (always, outside tests): a no-op.
+`<point>` at `<step>`, until the test deletes `<file>` (then the run goes on) or 600 s pass. Points: `between`
+(step <step> finished, logged and checkpointed; the next not begun), `mid` (inside step <step>: the first micro
+batch or the rollout done, the update not), `ckpt` (checkpoint of <step> fully written under `.incomplete/` but not
+yet renamed into place). Unset (always, outside tests): a no-op.
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ def pause_point(point: str, step: int) -> None:
         return
     where, _, flag = spec.partition(":")
     if where == f"{point}@{step}":
-        Path(flag).write_text(str(os.getpid()))
-        time.sleep(600)
+        path = Path(flag)
+        path.write_text(str(os.getpid()))
+        deadline = time.monotonic() + 600
+        while path.exists() and time.monotonic() < deadline:  # a test may kill a part of the run meanwhile
+            time.sleep(0.05)
 
 
 class PausingList(list):

@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from rlhfkit.errors import ComponentFailed, Preempted, UserError
 
@@ -25,7 +26,9 @@ def quiet_libraries() -> None:
 def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None,
             prog: str = "rlhfkit") -> int:
     """Run `main`; a UserError becomes one line on stderr (rank 0 only) and exit code 2; a preempted run (SIGTERM,
-    checkpoint saved) says how to resume and exits 0."""
+    checkpoint saved) says how to resume and exits 0; a failed part of the run (ComponentFailed) is one line and exit
+    code 1, and so is a collective past --ddp_timeout, said by the rank that waited (any rank may be the one whose
+    peer is gone)."""
     try:
         code = main(argv)
     except UserError as e:
@@ -40,7 +43,55 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
         if os.environ.get("RANK", "0") == "0":
             sys.stderr.write(f"{prog}: {e}\n")
         return Preempted.exit_code
+    except RuntimeError as e:
+        from rlhfkit.distributed.launch import collective_timeout_message
+
+        message = collective_timeout_message(e)
+        if message is None:
+            raise
+        sys.stderr.write(f"{prog}: error: rank {os.environ.get('RANK', '0')}: {message}\n")
+        return ComponentFailed.exit_code
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: interrupted\n")
         return 130
     return int(code or 0)
+
+
+def _devices(plan_args: Any, trainer: str) -> tuple[Any, int]:
+    """What --dry_run plans against: --dry_run_gpu_memory_gb GPUs, else the local GPUs, else the host's memory
+    (MemAvailable of /proc/meminfo). Returns (Devices, data-parallel world size of the launcher-run trainers)."""
+    from rlhfkit.config.memory import GIB
+    from rlhfkit.distributed.memory_plan import Devices
+
+    world = plan_args.dry_run_num_gpus or int(os.environ.get("WORLD_SIZE", "1"))
+    if plan_args.dry_run_gpu_memory_gb is not None:
+        return Devices("gpu", plan_args.dry_run_gpu_memory_gb * GIB, world, "--dry_run_gpu_memory_gb"), world
+    import torch
+
+    if torch.cuda.is_available():
+        memory = torch.cuda.get_device_properties(0).total_memory
+        return Devices("gpu", float(memory), torch.cuda.device_count(), "local GPU 0"), world
+    available = None
+    with open("/proc/meminfo", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    if available is None:
+        import psutil
+
+        available = psutil.virtual_memory().available
+    return Devices("cpu", float(available), 1, "MemAvailable of this machine, no GPU"), world
+
+
+def dry_run(cfg: Any, trainer: str, prog: str) -> bool:
+    """--dry_run: print the memory plan of this validated config and return True (the caller exits 0 without
+    loading a model); False without --dry_run. `trainer` is sft, rm, dpo, kto, ppo or ppo_ray."""
+    plan_args = cfg.plan
+    if not plan_args.dry_run:
+        return False
+    from rlhfkit.distributed.memory_advice import plan_with_advice, render
+
+    devices, world = _devices(plan_args, trainer)
+    if os.environ.get("RANK", "0") == "0":
+        print(render(plan_with_advice(cfg, trainer, devices, world), prog), flush=True)
+    return True

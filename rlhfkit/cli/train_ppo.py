@@ -13,9 +13,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from rlhfkit.cli.common import quiet_libraries, run_cli
+from rlhfkit.cli.common import dry_run, quiet_libraries, run_cli
 from rlhfkit.config.base import parse_config
-from rlhfkit.config.rl import PPOConfig, validate_rl_config
+from rlhfkit.config.rl import PPOConfig, validate_rl_config, validate_single_process
 
 PROG = "rlhfkit.cli.train_ppo"
 
@@ -23,6 +23,9 @@ PROG = "rlhfkit.cli.train_ppo"
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_libraries()
     cfg = validate_rl_config(parse_config(PPOConfig, argv, PROG, __doc__))
+    validate_single_process(cfg)
+    if dry_run(cfg, "ppo", PROG):
+        return 0
     from rlhfkit.trainers.rl_run import run_ppo
 
     run_ppo(cfg)

@@ -17,9 +17,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from rlhfkit.cli.common import quiet_libraries, run_cli
+from rlhfkit.cli.common import dry_run, quiet_libraries, run_cli
 from rlhfkit.config.base import parse_config
-from rlhfkit.config.rl import PPOConfig
+from rlhfkit.config.rl import PPOConfig, validate_rl_config
 
 PROG = "rlhfkit.cli.train_ppo_ray"
 
@@ -27,6 +27,10 @@ PROG = "rlhfkit.cli.train_ppo_ray"
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_libraries()
     cfg = parse_config(PPOConfig, argv, PROG, __doc__)
+    if cfg.plan.dry_run:  # the trainer validates again; a dry run must fail on the same mistakes
+        validate_rl_config(cfg)
+    if dry_run(cfg, "ppo_ray", PROG):
+        return 0
     from rlhfkit.trainers.ray_run import run_ppo_ray
 
     run_ppo_ray(cfg)

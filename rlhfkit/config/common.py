@@ -73,6 +73,9 @@ class StrategyArgs:
     max_tokens_per_gpu: int | None = arg(None, "Token budget of one forward/backward on one device with "
                                                "--use_dynamic_batch (packed: the samples' tokens; padded: rows x "
                                                "the longest row).")
+    ddp_timeout: float = arg(1800.0, "Seconds a torch.distributed collective (and the start-up rendezvous) of the "
+                                     "training ranks waits for its peers (gloo and NCCL); past it, a rank whose "
+                                     "peer died or hangs stops the run with an error naming this flag.")
     max_nonfinite_steps: int = arg(10, "Stop the run (exit 2) after this many optimizer steps in a row whose loss "
                                        "or gradient was NaN/inf; each such update is skipped on every rank (weights "
                                        "unchanged) and counted in the metrics as nonfinite_skipped.")
@@ -89,6 +92,8 @@ class StrategyArgs:
         _need(len(self.adam_betas) == 2, "adam_betas", betas, "two numbers, e.g. --adam_betas 0.9 0.95")
         _need(all(0 <= b < 1 for b in self.adam_betas), "adam_betas", betas, "two numbers in [0, 1)")
         _need(self.zpg >= 1, "zpg", self.zpg, "at least 1 (1 = off)")
+        _need(math.isfinite(self.ddp_timeout) and self.ddp_timeout > 0, "ddp_timeout", self.ddp_timeout,
+              "a positive number of seconds (default 1800)")
         _need(self.max_nonfinite_steps >= 1, "max_nonfinite_steps", self.max_nonfinite_steps, "at least 1")
 
 
@@ -159,6 +164,26 @@ class DataArgs:
     def check_ranges(self) -> None:
         _need(self.max_len >= 1, "max_len", self.max_len, "at least 1 token")
         _need(self.max_samples >= 1, "max_samples", self.max_samples, "at least 1")
+
+
+@dataclass
+class DryRunArgs:
+    dry_run: bool = arg(False, "Print the memory plan (per device and role: weights, gradients, optimizer states, "
+                               "activations, KV cache) with a verdict and advice, then exit 0 without loading a "
+                               "model or training; reads only the models' config.json.")
+    dry_run_gpu_memory_gb: float | None = arg(None, "With --dry_run: plan for GPUs of this many GB (GiB) each, e.g. "
+                                                    "80, from any machine (default: the local GPUs, else the host's "
+                                                    "memory for a CPU run).")
+    dry_run_num_gpus: int | None = arg(None, "With --dry_run: data-parallel GPUs of train_sft/rm/dpo/kto (default: "
+                                             "the launcher's WORLD_SIZE, else 1); train_ppo_ray takes its devices "
+                                             "from the --*_num_nodes / --*_num_gpus_per_node flags.")
+
+    def check_ranges(self) -> None:
+        gb, n = self.dry_run_gpu_memory_gb, self.dry_run_num_gpus
+        _need(gb is None or (math.isfinite(gb) and gb > 0), "dry_run_gpu_memory_gb", gb, "a positive size in GB")
+        _need(n is None or n >= 1, "dry_run_num_gpus", n, "at least 1")
+        if not self.dry_run and (gb is not None or n is not None):
+            raise UserError("--dry_run_gpu_memory_gb / --dry_run_num_gpus only apply with --dry_run; add it")
 
 
 def validate_dynamic_batch(strategy: StrategyArgs, longest: int, longest_flags: str) -> None:

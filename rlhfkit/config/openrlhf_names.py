@@ -48,6 +48,28 @@ ALIASES: dict[str, str | tuple[str, ...]] = {
     "ds.lora.dropout": "lora_dropout",
     "ref.offload": ("ref_offload", "ref_reward_offload"),
     "reward.offload": "ref_reward_offload",
+    # asynchronous training (OpenRLHF 0.10.2+ docs: --train.async_enable, --train.async_queue_size,
+    # --train.partial_rollout_enable, --rollout.vllm_generate_batch_size)
+    "train.async_enable": "async_train",
+    "train.async_queue_size": "async_queue_size",
+    "train.partial_rollout_enable": "partial_rollout",
+    "rollout.vllm_generate_batch_size": "vllm_generate_batch_size",
+    # features that landed after the first alias table (names from OpenRLHF 0.10.2+ and its 0.9 flat CLI)
+    "train.agent_func_path": "agent_func_path",
+    "train.dynamic_batch_enable": "use_dynamic_batch",
+    "train.max_tokens_per_gpu": "max_tokens_per_gpu",
+    "train_max_tokens_per_gpu": "max_tokens_per_gpu",
+    "train.enable_ema": "enable_ema",
+    "train.ema_beta": "ema_beta",
+    "ckpt.best_metric_key": "best_metric_key",
+    "algo.dynamic_filtering_enable": "dynamic_filtering",
+    "algo.dynamic_filtering_range": "dynamic_filtering_reward_range",
+    "reward.overlong_buffer_len": "overlong_buffer_len",
+    "reward.overlong_penalty_factor": "overlong_penalty_factor",
+    "reward.stop_properly_penalty_coef": "stop_properly_penalty_coef",
+    "algo.advantage.is_correction_type": "vllm_is_correction_type",
+    "algo.advantage.is_correction_threshold": "vllm_is_truncated_threshold",
+    "actor.policy_loss_type": "policy_loss_type",
     # DeepSpeed and optimizer
     "ds.zero_stage": "zero_stage",
     "ds.adam_offload": "adam_offload",
@@ -230,8 +252,6 @@ def _only(flag: str, allowed: str, why: str) -> Callable[[str, Callable[[str], A
     return convert
 
 
-_GSPO = "rlhfkit's policy loss is the token-level PPO clip; GSPO is not implemented"
-
 ADAPTED: tuple[Adapted, ...] = (
     Adapted("eps_clip_low_high", ("clip_eps_low", "clip_eps_high"), _clip_low_high, float, 2, ("LO", "HI"),
             "OpenRLHF's spelling of --clip_eps_low LO --clip_eps_high HI."),
@@ -249,55 +269,29 @@ ADAPTED: tuple[Adapted, ...] = (
             "OpenRLHF 0.10.2+ optimizer choice; rlhfkit trains with AdamW (adam only).", ("learning_rate",)),
     Adapted("actor.optim", (), _only("actor.optim", "adam", "rlhfkit trains with AdamW"), str, None, "adam",
             "OpenRLHF 0.10.2+ optimizer choice; rlhfkit trains with AdamW (adam only).", ("actor_learning_rate",)),
-    Adapted("actor.policy_loss_type", (), _only("actor.policy_loss_type", "ppo", _GSPO), str, None, "ppo",
-            "OpenRLHF 0.10.2+ policy loss; rlhfkit implements ppo only.", ("eps_clip",)),
-    Adapted("policy_loss_type", (), _only("policy_loss_type", "ppo", _GSPO), str, None, "ppo",
-            "OpenRLHF's policy loss choice; rlhfkit implements ppo only.", ("eps_clip",)),
 )
 
 # -- no equivalent yet --------------------------------------------------------------------------------------
-_AGENTS = "agent execution lands in a later release; use --remote_rm_url with a reward function meanwhile"
-_ASYNC = "async training lands with the agent API; train synchronously meanwhile"
-_DYNBATCH = "token-budget dynamic batching is not implemented yet; use --micro_train_batch_size"
+_ROLLOUT_BUDGET = ("rlhfkit has one token budget for training and scoring forwards: --max_tokens_per_gpu "
+                   "(--train.max_tokens_per_gpu)")
 _RING = "ring attention / sequence parallelism is not implemented"
 _TP = "DeepSpeed tensor parallelism is not implemented; use ZeRO (--zero_stage 3)"
 _CRITIC_OPT = "the critic shares the actor's optimizer settings; only its learning rate (--critic.adam.lr) differs"
 _MUON = "rlhfkit trains with AdamW; Muon is not implemented"
-_FILTER = "dynamic filtering of zero-variance groups is not implemented"
-_OVERLONG = "length-based reward shaping is not implemented"
 _VLM = "vision-language models are not supported"
 
 NOT_SUPPORTED: dict[str, str] = {
     # flat (OpenRLHF 0.8/0.9) flags
-    "agent_func_path": _AGENTS,
-    "async_train": _ASYNC,
-    "async_queue_size": _ASYNC,
-    "partial_rollout": _ASYNC,
-    "use_dynamic_batch": _DYNBATCH,
-    "train_max_tokens_per_gpu": _DYNBATCH,
-    "rollout_max_tokens_per_gpu": _DYNBATCH,
+    "rollout_max_tokens_per_gpu": _ROLLOUT_BUDGET,
     "ring_attn_size": _RING,
     "ring_head_stride": _RING,
     "ds_tensor_parallel_size": _TP,
-    "dynamic_filtering": _FILTER,
-    "dynamic_filtering_reward_range": _FILTER,
-    "overlong_buffer_len": _OVERLONG,
-    "overlong_penalty_factor": _OVERLONG,
-    "stop_properly_penalty_coef": _OVERLONG,
     "use_liger_kernel": "Liger kernels are not integrated",
     "full_determinism": "a fully deterministic mode is not implemented (runs are seeded with --seed)",
-    "vllm_generate_batch_size": "engines generate the whole rollout batch at once",
     "disable_ds_ckpt": "checkpoints always hold the DeepSpeed states needed to resume",
     "use_ms": "ModelScope downloads are not supported; pass a local model directory",
     # dotted (OpenRLHF 0.10.2+) flags
-    "train.agent_func_path": _AGENTS,
-    "train.async_enable": _ASYNC,
-    "train.async_queue_size": _ASYNC,
-    "train.partial_rollout_enable": _ASYNC,
-    "train.dynamic_batch_enable": _DYNBATCH,
-    "train.max_tokens_per_gpu": _DYNBATCH,
-    "rollout.max_tokens_per_gpu": _DYNBATCH,
-    "rollout.vllm_generate_batch_size": "engines generate the whole rollout batch at once",
+    "rollout.max_tokens_per_gpu": _ROLLOUT_BUDGET,
     "ds.ring_attn_size": _RING,
     "ds.ring_attn_head_stride": _RING,
     "ds.tensor_parallel_size": _TP,
@@ -305,24 +299,12 @@ NOT_SUPPORTED: dict[str, str] = {
     "ds.experts_implementation": "MoE expert kernels are chosen by Transformers",
     "ds.use_liger_kernel": "Liger kernels are not integrated",
     "train.full_determinism_enable": "a fully deterministic mode is not implemented (runs are seeded with --seed)",
-    "train.enable_ema": "an EMA copy of the model is not implemented",
-    "train.ema_beta": "an EMA copy of the model is not implemented",
     "vllm.sync_with_ray": "weights reach the engines over --vllm_sync_backend or the Ray object store as chosen "
                           "by rlhfkit",
-    "algo.advantage.is_correction_threshold": "rlhfkit's correction truncates at one cap, "
-                                              "--vllm_is_truncated_threshold",
-    "algo.advantage.is_correction_type": "rlhfkit implements truncated importance sampling (tis) only, switched "
-                                         "on by --algo.advantage.is_correction_enable",
-    "algo.dynamic_filtering_enable": _FILTER,
-    "algo.dynamic_filtering_range": _FILTER,
-    "reward.overlong_buffer_len": _OVERLONG,
-    "reward.overlong_penalty_factor": _OVERLONG,
-    "reward.stop_properly_penalty_coef": _OVERLONG,
     "data.dataloader_num_workers": "data is tokenised up front in the main process; there is no loader to "
                                    "parallelise",
     "dataloader_num_workers": "data is tokenised up front in the main process; there is no loader to parallelise",
     "ckpt.disable_ds": "checkpoints always hold the DeepSpeed states needed to resume",
-    "ckpt.best_metric_key": "best-checkpoint selection is not implemented; use --save_steps",
     "critic.optim": _CRITIC_OPT,
     "critic.adam.betas": _CRITIC_OPT,
     "critic.adam.eps": _CRITIC_OPT,
@@ -346,7 +328,8 @@ NOT_SUPPORTED: dict[str, str] = {
 RLHFKIT_ONLY = frozenset({
     "remote_rm_timeout", "remote_rm_retries", "metrics_path", "disable_progress_bar", "clip_eps_low",
     "clip_eps_high", "reward_stats_samples", "policy_loss_agg", "host", "port", "api_key", "batch_size",
-    "batch_wait_ms", "max_body_bytes", "compute_fp32_loss",
+    "batch_wait_ms", "max_body_bytes", "compute_fp32_loss", "ddp_timeout", "dry_run", "dry_run_gpu_memory_gb",
+    "dry_run_num_gpus", "partial_rollout_chunk_len",
 })
 
 

@@ -14,6 +14,7 @@ from rlhfkit.config.base import arg
 from rlhfkit.config.common import (
     CheckpointArgs,
     DataArgs,
+    DryRunArgs,
     LoggingArgs,
     ModelArgs,
     StrategyArgs,
@@ -94,6 +95,7 @@ class RMConfig:
     train: RMTrainArgs = field(default_factory=RMTrainArgs)
     logging: LoggingArgs = field(default_factory=LoggingArgs)
     checkpoint: CheckpointArgs = field(default_factory=CheckpointArgs)
+    plan: DryRunArgs = field(default_factory=DryRunArgs)
 
 
 @dataclass
@@ -106,6 +108,7 @@ class DPOConfig:
     train: DPOTrainArgs = field(default_factory=DPOTrainArgs)
     logging: LoggingArgs = field(default_factory=LoggingArgs)
     checkpoint: CheckpointArgs = field(default_factory=CheckpointArgs)
+    plan: DryRunArgs = field(default_factory=DryRunArgs)
 
 
 @dataclass
@@ -118,6 +121,7 @@ class KTOConfig:
     train: KTOTrainArgs = field(default_factory=KTOTrainArgs)
     logging: LoggingArgs = field(default_factory=LoggingArgs)
     checkpoint: CheckpointArgs = field(default_factory=CheckpointArgs)
+    plan: DryRunArgs = field(default_factory=DryRunArgs)
 
 
 @dataclass

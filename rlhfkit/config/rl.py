@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlhfkit.config.base import arg
-from rlhfkit.config.common import CheckpointArgs, LoggingArgs, ModelArgs, StrategyArgs, validate_dynamic_batch
+from rlhfkit.config.common import (
+    CheckpointArgs,
+    DryRunArgs,
+    LoggingArgs,
+    ModelArgs,
+    StrategyArgs,
+    validate_dynamic_batch,
+)
 from rlhfkit.errors import UserError
 
 ADVANTAGE_ESTIMATORS = ("gae", "reinforce", "reinforce_baseline", "group_norm", "dr_grpo", "rloo")
@@ -181,6 +188,26 @@ class RecipeArgs:
 
 
 @dataclass
+class AsyncArgs:
+    async_train: bool = arg(False, "train_ppo_ray: a generator actor generates and scores the next rollout batches "
+                                   "into a bounded queue while the actor trains on the previous one (samples are "
+                                   "up to --async_queue_size policy versions stale; old log-probs are recomputed "
+                                   "by the actor).")
+    async_queue_size: int = arg(1, "With --async_train: most rollout batches generated ahead of training, so the "
+                                   "most policy versions a trained sample lags the trainer.")
+    partial_rollout: bool = arg(False, "With --async_train: weight updates do not wait for in-flight generation; "
+                                       "the generator generates in chunks of --partial_rollout_chunk_len tokens and "
+                                       "takes a pending update between chunks (a response may mix policy versions; "
+                                       "needs --enable_vllm_is_correction).")
+    partial_rollout_chunk_len: int = arg(16, "With --partial_rollout: tokens generated per chunk between which a "
+                                             "weight update may land.")
+    vllm_generate_batch_size: int | None = arg(None, "With --async_train: prompts generated per engine call, a "
+                                                     "multiple of --rollout_batch_size above it and at most "
+                                                     "--async_queue_size batches (oversampling); the extra batches "
+                                                     "are queued for the next steps.")
+
+
+@dataclass
 class ResourceArgs:
     actor_num_nodes: int = arg(1, "Nodes of the actor role (train_ppo_ray).")
     actor_num_gpus_per_node: int = arg(1, "Devices per node of the actor role.")
@@ -223,9 +250,11 @@ class PPOConfig:
     rollout: RolloutArgs = field(default_factory=RolloutArgs)
     algo: AlgorithmArgs = field(default_factory=AlgorithmArgs)
     recipe: RecipeArgs = field(default_factory=RecipeArgs)
+    asynchronous: AsyncArgs = field(default_factory=AsyncArgs)
     resources: ResourceArgs = field(default_factory=ResourceArgs)
     logging: LoggingArgs = field(default_factory=LoggingArgs)
     checkpoint: CheckpointArgs = field(default_factory=CheckpointArgs)
+    plan: DryRunArgs = field(default_factory=DryRunArgs)
     save: RLSaveArgs = field(default_factory=RLSaveArgs)
 
 
@@ -539,6 +568,50 @@ def _validate_resources(cfg: PPOConfig) -> None:
                             f"--vllm_tensor_parallel_size (= {engines})")
 
 
+def _validate_async(cfg: PPOConfig) -> None:
+    """--async_train and its companions (train_ppo_ray only: `validate_single_process` refuses them)."""
+    a, r = cfg.asynchronous, cfg.rollout
+    if not a.async_train:
+        for flag, value in (("async_queue_size", a.async_queue_size != AsyncArgs.async_queue_size),
+                            ("partial_rollout", a.partial_rollout),
+                            ("vllm_generate_batch_size", a.vllm_generate_batch_size is not None)):
+            if value:
+                raise UserError(f"--{flag} applies to asynchronous training; add --async_train")
+        return
+    if a.async_queue_size < 1:
+        raise UserError(f"--async_queue_size must be >= 1 batch (got {a.async_queue_size})")
+    if a.partial_rollout:
+        if not cfg.algo.enable_vllm_is_correction:
+            raise UserError("--partial_rollout mixes policy versions inside a response; it needs the "
+                            "importance-sampling correction: add --enable_vllm_is_correction")
+        if cfg.agent.agent_func_path:
+            raise UserError("--partial_rollout with --agent_func_path is not supported yet (agent episodes run "
+                            "inside the engines; weight updates wait for them); drop --partial_rollout")
+        _positive({"partial_rollout_chunk_len": a.partial_rollout_chunk_len})
+    g = a.vllm_generate_batch_size
+    if g is not None:
+        if g <= r.rollout_batch_size or g % r.rollout_batch_size:
+            raise UserError(f"--vllm_generate_batch_size {g} must be a multiple of --rollout_batch_size "
+                            f"{r.rollout_batch_size} above it (the extra batches are queued for the next steps)")
+        if g // r.rollout_batch_size > a.async_queue_size:
+            raise UserError(f"--vllm_generate_batch_size {g} makes {g // r.rollout_batch_size} batches per engine "
+                            f"call, more than --async_queue_size {a.async_queue_size} holds; raise the queue size "
+                            "to at least that (it bounds how stale a sample may be)")
+        if cfg.recipe.dynamic_filtering:
+            raise UserError("--vllm_generate_batch_size with --dynamic_filtering is not supported yet (dynamic "
+                            "sampling refills each batch itself); drop one of them")
+    if r.vllm_enable_sleep:
+        raise UserError("--async_train generates while the actor trains, so the engines never sleep; drop "
+                        "--vllm_enable_sleep")
+
+
+def validate_single_process(cfg: PPOConfig) -> None:
+    """What only train_ppo_ray runs: asynchronous training needs the generator as its own Ray actor."""
+    if cfg.asynchronous.async_train:
+        raise UserError("--async_train needs a generator actor beside the trainer: run it with "
+                        "python -m rlhfkit.cli.train_ppo_ray")
+
+
 def validate_rl_config(cfg: PPOConfig) -> PPOConfig:
     """Fail fast (UserError, one line) on a config that cannot run; returns the config."""
     _validate_sources(cfg)
@@ -547,4 +620,5 @@ def validate_rl_config(cfg: PPOConfig) -> PPOConfig:
     _validate_batches(cfg)
     _validate_algorithm(cfg)
     _validate_recipe(cfg)
+    _validate_async(cfg)
     return cfg

@@ -8,6 +8,7 @@ from rlhfkit.config.base import arg
 from rlhfkit.config.common import (
     CheckpointArgs,
     DataArgs,
+    DryRunArgs,
     LoggingArgs,
     ModelArgs,
     StrategyArgs,
@@ -31,6 +32,7 @@ class SFTConfig:
     train: SFTTrainArgs = field(default_factory=SFTTrainArgs)
     logging: LoggingArgs = field(default_factory=LoggingArgs)
     checkpoint: CheckpointArgs = field(default_factory=CheckpointArgs)
+    plan: DryRunArgs = field(default_factory=DryRunArgs)
 
 
 def validate_sft_config(cfg: SFTConfig) -> SFTConfig:

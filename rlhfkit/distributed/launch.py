@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import datetime
 import os
+import re
 import socket
 
 import torch
+
+#: Default of --ddp_timeout: how long a collective (or the rendezvous) waits for its peers. Generous, as a ZeRO-3
+#: gather of a large model or a slow checkpoint write on one rank can keep the others waiting for minutes.
+DEFAULT_DIST_TIMEOUT_S = 1800.0
+#: How a process that joins a group without the config in hand (a Ray role worker) gets --ddp_timeout.
+DIST_TIMEOUT_ENV = "RLHFKIT_DDP_TIMEOUT"
+#: The timeout of this process's default group, once initialised (for the error message of a timed-out collective).
+_ACTIVE_TIMEOUT_S: list[float | None] = [None]
 
 
 def default_ds_accelerator() -> None:
@@ -46,13 +56,22 @@ def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def init_distributed() -> None:
-    """Initialise torch.distributed through DeepSpeed (idempotent)."""
+def dist_timeout_s(explicit: float | None = None) -> float:
+    """The collective timeout: `explicit` (the config's --ddp_timeout), else $RLHFKIT_DDP_TIMEOUT, else 30 min."""
+    if explicit is not None:
+        return float(explicit)
+    return float(os.environ.get(DIST_TIMEOUT_ENV) or DEFAULT_DIST_TIMEOUT_S)
+
+
+def init_distributed(timeout_s: float | None = None) -> None:
+    """Initialise torch.distributed through DeepSpeed (idempotent), gloo or NCCL, with `dist_timeout_s(timeout_s)`
+    as the timeout of the rendezvous and of every collective of the default group."""
     import deepspeed
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         return
+    seconds = dist_timeout_s(timeout_s)
     ensure_single_process_env()
     backend = default_backend()
     if backend == "gloo":
@@ -60,4 +79,27 @@ def init_distributed() -> None:
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     else:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False,
+                               timeout=datetime.timedelta(seconds=seconds))
+    _ACTIVE_TIMEOUT_S[0] = seconds
+
+
+#: gloo: "Timed out waiting 3000ms for recv operation"; NCCL's watchdog: "collective operation timeout"; the
+#: rendezvous store: "has timed out after 3000ms" / "Socket Timeout" / "wait timeout".
+_TIMED_OUT = re.compile(r"Timed out waiting \d+ms|collective operation timeout|has timed out after|"
+                        r"Socket Timeout|[Ww]ait timeout")
+
+
+def collective_timeout_message(e: BaseException) -> str | None:
+    """One line for an exception that is a collective (or rendezvous) past --ddp_timeout, naming the flag; None
+    for any other exception. gloo raises RuntimeError("... Timed out waiting 3000ms for recv ..."), NCCL a
+    DistBackendError (a RuntimeError) from its watchdog."""
+    if not isinstance(e, RuntimeError) or not _TIMED_OUT.search(str(e)):
+        return None
+    first = (str(e).strip().splitlines() or [""])[0]
+    first = re.sub(r"^\[[^\]]*\] ", "", first)[:300]  # gloo prefixes the C++ source location
+    limit = _ACTIVE_TIMEOUT_S[0]
+    after = f"--ddp_timeout {limit:g} s" if limit is not None else "--ddp_timeout"
+    return (f"a torch.distributed collective waited past {after} for a peer rank that died or is stuck "
+            f"({first}); the run stopped (raise --ddp_timeout if a rank is just slow; rerun with --load_checkpoint "
+            "to continue from the last checkpoint)")

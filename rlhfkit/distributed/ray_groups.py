@@ -182,10 +182,13 @@ def set_call_timeout(seconds: float | None) -> None:
 
 
 def ray_get(refs: Any, what: str, timeout: float | None = None) -> Any:
-    """`ray.get` that turns a dead actor or a call past the timeout into ComponentFailed naming `what` and the
-    cause (an exception raised inside the call, e.g. a UserError, still propagates as itself)."""
+    """`ray.get` that turns a dead actor, a call past the timeout or a collective past --ddp_timeout inside the call
+    into ComponentFailed naming `what` and the cause (any other exception raised inside the call, e.g. a UserError,
+    still propagates as itself)."""
     import ray
-    from ray.exceptions import GetTimeoutError, RayActorError
+    from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+    from rlhfkit.distributed.launch import collective_timeout_message
 
     limit = _CALL_TIMEOUT_S[0] if timeout is None else timeout
     try:
@@ -197,6 +200,11 @@ def ray_get(refs: Any, what: str, timeout: float | None = None) -> Any:
         cause = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         raise ComponentFailed(f"{what}: its Ray actor died ({type(e).__name__}: {cause}); the run stopped (rerun "
                               "with --load_checkpoint to continue from the last checkpoint)") from None
+    except RayTaskError as e:  # a rank's collective past --ddp_timeout (its peer died or hangs) names the flag
+        message = collective_timeout_message(getattr(e, "cause", None) or e)
+        if message is None:
+            raise
+        raise ComponentFailed(f"{what}: {message}") from None
 
 
 class RayActorGroup:

@@ -91,7 +91,7 @@ class DeepSpeedStrategy:
 
     # -- process group -------------------------------------------------------------------------------------
     def setup_distributed(self) -> None:
-        init_distributed()
+        init_distributed(self.args.ddp_timeout)
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         set_seed(self.args.seed)
 

@@ -35,6 +35,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from rlhfkit.distributed.launch import dist_timeout_s
+
 #: Per-process counters of the sleep path (tests read them through the role's Ray actors).
 SLEEP_STATS = {"offloads": 0, "reloads": 0, "bytes": 0, "moved": 0}
 _SIDE_GROUPS: dict[str, SideGroup] = {}
@@ -216,9 +218,10 @@ def send_weights_object_store(role: Any, engines: list[Any], bucket_mb: float = 
 
 # -- process-group broadcast --------------------------------------------------------------------------------------
 def make_side_group(master_addr: str, master_port: int, rank: int, world_size: int, backend: str = "gloo",
-                    key: str = "weight_sync", timeout_s: float = 300.0) -> SideGroup:
-    """A process group of its own (own TCP store), independent of the default group of this process."""
-    timeout = datetime.timedelta(seconds=timeout_s)
+                    key: str = "weight_sync", timeout_s: float | None = None) -> SideGroup:
+    """A process group of its own (own TCP store), independent of the default group of this process. Its
+    rendezvous and collectives wait at most `timeout_s`, by default --ddp_timeout (`launch.dist_timeout_s`)."""
+    timeout = datetime.timedelta(seconds=dist_timeout_s(timeout_s))
     store = dist.TCPStore(master_addr, master_port, world_size, rank == 0, timeout=timeout)
     prefixed = dist.PrefixStore(key, store)
     if backend == "nccl":

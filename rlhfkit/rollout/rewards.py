@@ -11,7 +11,9 @@ Both are selected with `--remote_rm_url` (OpenRLHF's flag) and score text:
 - comma-separated `http(s)://host:port/get_reward` URLs: each batch is split into contiguous chunks, one per server,
   posted in parallel threads as {"query": [...], "prompts": [...], "labels": [...]}; each server answers
   {"rewards": [...]} (optionally "scores" and "extra_logs"). Requests time out and are retried (server errors
-  5xx and network errors; a 4xx answer is final). With RLHFKIT_RM_API_KEY set, requests carry
+  5xx, network errors and requests past --remote_rm_timeout, with exponential backoff, --remote_rm_retries attempts
+  in all; a server still down or hung after them stops the run with ComponentFailed naming its URL; a 4xx answer
+  is a UserError at once). With RLHFKIT_RM_API_KEY set, requests carry
   `Authorization: Bearer <key>` (`rlhfkit serve_rm --api_key`).
 
 Every source has the method of the reward role: `score(batch) -> {"rewards": [B], "scores": [B], "extra_logs"}`
@@ -35,7 +37,7 @@ from typing import Any
 
 import torch
 
-from rlhfkit.errors import UserError
+from rlhfkit.errors import ComponentFailed, UserError
 
 
 class WrongLengthError(UserError):
@@ -293,7 +295,11 @@ class HTTPRewardClient:
         return _merge_results(results)
 
     def _request(self, url: str, payload: dict[str, Any]) -> Any:
+        """Post one request: 5xx answers, network errors and requests past `self.timeout` are retried with
+        exponential backoff, at most `self.retries` attempts; then ComponentFailed (the server is down or hung).
+        A 4xx refusal is a UserError at once (retrying will not change the answer)."""
         last_text = "unknown error"
+        started = time.monotonic()
         for attempt in range(self.retries):
             try:
                 return _post_json(url, payload, self.timeout)
@@ -302,14 +308,20 @@ class HTTPRewardClient:
                 if e.code == 413:
                     raise _TooLarge(last_text) from None
                 if e.code < 500:  # the server understood and refused: retrying will not help
-                    break
+                    raise UserError(f"reward server {url}: no valid answer after {attempt + 1} attempt(s) "
+                                    f"({last_text})") from None
             except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
                 last_text = _first_line(e)
+                if "timed out" in last_text:
+                    last_text += f" after --remote_rm_timeout {self.timeout:g} s"
             except ValueError as e:  # not JSON
                 raise UserError(f"reward server {url}: the answer is not JSON ({_first_line(e)})") from None
             if attempt + 1 < self.retries:
                 time.sleep(self.backoff * (2 ** attempt))
-        raise UserError(f"reward server {url}: no valid answer after {attempt + 1} attempt(s) ({last_text})")
+        raise ComponentFailed(f"reward server {url}: no valid answer after {self.retries} attempt(s) in "
+                              f"{time.monotonic() - started:.1f} s (--remote_rm_retries; last: {last_text}); the run "
+                              "stopped (restart the server, then rerun with --load_checkpoint to continue from the "
+                              "last checkpoint)")
 
     def score(self, batch: dict[str, Any]) -> dict[str, Any]:
         queries, prompts, labels = _text_inputs(batch)

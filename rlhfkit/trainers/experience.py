@@ -203,6 +203,10 @@ def experience_from_samples(samples: Sequence[SampledSequence], pad_id: int) -> 
         "response_length": torch.tensor([len(s.response_ids) for s in samples], dtype=torch.float32),
         "truncated": torch.tensor([s.finish_reason == FINISH_LENGTH for s in samples], dtype=torch.float32),
     }
+    if samples and all(s.versions is not None for s in samples):  # async: oldest and newest sampling policy
+        info["policy_version"] = torch.tensor([min(s.versions, default=-1) for s in samples], dtype=torch.float32)
+        info["policy_version_max"] = torch.tensor([max(s.versions, default=-1) for s in samples],
+                                                  dtype=torch.float32)
     return Experience(sequences=sequences, attention_mask=attention_mask,
                       prompt_lengths=torch.tensor([len(s.prompt_ids) for s in samples], dtype=torch.long),
                       action_mask=action_mask, rollout_log_probs=rollout_log_probs, info=info)

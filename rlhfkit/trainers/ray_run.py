@@ -181,6 +181,7 @@ class RayRoles:
 
 def build_ray_roles(cfg: PPOConfig, run: RayRunPlan) -> tuple[Any, RayRoles]:
     """Placement groups, role groups and engines; returns (RoleHandles, RayRoles)."""
+    from rlhfkit.distributed.launch import DIST_TIMEOUT_ENV
     from rlhfkit.distributed.ray_groups import RayActorGroup
     from rlhfkit.rollout.hf_engine_actor import HFEngineActor
     from rlhfkit.rollout.vllm_engine import (
@@ -200,11 +201,12 @@ def build_ray_roles(cfg: PPOConfig, run: RayRunPlan) -> tuple[Any, RayRoles]:
         specs = {"actor": (ActorRole, (cfg, run.num_update_steps), sleep),
                  "critic": (CriticRole, (cfg, run.num_update_steps), sleep),
                  "ref": (ReferenceRole, (cfg,), offload), "reward": (RewardModelRole, (cfg,), offload)}
+        timeout_env = {DIST_TIMEOUT_ENV: str(cfg.strategy.ddp_timeout)}  # role groups and the weight-sync group
         for name, (cls, args, between_calls) in specs.items():
             if name in slots:
                 ray_roles.groups[name] = RayActorGroup(name, cls, plan, slots[name], init_args=args,
                                                        dispatch=SPLIT_METHODS, offload_between_calls=between_calls,
-                                                       wait=False)
+                                                       env=timeout_env, wait=False)
         if "vllm" in slots:
             from transformers import AutoConfig
 
@@ -215,9 +217,10 @@ def build_ray_roles(cfg: PPOConfig, run: RayRunPlan) -> tuple[Any, RayRoles]:
                 enable_prefix_caching=r.enable_prefix_caching, dtype="bfloat16" if cfg.model.bf16 else "float32",
                 seed=cfg.strategy.seed, enable_sleep=r.vllm_enable_sleep,
                 max_model_len=min(cfg.data.prompt_max_len + cfg.data.generate_max_len + 1, limit))
-            actors = create_vllm_engines(plan, slots["vllm"], base, wait=False)
+            actors = create_vllm_engines(plan, slots["vllm"], base, env=timeout_env, wait=False)
         else:
-            actors = create_engine_actors(HFEngineActor, plan, slots["hf_engine"], lambda i: cfg, wait=False)
+            actors = create_engine_actors(HFEngineActor, plan, slots["hf_engine"], lambda i: cfg, env=timeout_env,
+                                          wait=False)
         ray_roles.engine = RolloutEngineGroup(actors, sync_backend=run.sync_backend)
         for group in ray_roles.groups.values():  # every role and engine started above loads in parallel
             group.ready()
@@ -266,8 +269,13 @@ def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None, after_s
         strategy.print(f"train_ppo_ray: placement {run.plan.describe()}; roles and engines up in "
                        f"{time.perf_counter() - started:.1f} s; weight sync: {run.sync_backend}")
         logger = make_logger(strategy, cfg.logging, cfg.checkpoint.save_path, "ppo_ray", cfg)
-        trainer = RayRLTrainer(cfg, roles, run.tokenizer, run.prompts, run.eval_prompts, logger, strategy,
-                               run=run_info)
+        trainer_cls, extra = RayRLTrainer, {}
+        if cfg.asynchronous.async_train:  # generation in its own actor, overlapping training
+            from rlhfkit.trainers.async_rl import with_async_training
+
+            trainer_cls, extra = with_async_training(RayRLTrainer), {"reward_handle": ray_roles.groups.get("reward")}
+        trainer = trainer_cls(cfg, roles, run.tokenizer, run.prompts, run.eval_prompts, logger, strategy,
+                              run=run_info, **extra)
         trainer.after_sync.extend(after_sync or [])
         trainer.fit()
         if save:

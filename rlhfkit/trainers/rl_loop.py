@@ -201,6 +201,11 @@ class RLTrainer:
         self.state.batch_in_episode += 1
         return indices
 
+    def next_rollout(self) -> Any:
+        """What the next `train_step` works on (here the next prompts; async training: a generated batch), or None
+        when the data is used up."""
+        return self._next_prompts()
+
     def _rollout(self, indices: Sequence[int], timings: dict[str, float]
                  ) -> tuple[Experience, dict[str, list], dict[str, Any], dict[str, float]]:
         """Generate and score a batch; with --dynamic_filtering, drop the groups whose mean score is outside the
@@ -220,16 +225,24 @@ class RLTrainer:
 
     def make_experience(self, indices: Sequence[int]) -> tuple[Experience, dict[str, float]]:
         """Rollout and scoring of one batch of prompts, with advantages and returns computed."""
-        cfg, a, n = self.cfg, self.cfg.algo, self.cfg.rollout.n_samples_per_prompt
         timings: dict[str, float] = {}
         exp, texts, reward, recipe_metrics = self._rollout(indices, timings)
+        return self.finish_experience(exp, texts, reward, recipe_metrics, timings)
+
+    def finish_experience(self, exp: Experience, texts: dict[str, Any], reward: dict[str, Any],
+                          recipe_metrics: dict[str, float], timings: dict[str, float]
+                          ) -> tuple[Experience, dict[str, float]]:
+        """A generated and scored batch -> reference / critic / old-policy forwards, shaped rewards, advantages
+        and returns, and the step's metrics. The old policy is the actor as it is now, also for a batch an older
+        policy sampled (async): the sampling policy's log-probs are the rollout log-probs, for the IS correction."""
+        cfg, a, n = self.cfg, self.cfg.algo, self.cfg.rollout.n_samples_per_prompt
         started = time.perf_counter()
         batch = exp.to_dict()
         exp.base_action_log_probs = self.roles.ref.log_probs(batch) if self.roles.ref is not None else None
         exp.values = self.roles.critic.values(batch) if self.roles.critic is not None else None
         reuse_old = self.reuses_old_log_probs(len(exp))
         exp.action_log_probs = None if reuse_old else self.roles.actor.log_probs(batch)
-        timings["time/score_s"] += time.perf_counter() - started
+        timings["time/score_s"] = timings.get("time/score_s", 0.0) + time.perf_counter() - started
 
         mask = exp.action_mask
         raw = reward["rewards"]
@@ -272,9 +285,14 @@ class RLTrainer:
         one_step = one_optimizer_step(samples, self.cfg.strategy.train_batch_size, self.cfg.rollout.max_epochs)
         return actor_trains and not kl_in_reward and one_step
 
-    def train_step(self, indices: Sequence[int]) -> dict[str, float]:
+    def train_step(self, indices: Any) -> dict[str, float]:
+        """One RL step on the prompts `indices` (from `next_rollout`): rollout, scoring, training, weight sync."""
         step_started = time.perf_counter()
         exp, metrics = self.make_experience(indices)
+        return self.train_on(exp, metrics, step_started)
+
+    def train_on(self, exp: Experience, metrics: dict[str, float], step_started: float) -> dict[str, float]:
+        """Critic and actor updates on a finished experience, then the weight sync and the step's metrics."""
         pause_point("mid", self.state.global_step + 1)
         batch = exp.to_dict()
         seed = self.cfg.strategy.seed * 1_000_003 + self.state.global_step
@@ -325,10 +343,10 @@ class RLTrainer:
                        self.strategy.is_rank0 and not log.disable_progress_bar)
         while self.state.global_step < total:
             pause_point("between", self.state.global_step)
-            indices = self._next_prompts()
-            if indices is None:
+            work = self.next_rollout()
+            if work is None:
                 break
-            metrics = self.train_step(indices)
+            metrics = self.train_step(work)
             self.state.global_step += 1
             step = self.state.global_step
             history.append(metrics)

@@ -10,7 +10,13 @@ from typing import Any
 
 import torch
 
-from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference, validate_rl_config
+from rlhfkit.config.rl import (
+    PPOConfig,
+    needs_critic,
+    needs_reference,
+    validate_rl_config,
+    validate_single_process,
+)
 
 
 def run_ppo(cfg: PPOConfig) -> Any:
@@ -31,6 +37,7 @@ def run_ppo(cfg: PPOConfig) -> Any:
     )
 
     validate_rl_config(cfg)
+    validate_single_process(cfg)
     run = prepare_run(cfg, "ppo")
     check_aux_loss_coef(cfg.algo.aux_loss_coef, cfg.model.pretrain, cfg.data.packing_samples)
     tokenizer = load_tokenizer_for(cfg.model)

@@ -10,8 +10,8 @@ the count), and:
    reader; it removes only what carries host data: the `ray job submit` / `deepspeed` launcher with its
    `--address` and `--runtime-env-json`, and the `...` placeholder. Runs of 2 RL steps share this process's Ray
    cluster; identical scaled commands run once.
-3. The agent blocks (`--agent_func_path`, `--async_train`) fail today with one "not supported yet" line and exit
-   code 2; when agents land, the lead flips them to running blocks (AGENT_BLOCKS below).
+3. The agent blocks (`--agent_func_path`, `--async_train`) run like the others: their agent file is the example
+   of the same name in examples/ (else examples/agent_func.py), trained asynchronously for 2 steps.
 """
 
 from __future__ import annotations
@@ -115,11 +115,7 @@ def test_every_seed_flag_is_known(block):
     flags = [t.split("=")[0] for t in block.argv if t.startswith("--")]
     unknown = [f for f in flags if f not in parser._option_string_actions]
     assert not unknown, unknown
-    if block.agent:
-        with pytest.raises(UserError, match="is not supported yet by rlhfkit"):
-            parser.parse_args(list(block.argv))
-    else:
-        parser.parse_args(list(block.argv))
+    parser.parse_args(list(block.argv))
 
 
 # -- scaling ---------------------------------------------------------------------------------------------------
@@ -173,7 +169,11 @@ def _scale_rl(argv: list[str], assets, chat: bool, reward_model: Path | None) ->
     _set(argv, "--vllm_tensor_parallel_size", "1", add=False)
     for flag in ("--reward_pretrain", "--critic_pretrain"):
         _set(argv, flag, str(reward_model or assets.model_dir), add=False)
-    if "--reward_pretrain" not in argv:
+    if "--agent_func_path" in argv:  # the seed's agent file -> the example of that name (its step rewards)
+        example = REPO / "examples" / Path(argv[argv.index("--agent_func_path") + 1]).name
+        _set(argv, "--agent_func_path", str(example if example.is_file() else REPO / "examples" / "agent_func.py"))
+        _set(argv, "--label_key", "answer")
+    elif "--reward_pretrain" not in argv:
         _set(argv, "--remote_rm_url", REWARD)  # a seed's reward function file -> the demo's exact-match reward
         _set(argv, "--label_key", "answer")
     _set(argv, "--prompt_data", str(assets.rl_train))
@@ -214,8 +214,8 @@ def test_scaling_keeps_every_seed_flag(demo_assets, tmp_path):
 
 # -- running -------------------------------------------------------------------------------------------------
 def _runnable(blocks: list[Block]) -> dict[str, Block]:
-    """The non-agent blocks, identical commands once: two blocks are identical when, scaled, they parse to the
-    same config (e.g. one spells out a default the other leaves implicit)."""
+    """Every block, identical commands once: two blocks are identical when, scaled, they parse to the same config
+    (e.g. one spells out a default the other leaves implicit)."""
     from types import SimpleNamespace
 
     from rlhfkit.config.base import parse_config
@@ -224,8 +224,6 @@ def _runnable(blocks: list[Block]) -> dict[str, Block]:
     seen: list[tuple[str, object]] = []
     runnable = {}
     for b in blocks:
-        if b.agent:
-            continue
         cfg = parse_config(CONFIGS[b.module], scale(b, where, Path("OUT")), b.module)
         if (b.module, cfg) not in seen:
             seen.append((b.module, cfg))
@@ -276,12 +274,3 @@ def test_seed_block_runs(block_id, demo_assets, demo_reward_model, chat_pairs, w
     key = "train/actor/policy_loss" if block.module == "train_ppo_ray" else "train/loss"
     assert len([r for r in rows if key in r]) == 2, rows[-3:]
     assert (out / "final" / "model.safetensors").is_file() or (out / "final" / "adapter_model.safetensors").is_file()
-
-
-@pytest.mark.parametrize("block", [b for b in BLOCKS if b.agent], ids=lambda b: b.id)
-def test_agent_blocks_are_not_supported_yet(block, demo_assets, tmp_path, capsys):
-    """Agents land later (another issue): until then these blocks stop with one line and exit code 2. When they
-    land, move these blocks to test_seed_block_runs."""
-    code = run_cli(_main(block.module), scale(block, demo_assets, tmp_path), prog=block.module)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and "is not supported yet by rlhfkit" in err[0], err

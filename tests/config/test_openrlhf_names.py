@@ -95,11 +95,10 @@ def test_boolean_aliases_are_booleans():
 
 
 @pytest.mark.parametrize("main, flags, needle", [
-    (ppo_ray_main, ["--train.async_enable"], "--train.async_enable is not supported yet by rlhfkit (async"),
-    (ppo_ray_main, ["--async_train", "--agent_func_path", "a.py"], "--async_train is not supported yet"),
-    (ppo_ray_main, ["--algo.dynamic_filtering_range", "0", "1"], "--algo.dynamic_filtering_range is not sup"),
+    (ppo_ray_main, ["--ds.ring_attn_size", "2"], "--ds.ring_attn_size is not supported yet by rlhfkit (ring"),
+    (ppo_ray_main, ["--rollout.max_tokens_per_gpu", "64"], "--rollout.max_tokens_per_gpu is not supported yet"),
     (ppo_ray_main, ["--ds.param_dtype", "fp16"], "--ds.param_dtype fp16 is not supported yet"),
-    (ppo_ray_main, ["--actor.policy_loss_type", "gspo"], "GSPO is not implemented"),
+    (ppo_ray_main, ["--train.full_determinism_enable"], "a fully deterministic mode is not implemented"),
     (sft_main, ["--data.prompt_dataset", "p.jsonl"], "--data.prompt_dataset is not supported yet by rlhfkit (this"),
 ])
 def test_unsupported_flags_fail_with_one_line(main, flags, needle, capsys):
@@ -138,9 +137,35 @@ def test_config_file_with_nested_and_dotted_openrlhf_keys(tmp_path):
     assert (cfg.strategy.zero_stage, cfg.strategy.seed, cfg.rollout.rollout_batch_size) == (3, 7, 4)
     assert cfg.algo.use_kl_loss and cfg.algo.kl_estimator == "k3"
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"train": {"async_enable": True}}))
-    with pytest.raises(UserError, match="train.async_enable is not supported yet by rlhfkit"):
+    bad.write_text(json.dumps({"ds": {"ring_attn_size": 2}}))
+    with pytest.raises(UserError, match="ds.ring_attn_size is not supported yet by rlhfkit"):
         parse_config(PPOConfig, ["--config", str(bad)], "t")
+
+
+def test_async_aliases():
+    cfg = parse_config(PPOConfig, ["--train.async_enable", "--train.async_queue_size", "3",
+                                   "--train.partial_rollout_enable", "--rollout.vllm_generate_batch_size", "8"], "t")
+    a = cfg.asynchronous
+    assert (a.async_train, a.async_queue_size, a.partial_rollout, a.vllm_generate_batch_size) == (True, 3, True, 8)
+
+
+def test_recipe_aliases():
+    """The 2025 recipes' dotted spellings set the flags that landed with them (none is "not supported")."""
+    cfg = parse_config(PPOConfig, argv(
+        "--algo.dynamic_filtering_enable --algo.dynamic_filtering_range 0.1 0.9 --reward.overlong_buffer_len 4 "
+        "--reward.overlong_penalty_factor 0.5 --reward.stop_properly_penalty_coef 0.2 --train.enable_ema "
+        "--train.ema_beta 0.9 --ckpt.best_metric_key eval/pass@1 --actor.policy_loss_type gspo "
+        "--algo.advantage.is_correction_enable --algo.advantage.is_correction_type icepop "
+        "--algo.advantage.is_correction_threshold 0.5 2.0 --train.agent_func_path a.py "
+        "--train.dynamic_batch_enable --train.max_tokens_per_gpu 512"), "t")
+    r, a = cfg.recipe, cfg.algo
+    assert (r.dynamic_filtering, r.dynamic_filtering_reward_range) == (True, [0.1, 0.9])
+    assert (r.overlong_buffer_len, r.overlong_penalty_factor, r.stop_properly_penalty_coef) == (4, 0.5, 0.2)
+    assert (cfg.save.enable_ema, cfg.save.ema_beta, cfg.save.best_metric_key) == (True, 0.9, "eval/pass@1")
+    assert (a.policy_loss_type, a.enable_vllm_is_correction, a.vllm_is_correction_type) == ("gspo", True, "icepop")
+    assert a.vllm_is_truncated_threshold == [0.5, 2.0]
+    assert cfg.agent.agent_func_path == "a.py"
+    assert (cfg.strategy.use_dynamic_batch, cfg.strategy.max_tokens_per_gpu) == (True, 512)
 
 
 def test_alias_table_is_consistent():

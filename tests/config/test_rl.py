@@ -3,6 +3,7 @@ colocated, and rejected (one line) where the role is needed and has no devices."
 
 from __future__ import annotations
 
+import re
 import shlex
 
 import pytest
@@ -74,3 +75,41 @@ def test_needed_role_without_devices_fails(text, needle):
     with pytest.raises(UserError) as e:
         cfg(text)
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+ASYNC_BASE = "--remote_rm_url http://127.0.0.1:1/get_reward "
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("--async_queue_size 2", "--async_queue_size applies to asynchronous training; add --async_train"),
+    ("--partial_rollout", "--partial_rollout applies to asynchronous training"),
+    ("--vllm_generate_batch_size 32", "--vllm_generate_batch_size applies to asynchronous training"),
+    ("--async_train --async_queue_size 0", "--async_queue_size must be >= 1"),
+    ("--async_train --partial_rollout", "needs the importance-sampling correction: add --enable_vllm_is_correction"),
+    ("--async_train --partial_rollout --enable_vllm_is_correction --partial_rollout_chunk_len 0",
+     "--partial_rollout_chunk_len must be positive"),
+    ("--async_train --vllm_generate_batch_size 16", "must be a multiple of --rollout_batch_size 16 above it"),
+    ("--async_train --vllm_generate_batch_size 40", "must be a multiple of --rollout_batch_size 16 above it"),
+    ("--async_train --vllm_generate_batch_size 32", "makes 2 batches per engine call, more than --async_queue_size 1"),
+    ("--async_train --async_queue_size 2 --vllm_generate_batch_size 32 --n_samples_per_prompt 4 --dynamic_filtering",
+     "--vllm_generate_batch_size with --dynamic_filtering is not supported yet"),
+    ("--async_train --vllm_enable_sleep", "the engines never sleep; drop --vllm_enable_sleep"),
+])
+def test_async_flags_are_checked(text, needle):
+    with pytest.raises(UserError, match=re.escape(needle)):
+        cfg(ASYNC_BASE + text)
+
+
+def test_async_flags_accepted():
+    a = cfg(ASYNC_BASE + "--async_train --async_queue_size 2 --partial_rollout --enable_vllm_is_correction "
+                         "--vllm_generate_batch_size 32").asynchronous
+    assert (a.async_train, a.async_queue_size, a.partial_rollout, a.vllm_generate_batch_size) == (True, 2, True, 32)
+
+
+def test_single_process_train_ppo_refuses_async(capsys):
+    from rlhfkit.cli.common import run_cli
+    from rlhfkit.cli.train_ppo import main
+
+    code = run_cli(main, shlex.split(BASE + ASYNC_BASE + "--async_train"), prog="train_ppo")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "python -m rlhfkit.cli.train_ppo_ray" in err[0], err

@@ -92,3 +92,36 @@ def test_dead_or_stuck_role_error_names_the_role_and_the_cause_within_seconds(ra
     finally:
         set_call_timeout(None)
         plan.remove()
+
+
+def test_rank_left_waiting_in_a_collective_stops_after_ddp_timeout(ray_cluster):
+    """--ddp_timeout reaches the process group of a role's Ray ranks (through the env the run gives the group): a
+    rank whose peer never arrives at a collective stops the caller after it, with the flag named, not a hang."""
+    import time
+
+    from rlhfkit.distributed.launch import DIST_TIMEOUT_ENV
+    from rlhfkit.errors import ComponentFailed
+
+    def rank1_absent(role):
+        if dist_rank() == 1:
+            time.sleep(60)  # never arrives
+            return None
+        return role.all_ranks()
+
+    def dist_rank() -> int:
+        import torch.distributed as dist
+
+        return dist.get_rank()
+
+    plan = ResourcePlan.make([RoleDemand("actor", 2)], use_gpu=False, cpus_per_bundle=1).create()
+    try:
+        actor = RayActorGroup("actor", EchoRole, plan, plan.slots["actor"], env={DIST_TIMEOUT_ENV: "3"})
+        assert actor.all_ranks() == [0, 1]
+        started = time.monotonic()
+        with pytest.raises(ComponentFailed, match=r"^the actor role: a torch\.distributed collective waited past "
+                                                  r"--ddp_timeout.*Timed out waiting 3000ms"):
+            actor.run_on_ranks(rank1_absent)
+        assert 2.5 <= time.monotonic() - started < 40
+        actor.kill()
+    finally:
+        plan.remove()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -164,13 +166,35 @@ def test_server_errors_are_retried():
         server.close()
 
 
-def test_unreachable_server_is_a_user_error():
+def test_unreachable_server_stops_after_bounded_retries_naming_its_url():
     from rlhfkit.distributed.launch import free_port
+    from rlhfkit.errors import ComponentFailed
 
     url = f"http://127.0.0.1:{free_port()}/get_reward"
-    client = HTTPRewardClient([url], timeout=1, retries=2, backoff=0.01)
-    with pytest.raises(UserError, match="no valid answer after 2 attempt"):
+    client = HTTPRewardClient([url], timeout=1, retries=3, backoff=0.2)
+    started = time.monotonic()
+    with pytest.raises(ComponentFailed, match=rf"^reward server {url}: no valid answer after 3 attempt\(s\) in .*"
+                                              r"Connection refused.*--load_checkpoint"):
         client.score({"queries": ["a"], "prompts": [""], "labels": [None]})
+    assert 0.2 + 0.4 <= time.monotonic() - started < 10  # two backoffs (0.2 s, 0.4 s), then it gives up
+
+
+def test_hung_server_hits_the_request_timeout():
+    """A server that accepts connections but never answers (hung, not dead): each attempt ends after the request
+    timeout, and the run stops after the last one instead of waiting forever."""
+    from rlhfkit.errors import ComponentFailed
+
+    with socket.socket() as hung:  # listens (the kernel completes the handshake) but never reads or answers
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(8)
+        url = f"http://127.0.0.1:{hung.getsockname()[1]}/get_reward"
+        client = HTTPRewardClient([url], timeout=1, retries=2, backoff=0.1)
+        started = time.monotonic()
+        with pytest.raises(ComponentFailed, match=rf"^reward server {url}: no valid answer after 2 attempt.*timed "
+                                                  r"out after --remote_rm_timeout 1 s"):
+            client.score({"queries": ["a"], "prompts": [""], "labels": [None]})
+        assert 2 * 1 + 0.1 <= time.monotonic() - started < 15
+        client.close()
 
 
 def test_api_key_is_sent_and_a_refusal_is_not_retried(monkeypatch):

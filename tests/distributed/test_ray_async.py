@@ -1,0 +1,150 @@
+"""Asynchronous RL (--async_train) through Ray: a generator actor fills a bounded queue while the actor trains.
+
+Instrumented runs check the two invariants of rlhfkit/trainers/async_generator.py: no generate call overlaps a
+weight update (the generator records the lock intervals of both), and every consumed batch is at most
+--async_queue_size policy versions behind the trainer. Also: agents train asynchronously, a killed generator stops
+the run within 60 s naming it, and a resumed async run continues at the consumed data position.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlhfkit.config.base import parse_config
+from rlhfkit.config.rl import PPOConfig
+from rlhfkit.trainers.ray_run import run_ppo_ray
+from tests.distributed.test_ray_ppo import ppo_argv
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+REWARD = str(Path(__file__).resolve().parent / "reward_exact_match.py")
+
+
+def rows_of(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def grpo_argv(assets, out: Path, *extra: str) -> list[str]:
+    return ppo_argv(assets, out, "--remote_rm_url", REWARD, "--advantage_estimator", "group_norm",
+                    "--init_kl_coef", "0", "--async_train", *extra)
+
+
+def assert_no_overlap(stats: dict) -> None:
+    generate, update = stats["intervals"]["generate"], stats["intervals"]["update"]
+    assert generate and update
+    for g0, g1 in generate:
+        for u0, u1 in update:
+            assert g1 <= u0 or u1 <= g0, f"generate {g0, g1} overlaps weight update {u0, u1}"
+
+
+@pytest.mark.limit(400)
+@pytest.mark.parametrize("queue, partial", [(1, False), (2, True)], ids=["queue1", "queue2-partial"])
+def test_staleness_bound_and_lock(ray_cluster, demo_assets, tmp_path, queue, partial):
+    extra = ["--async_queue_size", str(queue), "--num_episodes", "3"]
+    if partial:
+        extra += ["--partial_rollout", "--partial_rollout_chunk_len", "3", "--enable_vllm_is_correction"]
+    trainer = run_ppo_ray(parse_config(PPOConfig, grpo_argv(demo_assets, tmp_path, *extra), "test"))
+    assert len(trainer.consumed) == 6  # 3 episodes x 2 batches, nothing skipped or repeated
+    for c in trainer.consumed:
+        assert 0 <= c["trainer_version"] - c["sample_version"] <= queue, trainer.consumed
+        # one optimizer step per batch and no KL in the reward: the old policy is the actor's current weights, which
+        # the training forward computes exactly, stale batch or not (no extra actor forward)
+        assert not c["old_log_probs_from_actor_forward"], c
+    assert max(c["trainer_version"] - c["sample_version"] for c in trainer.consumed) >= 1  # it did overlap
+    stats = trainer.last_generator_stats
+    assert_no_overlap(stats)
+    assert len(stats["intervals"]["update"]) == 6  # one weight update per step (the first sync precedes it)
+    rows = [r for r in rows_of(tmp_path / "final" / "metrics.jsonl") if "train/actor/policy_loss" in r]
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    assert all(0 <= r["train/async/staleness"] <= queue for r in rows)
+    if partial:
+        # 8 new tokens in chunks of 3: three generate calls per batch, each a point where an update may land
+        assert len(stats["intervals"]["generate"]) >= 3 * 6
+
+
+@pytest.mark.limit(400)
+def test_agent_trains_two_async_steps(ray_cluster, demo_assets, tmp_path):
+    """The seed's agent command shape (--async_train --agent_func_path ... --max_steps 3, REINFORCE++)."""
+    argv = ppo_argv(demo_assets, tmp_path, "--async_train", "--agent_func_path", str(EXAMPLES / "agent_func.py"),
+                    "--max_steps", "3", "--advantage_estimator", "reinforce", "--init_kl_coef", "0.01",
+                    "--generate_max_len", "24")
+    trainer = run_ppo_ray(parse_config(PPOConfig, argv, "test"))
+    rows = [r for r in rows_of(tmp_path / "final" / "metrics.jsonl") if "train/actor/policy_loss" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(1 <= r["train/agent/turns"] <= 3 and r["train/async/staleness"] <= 1 for r in rows)
+    assert [c["position"] for c in trainer.consumed] == [(0, 1), (0, 2)]
+    assert_no_overlap(trainer.last_generator_stats)
+    assert (tmp_path / "final" / "model.safetensors").is_file()
+
+
+@pytest.mark.limit(300)
+def test_killed_generator_stops_the_run_naming_it(ray_cluster, demo_assets, tmp_path):
+    import os
+    import signal
+    import time
+
+    from rlhfkit.errors import ComponentFailed
+
+    killed: list[float] = []
+
+    def kill_generator(trainer):
+        if trainer.generator is not None and not killed:  # after step 1's update, mid-run
+            os.kill(trainer.generator_pid, signal.SIGKILL)
+            killed.append(time.monotonic())
+
+    argv = grpo_argv(demo_assets, tmp_path, "--num_episodes", "3")
+    with pytest.raises(ComponentFailed, match="the rollout generator") as failure:
+        run_ppo_ray(parse_config(PPOConfig, argv, "test"), after_sync=[kill_generator])
+    assert killed and time.monotonic() - killed[0] < 60
+    assert "died" in str(failure.value)
+
+
+@pytest.mark.limit(400)
+def test_resume_continues_at_the_consumed_position(ray_cluster, demo_assets, tmp_path):
+    """Batches queued at checkpoint time are not in the checkpoint: the data position counts consumed batches
+    only, so the resumed run trains on the next prompts of the stream, none skipped or repeated."""
+    from rlhfkit.data.sampler import global_batches
+
+    argv = grpo_argv(demo_assets, tmp_path, "--max_samples", "8", "--save_steps", "1", "--async_queue_size", "2")
+    first = run_ppo_ray(parse_config(PPOConfig, [*argv, "--max_rl_steps", "2"], "test"))
+    assert [c["position"] for c in first.consumed] == [(0, 1), (0, 2)]
+    resumed = run_ppo_ray(parse_config(PPOConfig, [*argv, "--load_checkpoint"], "test"))
+    assert [c["position"] for c in resumed.consumed] == [(0, 3), (0, 4)]
+    assert [c["step"] for c in resumed.consumed] == [3, 4]
+    # the prompts the resumed steps trained on are batches 2 and 3 of episode 0 in the seeded order
+    batches = global_batches(8, 2, resumed.cfg.strategy.seed, 0)
+    prompts = [resumed.prompts[i]["prompt"] for b in batches[2:] for i in b for _ in range(2)]
+    assert resumed.trained_prompts == prompts
+
+
+@pytest.mark.limit(400)
+def test_oversampling_queues_the_extra_batches(ray_cluster, demo_assets, tmp_path):
+    """--vllm_generate_batch_size 4 with --rollout_batch_size 2: one engine call makes two steps' batches; the
+    second waits in the queue for the next step, and the stream order is that of synchronous training."""
+    from rlhfkit.data.sampler import global_batches
+
+    argv = grpo_argv(demo_assets, tmp_path, "--max_samples", "8", "--vllm_generate_batch_size", "4",
+                     "--async_queue_size", "2")
+    trainer = run_ppo_ray(parse_config(PPOConfig, argv, "test"))
+    assert [c["position"] for c in trainer.consumed] == [(0, 1), (0, 2), (0, 3), (0, 4)]
+    assert all(c["trainer_version"] - c["sample_version"] <= 2 for c in trainer.consumed)
+    assert len(trainer.last_generator_stats["intervals"]["generate"]) == 2  # two engine calls for four steps
+    assert_no_overlap(trainer.last_generator_stats)
+    batches = global_batches(8, 2, trainer.cfg.strategy.seed, 0)
+    assert trainer.trained_prompts == [trainer.prompts[i]["prompt"] for b in batches for i in b for _ in range(2)]
+
+
+@pytest.mark.limit(300)
+def test_generator_error_stops_the_run_with_that_error(ray_cluster, demo_assets, tmp_path):
+    """A reward function failing inside the generator (past --max_reward_failure_ratio 0) stops the run with the
+    reward function's one-line error, while the trainer may be waiting for a batch or to update weights."""
+    from rlhfkit.errors import UserError
+
+    bad = tmp_path / "bad_reward.py"
+    bad.write_text("def reward_func(queries, prompts, labels):\n    raise ValueError('boom on purpose')\n")
+    argv = grpo_argv(demo_assets, tmp_path, "--max_reward_failure_ratio", "0")
+    argv[argv.index("--remote_rm_url") + 1] = str(bad)
+    with pytest.raises(UserError, match="reward_func raised ValueError: boom on purpose"):
+        run_ppo_ray(parse_config(PPOConfig, argv, "test"))
