@@ -19,7 +19,15 @@ from torch import nn
 
 from rlhfkit.algorithms.sft_loss import shifted_target_mask, token_logprobs
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
-from rlhfkit.models.policy import attn_implementation_of, model_dtype, model_inputs
+from rlhfkit.models.policy import (
+    attn_implementation_of,
+    dense_rows,
+    first_target_position,
+    from_position,
+    keep_logits_from,
+    model_dtype,
+    model_inputs,
+)
 from rlhfkit.trainers.loop import TrainerLoop
 from rlhfkit.trainers.setup import OfflineRun
 
@@ -137,14 +145,18 @@ def sequence_logps(model: nn.Module, batch: dict[str, torch.Tensor], fp32: bool 
                    aux_loss: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(sum of response-token log-probs [n], response-token counts [n], MoE aux loss or None) of every sample of
     a padded or packed batch, from one forward pass. Log-probs are float32 (`token_logprobs`); `fp32` also runs
-    the logits in float32 first."""
+    the logits in float32 first. A padded batch runs as fewer, fuller rows where it can (`dense_rows`), and the LM
+    head skips the prompt columns that no row predicts from."""
     inner = getattr(model, "module", model)
+    batch = dense_rows(model, batch)
     inputs = model_inputs(batch, attn_implementation_of(inner), model_dtype(inner))
     aux_loss = aux_loss and hasattr(inner.config, "output_router_logits")  # mixture-of-experts models only
     if aux_loss:
         inputs["output_router_logits"] = True
-    output = model(**inputs, use_cache=False)
-    logits = output.logits[:, :-1]
+    start = first_target_position(batch)  # no LM head on the prompt columns before any target
+    output = model(**inputs, **keep_logits_from(model, batch, start), use_cache=False)
+    logits = output.logits[:, start - batch["input_ids"].shape[1]:-1] if start > 0 else output.logits[:, :-1]
+    batch = from_position(batch, start)
     if fp32:
         logits = logits.float()
     sample_ids = batch.get("sample_ids")

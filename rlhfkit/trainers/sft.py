@@ -17,7 +17,7 @@ import torch
 from rlhfkit.algorithms.sft_loss import sft_loss
 from rlhfkit.data.tokens import as_long
 from rlhfkit.models.moe import router_aux_loss
-from rlhfkit.models.policy import forward_logits
+from rlhfkit.models.policy import dense_rows, first_target_position, forward_logits, from_position
 from rlhfkit.trainers.loop import Collate, TrainerLoop, to_device
 
 
@@ -42,11 +42,15 @@ class SFTTrainer(TrainerLoop):
         target count on this rank; default: this micro-batch's own, i.e. its mean), and the MoE router
         load-balancing loss (`rlhfkit.models.moe`) counts with aux_loss_coef x the micro-batch's share of those
         tokens, so micro-batches of any size add up to the step's loss."""
-        with router_aux_loss(self.engine, self.aux_loss_coef > 0) as aux:
-            logits = forward_logits(self.engine, batch)
         targets = int(batch["loss_mask"][:, 1:].sum())
+        # The same loss, cheaper: fewer, fuller rows where the padding allows, and no LM head on prompt columns
+        batch = dense_rows(self.engine, batch)
+        start = first_target_position(batch)
+        with router_aux_loss(self.engine, self.aux_loss_coef > 0) as aux:
+            logits = forward_logits(self.engine, batch, start)
         step_tokens = step_tokens or max(targets, 1)
-        ce = sft_loss(logits, batch["input_ids"], batch["loss_mask"], sample_ids=batch.get("sample_ids"),
+        window = from_position(batch, start)
+        ce = sft_loss(logits, window["input_ids"], window["loss_mask"], sample_ids=window.get("sample_ids"),
                       num_tokens=step_tokens)
         if not aux:
             return ce, ce, None
