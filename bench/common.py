@@ -140,14 +140,19 @@ class StepClock:
 
     def __init__(self) -> None:
         self.ends: list[float] = [time.perf_counter()]
+        # CPU time of the process (all its threads) at the same moments: the work a step took, which a shared,
+        # loaded machine inflates far less than the wall-clock gap
+        self.cpu_ends: list[float] = [time.process_time()]
         self.extra: dict[str, Any] = {}
 
     def tick(self) -> None:
         self.ends.append(time.perf_counter())
+        self.cpu_ends.append(time.process_time())
 
     def report(self) -> None:
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        print(MARK + json.dumps({"ends": self.ends, "peak_rss_mb": peak_mb, **self.extra}), flush=True)
+        print(MARK + json.dumps({"ends": self.ends, "cpu_ends": self.cpu_ends, "peak_rss_mb": peak_mb,
+                                 **self.extra}), flush=True)
 
 
 def step_times(ends: Sequence[float], warmup: int) -> list[float]:
@@ -169,32 +174,43 @@ def run_child(script: Path, system: str, case: str, threads: int, extra: Sequenc
 
 def interleaved(script: Path, cases: Sequence[str], repeats: int, threads: int, warmup: int,
                 extra: Callable[[str], list[str]] = lambda case: []) -> dict[str, dict[str, dict[str, Any]]]:
-    """Per case and system: every step time of every repeat, peak RSS and the children's extra fields."""
+    """Per case and system: every step time (wall and CPU) of every repeat, each run's median, peak RSS and the
+    children's extra fields."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for case in cases:
-        out[case] = {s: {"times": [], "rss": [], "extra": {}} for s in SYSTEMS}
+        out[case] = {s: {"times": [], "cpu": [], "runs": [], "rss": [], "extra": {}} for s in SYSTEMS}
         for rep in range(repeats):
             for system in (SYSTEMS if rep % 2 == 0 else SYSTEMS[::-1]):
                 result = run_child(script, system, case, threads, extra(case))
                 times = step_times(result.pop("ends"), warmup)
+                cpu = step_times(result.pop("cpu_ends"), warmup)
                 row = out[case][system]
                 row["times"].extend(times)
+                row["cpu"].extend(cpu)
+                row["runs"].append(statistics.median(times))
                 row["rss"].append(result.pop("peak_rss_mb"))
                 row["extra"] = result
-                print(f"  {case:>16} {system:>8} rep {rep}: median {statistics.median(times):.3f} s/step "
-                      f"({len(times)} steps), peak RSS {row['rss'][-1]:.0f} MB", flush=True)
+                print(f"  {case:>16} {system:>8} rep {rep}: median {statistics.median(times):.3f} s/step, CPU "
+                      f"{statistics.median(cpu):.3f} s/step ({len(times)} steps), peak RSS {row['rss'][-1]:.0f} MB, "
+                      f"load {load()}", flush=True)
     return out
 
 
 def table(results: dict[str, dict[str, dict[str, Any]]], unit: str = "s/step",
           describe: Callable[[str], str] = lambda case: case) -> list[str]:
-    rows = [f"| case | rlhfkit median {unit} | TRL median {unit} | ratio rlhfkit/TRL | rlhfkit peak RSS MB | "
-            "TRL peak RSS MB | steps timed (each) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    """Wall-clock medians and their ratio, the ratio of each interleaved pair of runs, and the CPU-time medians and
+    their ratio (the work per step, which a loaded machine distorts least)."""
+    rows = [f"| case | rlhfkit median {unit} | TRL median {unit} | ratio rlhfkit/TRL | ratio per run pair | "
+            f"rlhfkit CPU {unit} | TRL CPU {unit} | CPU-time ratio | rlhfkit peak RSS MB | TRL peak RSS MB | "
+            "steps timed (each) |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for case, by_system in results.items():
         ours, theirs = (statistics.median(by_system[s]["times"]) for s in SYSTEMS)
+        cpu_ours, cpu_theirs = (statistics.median(by_system[s]["cpu"] or [float("nan")]) for s in SYSTEMS)
+        pairs = ", ".join(f"{a / b:.2f}" for a, b in zip(*(by_system[s]["runs"] for s in SYSTEMS)))
         rss = [max(by_system[s]["rss"]) for s in SYSTEMS]
         n = min(len(by_system[s]["times"]) for s in SYSTEMS)
-        rows.append(f"| {describe(case)} | {ours:.3f} | {theirs:.3f} | **{ours / theirs:.2f}** | {rss[0]:.0f} | "
+        rows.append(f"| {describe(case)} | {ours:.3f} | {theirs:.3f} | **{ours / theirs:.2f}** | {pairs} | "
+                    f"{cpu_ours:.3f} | {cpu_theirs:.3f} | **{cpu_ours / cpu_theirs:.2f}** | {rss[0]:.0f} | "
                     f"{rss[1]:.0f} | {n} |")
     return rows
 

@@ -42,6 +42,16 @@ def _launcher_env_stays_in_its_module():
             os.environ[key] = value
 
 
+@pytest.fixture()
+def world_of_one():
+    """A test that joins a process group in this process (DeepSpeed engines, a CLI's main) runs in a world of one;
+    the environment is restored after it (`tests.helpers.launcher_env_of_one`)."""
+    from tests.helpers import launcher_env_of_one
+
+    with launcher_env_of_one():
+        yield
+
+
 @pytest.fixture(scope="session")
 def demo_assets(tmp_path_factory):
     """The embedded tokenizer, tiny model and task data, built once per test session."""

@@ -12,12 +12,17 @@ trainers call (save/resume, metrics sinks) and import nothing from trainers, so 
 Trainer modules (TRAINERS): the modules of `rlhfkit/trainers` whose `run_*` entry point a CLI calls (run_sft,
 run_rm, run_dpo, run_kto, run_ppo, run_ppo_ray); every trainers module the CLI imports must be one. The rest of
 `rlhfkit/trainers` is shared machinery (the loop, the preference trainer base, roles, experience, run assembly)
-that trainers import; it imports no trainer.
+that trainers import; it imports no trainer. A CLI names its trainer as a "module:function" string that
+`rlhfkit.cli.common.run_config` imports when it runs; such a string counts as an import of that module here.
+
+Run assembly (strategy, tokenizer, datasets, model, logger) is written once, in `rlhfkit/trainers/setup.py`: no
+other module builds a strategy or a metrics logger itself.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "rlhfkit"
@@ -27,6 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("checkpoint", "logging"), ("trainers",), ("cli",),
 ]
 EVERYWHERE = {"rlhfkit", "rlhfkit.errors"}
+RUNNER = re.compile(r"(rlhfkit(?:\.\w+)+):\w+")  # "rlhfkit.trainers.sft:run_sft", as given to run_config
 TRAINERS = {f"rlhfkit.trainers.{m}" for m in ("sft", "reward", "dpo", "kto", "rl_run", "ray_run", "batch_inference")}
 
 
@@ -50,6 +56,8 @@ def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
             for alias in node.names:
                 sub = f"{node.module}.{alias.name}"
                 found.add(sub if sub in modules else node.module)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and RUNNER.fullmatch(node.value):
+            found.add(RUNNER.fullmatch(node.value).group(1))
     unknown = found - set(modules)
     assert not unknown, f"{path} imports modules that do not exist: {sorted(unknown)}"
     return found
@@ -134,3 +142,23 @@ def test_no_trainer_imports_a_sibling_trainer():
              for t in sorted(edges[m] & trainers)]
     assert not wrong, ("trainer modules are imported only by the CLI; move what they share into a module of its "
                        "own:\n" + "\n".join(wrong))
+
+
+ASSEMBLY = {"make_strategy": "rlhfkit.trainers.setup", "make_logger": "rlhfkit.trainers.setup"}
+
+
+def test_run_assembly_is_written_once():
+    """Every trainer and both RL runners get their strategy and logger from `trainers/setup.py` (`assemble_offline`,
+    `build_strategy`, `train_rl`); a module that calls `make_strategy` or `make_logger` itself is a copied assembly
+    block. Likewise the CLI entry points parse and run through `cli.common.cli_main`."""
+    wrong = []
+    for name, path in all_modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ASSEMBLY \
+                    and name != ASSEMBLY[node.func.id]:
+                wrong.append(f"{name}:{node.lineno} calls {node.func.id}")
+    assert not wrong, "run assembly outside trainers/setup.py:\n" + "\n".join(wrong)
+    for path in sorted((ROOT / "cli").glob("train_*.py")) + [ROOT / "cli" / "batch_inference.py"]:
+        calls = {n.func.id for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)
+                 and isinstance(n.func, ast.Name)}
+        assert "cli_main" in calls and "parse_config" not in calls, path.name

@@ -142,7 +142,7 @@ def check_engine_logprobs(model: Path, bf16: bool) -> dict:
     from rlhfkit.models.loading import load_causal_lm
     from rlhfkit.rollout.hf_engine import HFRolloutEngine
     from rlhfkit.trainers.experience import experience_from_samples
-    from rlhfkit.trainers.roles import action_log_probs
+    from rlhfkit.trainers.role_forward import action_log_probs
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tok = AutoTokenizer.from_pretrained(model)

@@ -15,22 +15,13 @@ trainer the same --input_template / --apply_chat_template.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 
-from rlhfkit.cli.common import quiet_libraries, run_cli
-from rlhfkit.config.base import parse_config
+from rlhfkit.cli.common import cli_main, run_cli
 from rlhfkit.config.batch_inference import BatchInferenceConfig
 
 PROG = "rlhfkit.cli.batch_inference"
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    quiet_libraries()
-    cfg = parse_config(BatchInferenceConfig, argv, PROG, __doc__)
-    from rlhfkit.trainers.batch_inference import run_batch_inference
-
-    run_batch_inference(cfg)
-    return 0
+main = cli_main(BatchInferenceConfig, PROG, __doc__, "rlhfkit.trainers.batch_inference:run_batch_inference")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
-"""What every entry point shares: user errors as one line with exit code 2, and quiet library logs."""
+"""What every entry point shares: user errors as one line with exit code 2, quiet library logs, and the body of
+the training and inference entry points (`run_config`)."""
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
@@ -95,3 +97,38 @@ def dry_run(cfg: Any, trainer: str, prog: str) -> bool:
     if os.environ.get("RANK", "0") == "0":
         print(render(plan_with_advice(cfg, trainer, devices, world), prog), flush=True)
     return True
+
+
+def cli_main(config_cls: type, prog: str, doc: str | None, runner: str, *, plan_as: str | None = None,
+             validate: Callable[[Any], Any] | None = None,
+             validate_always: bool = False) -> Callable[[Sequence[str] | None], int]:
+    """The `main(argv)` of an entry point that parses flags into a config and runs one trainer (`run_config`)."""
+
+    def main(argv: Sequence[str] | None = None) -> int:
+        return run_config(config_cls, argv, prog, doc, runner, plan_as=plan_as, validate=validate,
+                          validate_always=validate_always)
+
+    return main
+
+
+def run_config(config_cls: type, argv: Sequence[str] | None, prog: str, doc: str | None, runner: str, *,
+               plan_as: str | None = None, validate: Callable[[Any], Any] | None = None,
+               validate_always: bool = False) -> int:
+    """The body of an entry point that parses flags into a config and runs one trainer: quiet the libraries, parse
+    `argv` into `config_cls` (`--help` shows `doc`); with --dry_run (trainers that plan memory: `plan_as` is sft, rm,
+    dpo, kto, ppo or ppo_ray) `validate` it (the trainer validates again; a dry run must fail on the same mistakes;
+    `validate_always`: also without --dry_run), print the memory plan and stop (`dry_run`); otherwise import `runner`
+    ("module:function", imported only now so that --help and flag errors answer without loading torch) and call it
+    with the config."""
+    from rlhfkit.config.base import parse_config
+
+    quiet_libraries()
+    cfg = parse_config(config_cls, argv, prog, doc)
+    planning = plan_as is not None and cfg.plan.dry_run
+    if validate is not None and (validate_always or planning):
+        validate(cfg)
+    if planning and dry_run(cfg, plan_as, prog):
+        return 0
+    module, _, function = runner.partition(":")
+    getattr(importlib.import_module(module), function)(cfg)
+    return 0

@@ -3,26 +3,14 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 
-from rlhfkit.cli.common import dry_run, quiet_libraries, run_cli
-from rlhfkit.config.base import parse_config
+from rlhfkit.cli.common import cli_main, run_cli
 from rlhfkit.config.preference import KTOConfig
 
 PROG = "rlhfkit.cli.train_kto"
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    quiet_libraries()
-    cfg = parse_config(KTOConfig, argv, PROG, __doc__)
-    if cfg.plan.dry_run:  # the trainer checks its inputs too; a dry run must fail on the same mistakes
-        cfg.check_inputs()
-    if dry_run(cfg, "kto", PROG):
-        return 0
-    from rlhfkit.trainers.kto import run_kto
-
-    run_kto(cfg)
-    return 0
+main = cli_main(KTOConfig, PROG, __doc__, "rlhfkit.trainers.kto:run_kto",
+               plan_as="kto", validate=KTOConfig.check_inputs)  # parsing validates the flags
 
 
 if __name__ == "__main__":

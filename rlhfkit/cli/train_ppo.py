@@ -11,27 +11,21 @@ generates. Example (GRPO with a rule-based reward):
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 
-from rlhfkit.cli.common import dry_run, quiet_libraries, run_cli
-from rlhfkit.config.base import parse_config
+from rlhfkit.cli.common import cli_main, run_cli
 from rlhfkit.config.rl import PPOConfig, validate_single_process
 
 PROG = "rlhfkit.cli.train_ppo"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    quiet_libraries()
-    cfg = parse_config(PPOConfig, argv, PROG, __doc__)  # validates the flags
+def validate(cfg: PPOConfig) -> None:
+    """A single-process run's own rule (no --async_train) and the inputs (parsing validated the flags)."""
     validate_single_process(cfg)
-    if cfg.plan.dry_run:  # the trainer checks its inputs too; a dry run must fail on the same mistakes
-        cfg.check_inputs()
-    if dry_run(cfg, "ppo", PROG):
-        return 0
-    from rlhfkit.trainers.rl_run import run_ppo
+    cfg.check_inputs()
 
-    run_ppo(cfg)
-    return 0
+
+main = cli_main(PPOConfig, PROG, __doc__, "rlhfkit.trainers.rl_run:run_ppo", plan_as="ppo", validate=validate,
+                validate_always=True)
 
 
 if __name__ == "__main__":

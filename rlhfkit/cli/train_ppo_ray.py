@@ -15,26 +15,14 @@ with one line and exit code 2.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 
-from rlhfkit.cli.common import dry_run, quiet_libraries, run_cli
-from rlhfkit.config.base import parse_config
+from rlhfkit.cli.common import cli_main, run_cli
 from rlhfkit.config.rl import PPOConfig
 
 PROG = "rlhfkit.cli.train_ppo_ray"
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    quiet_libraries()
-    cfg = parse_config(PPOConfig, argv, PROG, __doc__)
-    if cfg.plan.dry_run:  # the trainer checks its inputs too; a dry run must fail on the same mistakes
-        cfg.check_inputs()
-    if dry_run(cfg, "ppo_ray", PROG):
-        return 0
-    from rlhfkit.trainers.ray_run import run_ppo_ray
-
-    run_ppo_ray(cfg)
-    return 0
+main = cli_main(PPOConfig, PROG, __doc__, "rlhfkit.trainers.ray_run:run_ppo_ray",
+               plan_as="ppo_ray", validate=PPOConfig.check_inputs)  # parsing validates the flags
 
 
 if __name__ == "__main__":

@@ -3,26 +3,14 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 
-from rlhfkit.cli.common import dry_run, quiet_libraries, run_cli
-from rlhfkit.config.base import parse_config
+from rlhfkit.cli.common import cli_main, run_cli
 from rlhfkit.config.preference import RMConfig
 
 PROG = "rlhfkit.cli.train_rm"
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    quiet_libraries()
-    cfg = parse_config(RMConfig, argv, PROG, __doc__)
-    if cfg.plan.dry_run:  # the trainer checks its inputs too; a dry run must fail on the same mistakes
-        cfg.check_inputs()
-    if dry_run(cfg, "rm", PROG):
-        return 0
-    from rlhfkit.trainers.reward import run_rm
-
-    run_rm(cfg)
-    return 0
+main = cli_main(RMConfig, PROG, __doc__, "rlhfkit.trainers.reward:run_rm",
+               plan_as="rm", validate=RMConfig.check_inputs)  # parsing validates the flags
 
 
 if __name__ == "__main__":

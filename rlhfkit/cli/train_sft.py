@@ -3,24 +3,14 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 
-from rlhfkit.cli.common import dry_run, quiet_libraries, run_cli
-from rlhfkit.config.base import parse_config
+from rlhfkit.cli.common import cli_main, run_cli
 from rlhfkit.config.sft import SFTConfig
 
 PROG = "rlhfkit.cli.train_sft"
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    quiet_libraries()
-    cfg = parse_config(SFTConfig, argv, PROG, __doc__)  # validates the flags
-    if dry_run(cfg, "sft", PROG):
-        return 0
-    from rlhfkit.trainers.sft import run_sft
-
-    run_sft(cfg)
-    return 0
+main = cli_main(SFTConfig, PROG, __doc__, "rlhfkit.trainers.sft:run_sft",
+               plan_as="sft")  # parsing validates the flags; a dry run needs no dataset
 
 
 if __name__ == "__main__":

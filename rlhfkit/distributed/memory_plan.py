@@ -25,8 +25,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rlhfkit.config import memory as mem
-from rlhfkit.config.rl import ROLES, PPOConfig, needs_critic, needs_reference, role_needed, role_ranks
-from rlhfkit.distributed.placement import RoleDemand, plan_pools
+from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference, role_needed, role_ranks
+from rlhfkit.distributed.placement import plan_pools, role_demands
 from rlhfkit.errors import UserError
 
 # Resident set of one trainer process on CPU before its models count: the interpreter, torch, transformers,
@@ -227,15 +227,6 @@ def _engine_rows(cfg: PPOConfig, shape: mem.ModelShape, devices: Devices, name: 
                      f"{budget.sequences} x {max_len}-token sequences")]
 
 
-def _ray_demands(cfg: PPOConfig) -> list[RoleDemand]:
-    """The roles of a train_ppo_ray run and their devices (as trainers/ray_run.role_demands places them)."""
-    demands = [RoleDemand(role, role_ranks(cfg, role)) for role in ROLES if role_needed(cfg, role)]
-    r = cfg.rollout
-    demands.append(RoleDemand("vllm", r.vllm_num_engines, r.vllm_tensor_parallel_size) if r.vllm_num_engines > 0
-                   else RoleDemand("hf_engine", 1))
-    return demands
-
-
 def _rl_shapes(cfg: PPOConfig) -> dict[str, mem.ModelShape]:
     actor = _shape(cfg.model.pretrain, "--pretrain")
     m = cfg.rl_model
@@ -261,7 +252,7 @@ def _plan_rl(cfg: PPOConfig, trainer: str, devices: Devices) -> list[Pool]:
         pool.members.append("hf_engine")
         pool.rows += _engine_rows(cfg, shapes["actor"], devices, "hf_engine", pool)
         return [pool]
-    demands = _ray_demands(cfg)
+    demands = role_demands(cfg)
     ranks = {d.name: d.ranks for d in demands}
     pools = []
     for p in plan_pools(demands, colocate_all=res.colocate_all_models, colocate_actor_ref=res.colocate_actor_ref,

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlhfkit.config.rl import ROLES, PPOConfig, role_needed, role_ranks
 from rlhfkit.errors import UserError
 
 
@@ -223,3 +224,17 @@ def unwrap_user_error(e: BaseException) -> BaseException:
     """The UserError an actor raised (Ray wraps it in a RayTaskError), or `e` itself."""
     cause = getattr(e, "cause", None)
     return UserError(str(cause)) if isinstance(cause, UserError) else e
+
+
+def role_demands(cfg: PPOConfig) -> list[RoleDemand]:
+    """The devices each role of a train_ppo_ray run needs (vllm: engines x tensor parallel; Transformers engine:
+    one)."""
+    # Roles the run does not have are left out whatever their device flags say (OpenRLHF commands pass 0 for
+    # them); a colocated role given 0 devices runs on its host's devices (role_ranks).
+    demands = [RoleDemand(role, role_ranks(cfg, role)) for role in ROLES if role_needed(cfg, role)]
+    r = cfg.rollout
+    if r.vllm_num_engines > 0:
+        demands.append(RoleDemand("vllm", r.vllm_num_engines, r.vllm_tensor_parallel_size))
+    else:
+        demands.append(RoleDemand("hf_engine", 1))
+    return demands

@@ -12,9 +12,11 @@ finds the group already made). Calling a method on the group calls it on the ran
 - "broadcast" (the default): every rank gets the same arguments (collectives such as a ZeRO-3 gather or an
   optimizer step need all ranks) and rank 0's result is returned.
 
-So the RL loop cannot tell a group from the local object. With `offload_between_calls` (`--deepspeed_enable_sleep`)
-every rank reloads its DeepSpeed states before a call and offloads them after it, so a role holds accelerator
-memory only while one of its methods runs (see `rlhfkit/distributed/weight_sync.py: offload_states`).
+A role declares a method's mode next to the method with `@dispatch("split")` (`rlhfkit.trainers.roles`); an
+undecorated method broadcasts. So the RL loop cannot tell a group from the local object. With
+`offload_between_calls` (`--deepspeed_enable_sleep`) every rank reloads its DeepSpeed states before a call and
+offloads them after it, so a role holds accelerator memory only while one of its methods runs (see
+`rlhfkit/distributed/weight_sync.py: offload_states`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -66,6 +68,23 @@ def worker_env(extra: dict[str, str] | None = None, slot: Slot | None = None) ->
 
 
 # -- splitting and joining batches over ranks -------------------------------------------------------------------
+DISPATCH_MODES = ("split", "broadcast")
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def dispatch(mode: str) -> Callable[[_F], _F]:
+    """Declare how a role method is called over a group's ranks ("split" or "broadcast", see the module
+    docstring); `RayActorGroup` reads it from the role class. Put it outermost, above `@torch.no_grad()`."""
+    if mode not in DISPATCH_MODES:
+        raise ValueError(f"dispatch mode {mode!r}: use one of {', '.join(DISPATCH_MODES)}")
+
+    def mark(method: _F) -> _F:
+        method.dispatch_mode = mode  # type: ignore[attr-defined]
+        return method
+
+    return mark
+
+
 def split_for_ranks(value: Any, n: int) -> list[Any]:
     """Cut `value` into n contiguous, nearly equal slices (the first slices get one more on a remainder)."""
     if isinstance(value, torch.Tensor):
@@ -211,14 +230,14 @@ class RayActorGroup:
     """The ranks of one role as Ray actors, with the local role's methods (see the module docstring).
 
     `role_cls` is the local role class: rank r builds `role_cls(*init_args, **init_kwargs)` (or `factory()` when
-    given), and only its public methods are served. A method's dispatch mode comes from `dispatch`, else from a
-    `dispatch_mode` attribute on the method ("split" / "broadcast"), else "broadcast".
+    given), and only its public methods are served. A method's dispatch mode is the one its `@dispatch(...)`
+    declares, else "broadcast".
     """
 
     def __init__(self, name: str, role_cls: type | None, plan: ResourcePlan, slots: list[Slot], *,
                  init_args: tuple = (), init_kwargs: dict[str, Any] | None = None,
-                 factory: Callable[[], Any] | None = None, dispatch: dict[str, str] | None = None,
-                 env: dict[str, str] | None = None, offload_between_calls: bool = False, wait: bool = True):
+                 factory: Callable[[], Any] | None = None, env: dict[str, str] | None = None,
+                 offload_between_calls: bool = False, wait: bool = True):
         import ray
 
         if factory is None:
@@ -228,7 +247,6 @@ class RayActorGroup:
         self.name = name
         self.role_cls = role_cls
         self.world_size = len(slots)
-        self.dispatch = dict(dispatch or {})
         self.workers: list[Any] = []
         remote_cls = ray.remote(RoleWorker)
         for rank, slot in enumerate(slots):
@@ -259,8 +277,6 @@ class RayActorGroup:
         return ray_get(self.workers[0].address.remote(), f"the {self.name} role")
 
     def mode(self, method: str) -> str:
-        if method in self.dispatch:
-            return self.dispatch[method]
         return getattr(getattr(self.role_cls, method, None), "dispatch_mode", "broadcast")
 
     # -- calls ----------------------------------------------------------------------------------------------

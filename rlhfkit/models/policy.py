@@ -2,24 +2,42 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 from torch import nn
 
 from rlhfkit.algorithms.sft_loss import token_logprobs
+from rlhfkit.data.packing import pack_rows
 
 
 def packed_attention_mask(sample_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Block-diagonal causal additive mask [1, 1, T, T]: token t sees t' <= t of its own sample only.
+    """Block-diagonal causal additive mask [R, 1, T, T] of packed rows (sample_ids [R, T], usually R = 1): token t
+    sees t' <= t of its own sample only.
 
-    Padding tokens (sample id -1) attend only to themselves so that no row is fully masked.
+    Padding tokens (sample id -1) attend only to padding so that no row is fully masked.
     """
-    ids = sample_ids[0]
-    n = ids.shape[0]
-    causal = torch.ones(n, n, dtype=torch.bool, device=ids.device).tril()
-    allowed = causal & (ids[:, None] == ids[None, :])
-    mask = torch.zeros(n, n, dtype=dtype, device=ids.device)
+    n = sample_ids.shape[-1]
+    causal = torch.ones(n, n, dtype=torch.bool, device=sample_ids.device).tril()
+    allowed = causal & (sample_ids[:, :, None] == sample_ids[:, None, :])
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=sample_ids.device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]
+    return mask[:, None]
+
+
+def dense_rows(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`batch` for a forward pass whose caller reduces over target tokens by sample (SFT, DPO, KTO): a right-padded
+    batch re-laid out by `pack_rows` into fewer rows of the same width when that drops rows (the padding of
+    short-answer batches is 10-30% of the tokens), else `batch` itself. Same log-probs: every sample keeps its
+    positions and sees only itself. Left alone: packed batches, flash-attention (it reads one packed row) and
+    mixture-of-experts models (their router loss counts every row's tokens)."""
+    inner = getattr(model, "module", model)
+    config = getattr(inner, "config", None)
+    if ("sample_ids" in batch or "attention_mask" not in batch or "loss_mask" not in batch
+            or attn_implementation_of(inner) not in ("sdpa", "eager") or hasattr(config, "output_router_logits")):
+        return batch
+    return pack_rows(batch) or batch
 
 
 def model_inputs(batch: dict[str, torch.Tensor], attn_implementation: str, dtype: torch.dtype) -> dict:
@@ -44,10 +62,39 @@ def attn_implementation_of(model: nn.Module) -> str:
     return getattr(config, "_attn_implementation", None) or "sdpa"
 
 
-def forward_logits(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Logits [rows, T, vocab] for a padded or packed batch."""
+def first_target_position(batch: dict[str, torch.Tensor]) -> int:
+    """The first position whose logits a loss on `loss_mask` reads (logits[:, p] predict token p + 1): the
+    prompt columns before it that no row of a padded batch predicts need no LM head and no log-softmax (with
+    ~500-token prompts and short answers, nearly all of them). 0 for a packed batch."""
+    if "sample_ids" in batch:
+        return 0
+    cols = batch["loss_mask"][:, 1:].any(dim=0).nonzero()
+    return int(cols[0]) if cols.numel() else 0
+
+
+def from_position(batch: dict[str, torch.Tensor], start: int) -> dict[str, torch.Tensor]:
+    """input_ids, loss_mask (and sample_ids) from column `start` on, aligned with `forward_logits(.., start)`."""
+    return {k: batch[k][:, start:] for k in ("input_ids", "loss_mask", "sample_ids") if k in batch}
+
+
+@functools.cache
+def _keeps_logits(model_type: type) -> bool:
+    return "logits_to_keep" in inspect.signature(model_type.forward).parameters
+
+
+def keep_logits_from(model: nn.Module, batch: dict[str, torch.Tensor], start: int) -> dict[str, int]:
+    """Forward-pass kwargs that run the LM head from position `start` on only (Hugging Face's `logits_to_keep`),
+    where the model takes it: {} otherwise. Either way `logits[:, start - T:]` are the logits from `start` on."""
+    inner = getattr(model, "module", model)
+    inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner  # PEFT
+    return {"logits_to_keep": batch["input_ids"].shape[1] - start} if start > 0 and _keeps_logits(type(inner)) else {}
+
+
+def forward_logits(model: nn.Module, batch: dict[str, torch.Tensor], start: int = 0) -> torch.Tensor:
+    """Logits [rows, T - start, vocab] for a padded or packed batch, from position `start` on."""
     inputs = model_inputs(batch, attn_implementation_of(model), model_dtype(model))
-    return model(**inputs, use_cache=False).logits
+    logits = model(**inputs, **keep_logits_from(model, batch, start), use_cache=False).logits
+    return logits[:, start - batch["input_ids"].shape[1]:] if start > 0 else logits
 
 
 def sequence_token_logprobs(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:

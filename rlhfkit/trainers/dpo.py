@@ -73,14 +73,6 @@ class DPOTrainer(PreferenceTrainer):
         sums["rejected_logps"] = (policy[pairs:].sum().item(), pairs)
         return loss, sums
 
-    def train_step(self, batch: dict[str, torch.Tensor]) -> Sums:
-        loss, sums = self.loss(batch)
-        self.backward_and_step(loss)
-        return sums
-
-    def eval_step(self, batch: dict[str, torch.Tensor]) -> Sums:
-        return self.loss(batch)[1]
-
 
 def run_dpo(cfg: Any) -> DPOTrainer:
     """Assemble and run DPO/IPO/cDPO from a `DPOConfig`; saves the policy as a Hugging Face model."""
@@ -91,7 +83,7 @@ def run_dpo(cfg: Any) -> DPOTrainer:
 
     cfg.check_inputs()  # the flags were validated when parsed
     check_aux_loss_coef(cfg.train.aux_loss_coef, cfg.model.pretrain)
-    run = prepare_policy_and_reference(cfg, "dpo", load_pair_datasets)
+    run, reference = prepare_policy_and_reference(cfg, "dpo", load_pair_datasets)
     t, strategy = cfg.train, run.strategy
     method = "IPO" if t.ipo else ("cDPO" if t.label_smoothing > 0 else "DPO")
     strategy.print(f"dpo: {method}, beta {t.beta}, {len(run.train)} pairs, {run.steps} optimizer steps, world size "
@@ -101,7 +93,7 @@ def run_dpo(cfg: Any) -> DPOTrainer:
     trainer = DPOTrainer(strategy, run.engine, run.tokenizer, run.train, run.evalset, collate,
                          max_epochs=t.max_epochs, max_steps=t.max_steps, logging_args=cfg.logging,
                          ckpt_args=cfg.checkpoint, logger=run.logger, aux_loss_coef=t.aux_loss_coef,
-                         reference=run.reference, beta=t.beta, label_smoothing=t.label_smoothing, ipo=t.ipo,
+                         reference=reference, beta=t.beta, label_smoothing=t.label_smoothing, ipo=t.ipo,
                          nll_loss_coef=t.nll_loss_coef, compute_fp32_loss=t.compute_fp32_loss,
                          packing=cfg.data.packing_samples, run=run.run)
     run.fit_and_save(trainer, cfg.checkpoint.save_path, "dpo")

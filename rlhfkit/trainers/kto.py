@@ -68,14 +68,6 @@ class KTOTrainer(PreferenceTrainer):
         sums["desirable_logps"], sums["undesirable_logps"] = by_label(policy[:n].detach(), labels)
         return loss, sums
 
-    def train_step(self, batch: dict[str, torch.Tensor]) -> Sums:
-        loss, sums = self.loss(batch)
-        self.backward_and_step(loss)
-        return sums
-
-    def eval_step(self, batch: dict[str, torch.Tensor]) -> Sums:
-        return self.loss(batch)[1]
-
 
 def load_unpaired_datasets(cfg: Any, tokenizer: Any) -> tuple[Any, Any]:
     """Tokenised (train, eval or None) UnpairedDatasets from --dataset / --eval_dataset and the KTO keys."""
@@ -105,7 +97,7 @@ def run_kto(cfg: Any) -> KTOTrainer:
 
     cfg.check_inputs()  # the flags were validated when parsed
     check_aux_loss_coef(cfg.train.aux_loss_coef, cfg.model.pretrain)
-    run = prepare_policy_and_reference(cfg, "kto", load_unpaired_datasets)
+    run, reference = prepare_policy_and_reference(cfg, "kto", load_unpaired_datasets)
     t, strategy = cfg.train, run.strategy
     desirable = sum(int(s["label"]) for s in run.train)
     strategy.print(f"kto: beta {t.beta}, {len(run.train)} samples ({desirable} desirable), {run.steps} optimizer "
@@ -115,7 +107,7 @@ def run_kto(cfg: Any) -> KTOTrainer:
     trainer = KTOTrainer(strategy, run.engine, run.tokenizer, run.train, run.evalset, collate,
                          max_epochs=t.max_epochs, max_steps=t.max_steps, logging_args=cfg.logging,
                          ckpt_args=cfg.checkpoint, logger=run.logger, aux_loss_coef=t.aux_loss_coef,
-                         reference=run.reference, beta=t.beta, desirable_loss_weight=t.desirable_loss_weight,
+                         reference=reference, beta=t.beta, desirable_loss_weight=t.desirable_loss_weight,
                          undesirable_loss_weight=t.undesirable_loss_weight, compute_fp32_loss=t.compute_fp32_loss,
                          packing=cfg.data.packing_samples, run=run.run)
     run.fit_and_save(trainer, cfg.checkpoint.save_path, "kto")

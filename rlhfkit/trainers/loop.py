@@ -13,6 +13,7 @@ the accumulation boundary (the last micro-batch of a step), as a token budget va
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -116,6 +117,20 @@ class TrainerLoop:
         for k, indices in enumerate(micro):
             mark_accumulation_boundary(self.engine, k == len(micro) - 1, self.args.use_dynamic_batch)
             yield self.collate([self.train_samples[i] for i in (indices or global_batch[:1])]), bool(indices)
+
+    def sharded_batches(self, samples: Sequence[Any], limit: int | None = None
+                        ) -> Iterable[tuple[dict[str, torch.Tensor], bool]]:
+        """This rank's share of the first `limit` `samples` (all by default) in micro batches, yielded as
+        (batch, is_real). Every rank yields the same number of batches, because ZeRO-3 forward passes are
+        collective: a rank whose shard runs out (an eval set whose size is not a multiple of world size x micro
+        batch) pads with sample 0, marked is_real False, and the caller leaves that batch out of its metrics."""
+        n = len(samples) if limit is None or limit < 0 else min(limit, len(samples))
+        rank, world, m = self.strategy.rank, self.strategy.world_size, self.args.micro_train_batch_size
+        mine = list(range(rank, n, world))
+        num_batches = math.ceil(math.ceil(n / world) / m)
+        for b in range(num_batches):
+            chunk = mine[b * m:(b + 1) * m]
+            yield self.collate([samples[i] for i in (chunk or [0])]), bool(chunk)
 
     def backward_and_step(self, loss: torch.Tensor) -> None:
         """Backward a micro-batch loss already weighted for the whole step (no DeepSpeed 1/accumulation scaling),

@@ -9,11 +9,9 @@ losses are all exact over the whole optimizer step, whatever the micro-batch spl
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,8 +19,17 @@ from torch import nn
 
 from rlhfkit.algorithms.sft_loss import shifted_target_mask, token_logprobs
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
-from rlhfkit.models.policy import attn_implementation_of, model_dtype, model_inputs
+from rlhfkit.models.policy import (
+    attn_implementation_of,
+    dense_rows,
+    first_target_position,
+    from_position,
+    keep_logits_from,
+    model_dtype,
+    model_inputs,
+)
 from rlhfkit.trainers.loop import TrainerLoop
+from rlhfkit.trainers.setup import OfflineRun
 
 Sums = dict[str, tuple[float, float]]  # metric name -> (sum, weight); the reported value is sum / weight
 
@@ -35,8 +42,9 @@ def add_sums(total: dict[str, list[float]], part: Sums) -> None:
 
 
 class PreferenceTrainer(TrainerLoop):
-    """The shared loop with named, weighted metrics. Subclasses define `train_step`
-    (forward, backward, step on one micro batch) and `eval_step` (forward only); both return `Sums`."""
+    """The shared loop with named, weighted metrics. Subclasses define `loss(batch) -> (loss, Sums)` of one micro
+    batch, or override `train_step` (forward, backward, step) and `eval_step` (forward only), both returning
+    `Sums`."""
 
     kind = "preference"
 
@@ -44,11 +52,16 @@ class PreferenceTrainer(TrainerLoop):
         super().__init__(*args, **kwargs)
         self.last_eval: dict[str, float] | None = None  # metrics of the latest evaluate()
 
-    def train_step(self, batch: dict[str, torch.Tensor]) -> Sums:
+    def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Sums]:
         raise NotImplementedError
 
+    def train_step(self, batch: dict[str, torch.Tensor]) -> Sums:
+        loss, sums = self.loss(batch)
+        self.backward_and_step(loss)
+        return sums
+
     def eval_step(self, batch: dict[str, torch.Tensor]) -> Sums:
-        raise NotImplementedError
+        return self.loss(batch)[1]
 
     def reduce(self, total: dict[str, list[float]]) -> dict[str, float]:
         """Weighted means over ranks: one all-reduce of every sum and weight (same key order on every rank)."""
@@ -83,18 +96,6 @@ class PreferenceTrainer(TrainerLoop):
 
     def progress_fields(self, metrics: dict[str, float]) -> dict[str, float]:
         return {k: metrics[k] for k in ("loss", "acc") if k in metrics}
-
-    def sharded_batches(self, samples: Sequence[Any], limit: int | None = None):
-        """This rank's share of `samples` in micro batches, yielded as (batch, is_real). Every rank yields the
-        same number of batches (a rank that runs out repeats sample 0 with is_real False), because ZeRO-3
-        forward passes are collective."""
-        n = len(samples) if limit is None or limit < 0 else min(limit, len(samples))
-        rank, world, m = self.strategy.rank, self.strategy.world_size, self.args.micro_train_batch_size
-        mine = list(range(rank, n, world))
-        num_batches = math.ceil(math.ceil(n / world) / m)
-        for b in range(num_batches):
-            chunk = mine[b * m:(b + 1) * m]
-            yield self.collate([samples[i] for i in (chunk or [0])]), bool(chunk)
 
     @torch.no_grad()
     def evaluate(self, step: int) -> dict[str, float] | None:
@@ -144,14 +145,18 @@ def sequence_logps(model: nn.Module, batch: dict[str, torch.Tensor], fp32: bool 
                    aux_loss: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(sum of response-token log-probs [n], response-token counts [n], MoE aux loss or None) of every sample of
     a padded or packed batch, from one forward pass. Log-probs are float32 (`token_logprobs`); `fp32` also runs
-    the logits in float32 first."""
+    the logits in float32 first. A padded batch runs as fewer, fuller rows where it can (`dense_rows`), and the LM
+    head skips the prompt columns that no row predicts from."""
     inner = getattr(model, "module", model)
+    batch = dense_rows(model, batch)
     inputs = model_inputs(batch, attn_implementation_of(inner), model_dtype(inner))
     aux_loss = aux_loss and hasattr(inner.config, "output_router_logits")  # mixture-of-experts models only
     if aux_loss:
         inputs["output_router_logits"] = True
-    output = model(**inputs, use_cache=False)
-    logits = output.logits[:, :-1]
+    start = first_target_position(batch)  # no LM head on the prompt columns before any target
+    output = model(**inputs, **keep_logits_from(model, batch, start), use_cache=False)
+    logits = output.logits[:, start - batch["input_ids"].shape[1]:-1] if start > 0 else output.logits[:, :-1]
+    batch = from_position(batch, start)
     if fp32:
         logits = logits.float()
     sample_ids = batch.get("sample_ids")
@@ -229,52 +234,18 @@ def load_reference(cfg: Any, strategy: DeepSpeedStrategy, attn: str) -> FrozenRe
     return FrozenReference(strategy, model, cfg.reference.ref_offload, cfg.train.compute_fp32_loss)
 
 
-@dataclass
-class PolicyAndReference:
-    """What DPO and KTO assemble alike: the strategy, tokenizer and datasets, the trainable policy's engine with its
-    optimizer-step count, the frozen reference and the metrics logger."""
+def prepare_policy_and_reference(cfg: Any, kind: str, load_datasets: Callable[[Any, Any], tuple[Any, Any]]
+                                 ) -> tuple[OfflineRun, FrozenReference]:
+    """DPO and KTO: the run (`setup.assemble_offline`, --ref_pretrain checked with the other inputs before any
+    process group starts) and its frozen reference."""
+    from rlhfkit.trainers.setup import assemble_offline
 
-    strategy: DeepSpeedStrategy
-    tokenizer: Any
-    train: Any
-    evalset: Any
-    steps: int
-    engine: Any
-    reference: FrozenReference
-    logger: Any
-    run: Any  # RunInfo: the identity the trainer's checkpoints carry
-
-    def fit_and_save(self, trainer: PreferenceTrainer, save_path: str, kind: str) -> None:
-        """Train, save the policy as a Hugging Face model, close the logger whatever happens."""
-        try:
-            trainer.fit()
-            self.strategy.save_hf_model(self.engine, self.tokenizer, save_path)
-        finally:
-            self.logger.close()
-        self.strategy.print(f"{kind}: model saved to {save_path}; metrics in {self.logger.path}")
-
-
-def prepare_policy_and_reference(cfg: Any, kind: str,
-                                 load_datasets: Callable[[Any, Any], tuple[Any, Any]]) -> PolicyAndReference:
-    """Check the model paths and data before any process group starts, then build the policy and the reference."""
-    from rlhfkit.models.loading import check_model_path, resolve_attn_implementation
-    from rlhfkit.trainers.setup import load_tokenizer_for, load_trainable_lm, make_logger, make_strategy, prepare_run
-
-    strategy = make_strategy(cfg.model, cfg.strategy)
-    run = prepare_run(cfg, kind)
-    attn = resolve_attn_implementation(cfg.model.attn_implementation, cfg.model.flash_attn)
-    check_model_path(cfg.model.pretrain)
-    if cfg.reference.ref_pretrain:
-        check_model_path(cfg.reference.ref_pretrain, "--ref_pretrain")
-    tokenizer = load_tokenizer_for(cfg.model)
-    train, evalset = load_datasets(cfg, tokenizer)
-    check_enough_samples(train, cfg.strategy.train_batch_size)
-    strategy.setup_distributed()
-    steps = (len(train) // cfg.strategy.train_batch_size) * cfg.train.max_epochs
-    engine = strategy.prepare_train(load_trainable_lm(cfg.model), cfg.strategy.learning_rate, steps)
-    reference = load_reference(cfg, strategy, attn)
-    logger = make_logger(strategy, cfg.logging, cfg.checkpoint.save_path, kind, cfg)
-    return PolicyAndReference(strategy, tokenizer, train, evalset, steps, engine, reference, logger, run)
+    run = assemble_offline(cfg, kind, load_datasets, model_paths=[(cfg.reference.ref_pretrain, "--ref_pretrain")])
+    try:
+        return run, load_reference(cfg, run.strategy, run.attn)
+    except BaseException:
+        run.logger.close()
+        raise
 
 
 def load_pair_datasets(cfg: Any, tokenizer: Any, need_margin: bool = False) -> tuple[Any, Any]:
@@ -294,11 +265,3 @@ def load_pair_datasets(cfg: Any, tokenizer: Any, need_margin: bool = False) -> t
     train = build(d.dataset, d.dataset_probs, d.dataset_split, d.max_samples, "--dataset")
     evalset = build(d.eval_dataset, None, d.eval_split, None, "--eval_dataset") if d.eval_dataset else None
     return train, evalset
-
-
-def check_enough_samples(train: Sequence[Any], train_batch_size: int) -> None:
-    from rlhfkit.errors import UserError
-
-    if len(train) < train_batch_size:
-        raise UserError(f"--dataset has {len(train)} usable samples, fewer than one --train_batch_size "
-                        f"({train_batch_size})")

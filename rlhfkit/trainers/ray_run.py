@@ -23,33 +23,14 @@ import torch
 
 from rlhfkit.config.common import check_batch_split
 from rlhfkit.config.rl import (
-    ROLES,
     PPOConfig,
     needs_critic,
-    role_needed,
-    role_ranks,
     samples_per_rollout,
 )
-from rlhfkit.distributed.placement import ResourcePlan, RoleDemand, connect_ray, unwrap_user_error
+from rlhfkit.distributed.placement import ResourcePlan, connect_ray, role_demands, unwrap_user_error
 from rlhfkit.errors import UserError
 from rlhfkit.rollout.vllm_engine import check_vllm_args
 from rlhfkit.trainers.rl_loop import RLTrainer
-
-#: How each role method is dispatched over a group's ranks (roles.py's docstring); the rest broadcast.
-SPLIT_METHODS = {"log_probs": "split", "values": "split", "score": "split"}
-
-
-def role_demands(cfg: PPOConfig) -> list[RoleDemand]:
-    """The devices each role of this run needs (vllm: engines x tensor parallel; Transformers engine: one)."""
-    # Roles the run does not have are left out whatever their device flags say (OpenRLHF commands pass 0 for
-    # them); a colocated role given 0 devices runs on its host's devices (role_ranks).
-    demands = [RoleDemand(role, role_ranks(cfg, role)) for role in ROLES if role_needed(cfg, role)]
-    r = cfg.rollout
-    if r.vllm_num_engines > 0:
-        demands.append(RoleDemand("vllm", r.vllm_num_engines, r.vllm_tensor_parallel_size))
-    else:
-        demands.append(RoleDemand("hf_engine", 1))
-    return demands
 
 
 def local_gpus() -> bool:
@@ -71,11 +52,7 @@ class RayRunPlan:
     plan: ResourcePlan
     use_gpu: bool
     sync_backend: str
-    tokenizer: Any = None
-    prompts: Any = None
-    eval_prompts: Any = None
-    text_reward: Any = None
-    num_update_steps: int = 0
+    inputs: Any = None  # setup.RLInputs: tokenizer, prompts, text reward source, optimizer-step count
     notes: list[str] = field(default_factory=list)
 
 
@@ -124,13 +101,10 @@ def check_ray_config(cfg: PPOConfig, use_gpu: bool | None = None, cpus_per_bundl
 
 def prepare_ray_run(cfg: PPOConfig, use_gpu: bool | None = None, cpus_per_bundle: float = 1.0) -> RayRunPlan:
     """`check_ray_config` plus the tokenizer, the prompts and the text reward source (still no Ray)."""
-    from rlhfkit.trainers.setup import load_prompts, load_tokenizer_for, make_text_reward, num_update_steps
+    from rlhfkit.trainers.setup import load_rl_inputs
 
     run = check_ray_config(cfg, use_gpu, cpus_per_bundle)
-    run.tokenizer = load_tokenizer_for(cfg.model)
-    run.prompts, run.eval_prompts = load_prompts(cfg, run.tokenizer)
-    run.text_reward = make_text_reward(cfg) if not cfg.rl_model.reward_pretrain else None
-    run.num_update_steps = num_update_steps(cfg, len(run.prompts))
+    run.inputs = load_rl_inputs(cfg)
     return run
 
 
@@ -198,15 +172,15 @@ def build_ray_roles(cfg: PPOConfig, run: RayRunPlan) -> tuple[Any, RayRoles]:
     try:
         slots = plan.slots
         sleep, offload = res.deepspeed_enable_sleep, res.ref_reward_offload
-        specs = {"actor": (ActorRole, (cfg, run.num_update_steps), sleep),
-                 "critic": (CriticRole, (cfg, run.num_update_steps), sleep),
+        steps = run.inputs.num_update_steps
+        specs = {"actor": (ActorRole, (cfg, steps), sleep), "critic": (CriticRole, (cfg, steps), sleep),
                  "ref": (ReferenceRole, (cfg,), offload), "reward": (RewardModelRole, (cfg,), offload)}
         timeout_env = {DIST_TIMEOUT_ENV: str(cfg.strategy.ddp_timeout)}  # role groups and the weight-sync group
         for name, (cls, args, between_calls) in specs.items():
             if name in slots:
                 ray_roles.groups[name] = RayActorGroup(name, cls, plan, slots[name], init_args=args,
-                                                       dispatch=SPLIT_METHODS, offload_between_calls=between_calls,
-                                                       env=timeout_env, wait=False)
+                                                       offload_between_calls=between_calls, env=timeout_env,
+                                                       wait=False)
         if "vllm" in slots:
             from transformers import AutoConfig
 
@@ -230,7 +204,7 @@ def build_ray_roles(cfg: PPOConfig, run: RayRunPlan) -> tuple[Any, RayRoles]:
         raise
     groups = ray_roles.groups
     handles = RoleHandles(actor=groups["actor"], engine=ray_roles.engine,
-                          reward=groups.get("reward", run.text_reward), ref=groups.get("ref"),
+                          reward=groups.get("reward", run.inputs.text_reward), ref=groups.get("ref"),
                           critic=groups.get("critic"))
     return handles, ray_roles
 
@@ -238,7 +212,7 @@ def build_ray_roles(cfg: PPOConfig, run: RayRunPlan) -> tuple[Any, RayRoles]:
 def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None, after_sync: list[Any] | None = None,
                 save: bool = True) -> RayRLTrainer:
     """Validate, start (or join) Ray, build the role groups and engines, run the RL loop, save, tear down."""
-    from rlhfkit.trainers.setup import make_logger, prepare_run
+    from rlhfkit.trainers.setup import prepare_run, train_rl
 
     cpus = cpus_per_bundle or float(os.environ.get("RLHFKIT_RAY_CPUS_PER_BUNDLE", "1"))
     run = prepare_ray_run(cfg, cpus_per_bundle=cpus)
@@ -252,7 +226,6 @@ def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None, after_s
         strategy.print(f"train_ppo_ray: {note}")
     started_ray = connect_ray(run.plan.total()["CPU"])
     ray_roles = None
-    logger = None
     try:
         import ray
 
@@ -268,28 +241,17 @@ def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None, after_s
             raise unwrap_user_error(e) from None
         strategy.print(f"train_ppo_ray: placement {run.plan.describe()}; roles and engines up in "
                        f"{time.perf_counter() - started:.1f} s; weight sync: {run.sync_backend}")
-        logger = make_logger(strategy, cfg.logging, cfg.checkpoint.save_path, "ppo_ray", cfg)
         trainer_cls, extra = RayRLTrainer, {}
         if cfg.asynchronous.async_train:  # generation in its own actor, overlapping training
             from rlhfkit.trainers.async_rl import with_async_training
 
             trainer_cls, extra = with_async_training(RayRLTrainer), {"reward_handle": ray_roles.groups.get("reward")}
-        trainer = trainer_cls(cfg, roles, run.tokenizer, run.prompts, run.eval_prompts, logger, strategy,
-                              run=run_info, **extra)
-        trainer.after_sync.extend(after_sync or [])
-        trainer.fit()
-        if save:
-            trainer.save_final()
-        strategy.print(f"{cfg.algo.advantage_estimator}: model saved to {cfg.checkpoint.save_path}; metrics in "
-                       f"{logger.path}")
-        return trainer
+        return train_rl(trainer_cls, cfg, roles, run.inputs, strategy, run_info, "ppo_ray", save=save,
+                        before_fit=lambda trainer: trainer.after_sync.extend(after_sync or []), **extra)
     finally:
-        if logger is not None:
-            logger.close()
         if ray_roles is not None:
             ray_roles.shutdown()
-        if hasattr(run.text_reward, "close"):
-            run.text_reward.close()
+        run.inputs.close()
         if started_ray:
             import ray
 

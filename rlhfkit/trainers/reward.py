@@ -23,7 +23,6 @@ from rlhfkit.trainers.loop import to_device
 from rlhfkit.trainers.preference import (
     PreferenceTrainer,
     Sums,
-    check_enough_samples,
     load_frozen_model,
     load_pair_datasets,
     pair_sums,
@@ -78,56 +77,56 @@ class RewardModelTrainer(PreferenceTrainer):
 
 
 def run_rm(cfg: Any) -> RewardModelTrainer:
-    """Assemble and run reward-model training from an `RMConfig`; saves a model `load_value_model` reads back."""
+    """Assemble (`setup.assemble_offline`) and run reward-model training from an `RMConfig`; saves a model
+    `load_value_model` reads back, with the reward statistics in its config."""
     from functools import partial
 
     from rlhfkit.data.collate import pair_collate
+    from rlhfkit.trainers.setup import assemble_offline
+
+    cfg.check_inputs()  # the flags were validated when parsed
+    t, use_margin = cfg.train, cfg.pairs.margin_key is not None
+    run = assemble_offline(cfg, "rm", partial(load_pair_datasets, need_margin=use_margin),
+                           load_model=load_reward_model)
+    strategy = run.strategy
+    strategy.print(f"rm: {len(run.train)} pairs, {run.steps} optimizer steps, world size {strategy.world_size}, "
+                   f"ZeRO-{cfg.strategy.zero_stage}, gradient accumulation {strategy.accumulation_steps}")
+    collate = partial(pair_collate, pad_id=run.tokenizer.pad_token_id, packing=cfg.data.packing_samples)
+    trainer = RewardModelTrainer(strategy, run.engine, run.tokenizer, run.train, run.evalset, collate,
+                                 max_epochs=t.max_epochs, max_steps=t.max_steps, logging_args=cfg.logging,
+                                 ckpt_args=cfg.checkpoint, logger=run.logger, packing=cfg.data.packing_samples,
+                                 loss_kind=t.loss, use_margin=use_margin, run=run.run)
+    stats: list[float] = []
+
+    def reward_statistics_into_config() -> None:
+        stats.extend(trainer.reward_statistics(t.reward_stats_samples))
+        config = strategy.unwrap(run.engine).config
+        config.reward_mean, config.reward_std = stats
+        config.normalize_reward = t.normalize_reward
+        run.logger.log(trainer.state.global_step, {"reward_mean": stats[0], "reward_std": stats[1]}, prefix="stats")
+
+    run.fit_and_save(trainer, cfg.checkpoint.save_path, "rm", before_save=reward_statistics_into_config)
+    strategy.print(f"rm: reward mean {stats[0]:.4g}, std {stats[1]:.4g}")
+    return trainer
+
+
+def load_reward_model(cfg: Any) -> Any:
+    """The model train_rm trains: --pretrain with a value head (new if it has none), LoRA adapters on the backbone
+    with --lora_rank (the head trained in full; saved merged)."""
     from rlhfkit.models.loading import check_model_path, resolve_attn_implementation
     from rlhfkit.models.lora import apply_lora
     from rlhfkit.models.value_model import load_value_model
-    from rlhfkit.trainers.setup import load_tokenizer_for, make_logger, make_strategy, prepare_run
 
-    cfg.check_inputs()  # the flags were validated when parsed
-    strategy = make_strategy(cfg.model, cfg.strategy)
-    run = prepare_run(cfg, "rm")
-    attn = resolve_attn_implementation(cfg.model.attn_implementation, cfg.model.flash_attn)
-    path = check_model_path(cfg.model.pretrain)
-    tokenizer = load_tokenizer_for(cfg.model)
-    train, evalset = load_pair_datasets(cfg, tokenizer, need_margin=cfg.pairs.margin_key is not None)
-    check_enough_samples(train, cfg.strategy.train_batch_size)
-    strategy.setup_distributed()
-    steps = (len(train) // cfg.strategy.train_batch_size) * cfg.train.max_epochs
-    model = load_value_model(path, value_head_prefix=cfg.train.value_head_prefix, attn_implementation=attn,
+    m = cfg.model
+    model = load_value_model(check_model_path(m.pretrain), value_head_prefix=cfg.train.value_head_prefix,
+                             attn_implementation=resolve_attn_implementation(m.attn_implementation, m.flash_attn),
                              flag="--pretrain", require_head=False)
-    if cfg.model.lora_rank > 0:  # adapters on the backbone, the value head in full; saved merged
-        m = cfg.model
+    if m.lora_rank > 0:
         model = apply_lora(model, m.lora_rank, m.lora_alpha, m.lora_dropout, m.target_modules,
                            head=cfg.train.value_head_prefix)
         if m.gradient_checkpointing:
             model.enable_input_require_grads()
-    engine = strategy.prepare_train(model, cfg.strategy.learning_rate, steps)
-    logger = make_logger(strategy, cfg.logging, cfg.checkpoint.save_path, "rm", cfg)
-    strategy.print(f"rm: {len(train)} pairs, {steps} optimizer steps, world size {strategy.world_size}, "
-                   f"ZeRO-{cfg.strategy.zero_stage}, gradient accumulation {strategy.accumulation_steps}")
-    collate = partial(pair_collate, pad_id=tokenizer.pad_token_id, packing=cfg.data.packing_samples)
-    trainer = RewardModelTrainer(strategy, engine, tokenizer, train, evalset, collate,
-                                 max_epochs=cfg.train.max_epochs, max_steps=cfg.train.max_steps,
-                                 logging_args=cfg.logging, ckpt_args=cfg.checkpoint, logger=logger,
-                                 packing=cfg.data.packing_samples, loss_kind=cfg.train.loss,
-                                 use_margin=cfg.pairs.margin_key is not None, run=run)
-    try:
-        trainer.fit()
-        mean, std = trainer.reward_statistics(cfg.train.reward_stats_samples)
-        config = strategy.unwrap(engine).config
-        config.reward_mean, config.reward_std = mean, std
-        config.normalize_reward = cfg.train.normalize_reward
-        logger.log(trainer.state.global_step, {"reward_mean": mean, "reward_std": std}, prefix="stats")
-        strategy.save_hf_model(engine, tokenizer, cfg.checkpoint.save_path)
-    finally:
-        logger.close()
-    strategy.print(f"rm: reward mean {mean:.4g}, std {std:.4g}; model saved to {cfg.checkpoint.save_path}; "
-                   f"metrics in {logger.path}")
-    return trainer
+    return model
 
 
 def preference_accuracy(model_or_path: Any, records: Sequence[Any], tokenizer: Any = None, *,

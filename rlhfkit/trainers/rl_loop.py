@@ -36,20 +36,24 @@ from rlhfkit.data.sampler import global_batches
 from rlhfkit.data.tokens import encode, with_bos
 from rlhfkit.errors import Preempted, UserError
 from rlhfkit.logging.metrics import MetricsLogger, Progress
+from rlhfkit.rollout.engine import RolloutEngine
 from rlhfkit.trainers.experience import Experience, experience_from_samples
 from rlhfkit.trainers.replay_buffer import one_optimizer_step
 from rlhfkit.trainers.rl_shaping import fill_filtered_batch, shape_rewards
+from rlhfkit.trainers.role_protocols import Actor, Critic, Reference, Reward
 
 
 @dataclass
 class RoleHandles:
-    """What the loop drives. Each is a local role object or a Ray actor group with the same methods."""
+    """What the loop drives (interfaces in `role_protocols.py`). Each is a local role object or a Ray actor group
+    with the same methods; the reward may also be a text reward source, or None when agent episodes bring their
+    rewards."""
 
-    actor: Any  # log_probs, train, state_dict, save_hf_model, save_checkpoint, load_checkpoint
-    engine: Any  # RolloutEngine: generate, update_weights, sleep, wake
-    reward: Any  # score
-    ref: Any | None = None  # log_probs
-    critic: Any | None = None  # values, train, save_hf_model, save_checkpoint, load_checkpoint
+    actor: Actor
+    engine: RolloutEngine
+    reward: Reward | None
+    ref: Reference | None = None
+    critic: Critic | None = None
 
 
 def best_model_path(cfg: PPOConfig) -> str:

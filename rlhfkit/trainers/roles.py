@@ -2,11 +2,13 @@
 
 The RL loop talks to a role only through the methods below, with CPU tensors, lists, dicts and numbers in and out,
 so the same loop drives these objects in one process or a Ray actor group wrapping them (one object per rank).
-How a group should dispatch each method (`rlhfkit/distributed/ray_groups.py`):
-- "split" (rows of the batch spread over ranks, results concatenated): `ActorRole.log_probs`,
-  `ReferenceRole.log_probs`, `CriticRole.values`, `RewardModelRole.score`;
-- "broadcast" (every rank gets the same call; DeepSpeed collectives need all ranks): `train` (each rank takes its own
-  micro-batches, see `replay_buffer.py`), `state_dict`, `save_hf_model`, `save_checkpoint`, `load_checkpoint`.
+Their interfaces are the Protocols of `role_protocols.py`. How a group dispatches a method over its ranks is
+declared on the method (`@dispatch("split")`, read by `rlhfkit/distributed/ray_groups.py`):
+- "split" (rows of the batch spread over ranks, results concatenated): the scoring forwards `log_probs`, `values`,
+  `score`;
+- "broadcast", the default (every rank gets the same call; DeepSpeed collectives need all ranks): `train` (each rank
+  takes its own micro-batches, see `replay_buffer.py`), `state_dict`, `save_hf_model`, `save_checkpoint`,
+  `load_checkpoint`. The forward passes themselves are in `role_forward.py`.
 A batch is an `Experience` or its `to_dict()`; action tensors come back as [B, R] matching the batch's R.
 """
 
@@ -32,28 +34,29 @@ from rlhfkit.config.rl import (
     is_bounds,
     loss_aggregation,
 )
-from rlhfkit.data.token_budget import plan_micro_batches
 from rlhfkit.distributed.accumulation import mark_accumulation_boundary
 from rlhfkit.distributed.nonfinite import NonFiniteGuard
-from rlhfkit.distributed.strategy import DeepSpeedStrategy
+from rlhfkit.distributed.ray_groups import dispatch
 from rlhfkit.distributed.universal import load_engine_state, save_engine_state
 from rlhfkit.errors import UserError
 from rlhfkit.models.ema import ParameterEMA
 from rlhfkit.models.loading import check_model_path, load_causal_lm, resolve_attn_implementation
 from rlhfkit.models.moe import router_aux_loss
-from rlhfkit.models.policy import attn_implementation_of, forward_logits, model_dtype, model_inputs
-from rlhfkit.models.value_model import load_value_model, sequence_rewards, token_values
-from rlhfkit.trainers.experience import Experience, as_experience, gather_actions, pad_columns
+from rlhfkit.models.value_model import load_value_model
+from rlhfkit.trainers.experience import Experience, as_experience
 from rlhfkit.trainers.replay_buffer import OptimizerStep, ReplayBuffer, one_optimizer_step
-from rlhfkit.trainers.setup import load_tokenizer_for, load_trainable_lm, make_strategy
+from rlhfkit.trainers.role_forward import (
+    action_log_probs,
+    action_logits,
+    action_values,
+    hf_state_dict,
+    per_chunk,
+    reused_old_log_probs,
+    sample_rewards,
+)
+from rlhfkit.trainers.setup import build_strategy, load_tokenizer_for, load_trainable_lm
 
 KL_LOG_RATIO_CLAMP = 10.0  # bounds exp() in the k3 KL loss when policy and reference drift far apart
-
-
-def _strategy(cfg: PPOConfig) -> DeepSpeedStrategy:
-    strategy = make_strategy(cfg.model, cfg.strategy)
-    strategy.setup_distributed()
-    return strategy
 
 
 def _dtype(cfg: PPOConfig) -> torch.dtype:
@@ -64,129 +67,22 @@ def _attn(cfg: PPOConfig) -> str:
     return resolve_attn_implementation(cfg.model.attn_implementation, cfg.model.flash_attn)
 
 
-def _per_chunk(exp: Experience, cfg: PPOConfig, strategy: DeepSpeedStrategy,
-               fn: Callable[[Experience], torch.Tensor], action_width: bool = True) -> torch.Tensor:
-    """Run `fn` over micro-batches of --micro_rollout_batch_size rows (or, with --use_dynamic_batch, of at most
-    --max_tokens_per_gpu tokens) and stitch the CPU results back in row order ([B, R] or [B]).
-
-    Every rank runs as many forwards as the busiest one (repeating its first micro-batch), because under ZeRO-3 a
-    forward is a collective."""
-    s = cfg.strategy
-    if s.use_dynamic_batch:
-        lengths = exp.attention_mask.sum(dim=1).tolist()
-        chunks = plan_micro_batches(lengths, s.max_tokens_per_gpu,
-                                    widths=None if cfg.data.packing_samples else lengths)[0]
-    else:
-        size = cfg.rollout.micro_rollout_batch_size
-        chunks = [list(range(i, min(i + size, len(exp)))) for i in range(0, len(exp), size)]
-    chunks = [c for c in chunks if c]
-    outs = []
-    for rows in chunks:
-        out = fn(exp.select(rows).trimmed().to(strategy.device)).detach().float().cpu()
-        outs.append(pad_columns(out, exp.num_actions) if action_width else out)
-    if strategy.world_size > 1:
-        for _ in range(int(strategy.all_reduce(len(chunks), "max")) - len(chunks)):
-            fn(exp.select(chunks[0]).trimmed().to(strategy.device))
-    order = torch.tensor([i for rows in chunks for i in rows], dtype=torch.long)
-    result = torch.cat(outs, dim=0)
-    return result[torch.argsort(order)]
-
-
-def action_logits(model: Any, exp: Experience, packed: bool = False) -> torch.Tensor:
-    """Logits [B, R, V] at the positions that predict each response token.
-
-    The LM head runs only over the positions that hold actions (`logits_to_keep` with indices), not over every
-    prompt position: for a small model with a large vocabulary the head is most of the forward's work. With
-    `packed` (`--packing_samples`) the rows go through the model as one packed row without their padding, and the
-    logits come back in the padded [B, R] layout (zero where action_mask is 0).
-    """
-    if packed:
-        return _packed_action_logits(model, exp)
-    positions = exp.action_positions()
-    first, last = int(positions.min()), int(positions.max())
-    keep = torch.arange(first, last + 1, device=positions.device)
-    inputs = model_inputs(exp.model_inputs(), attn_implementation_of(model), model_dtype(model))
-    try:
-        logits = model(**inputs, use_cache=False, logits_to_keep=keep).logits
-    except TypeError:  # a model class without logits_to_keep: compute the head everywhere
-        return gather_actions(forward_logits(model, exp.model_inputs()), positions)
-    return gather_actions(logits, positions - first)
-
-
-def _packed_action_logits(model: Any, exp: Experience) -> torch.Tensor:
-    batch, index = exp.packed_inputs()
-    mask = exp.action_mask.bool()
-    keep = index[mask]  # increasing: rows are packed in order, actions in order within a row
-    inputs = model_inputs(batch, attn_implementation_of(model), model_dtype(model))
-    try:
-        logits = model(**inputs, use_cache=False, logits_to_keep=keep).logits[0]
-    except TypeError:
-        logits = forward_logits(model, batch)[0, keep]
-    out = logits.new_zeros(*mask.shape, logits.shape[-1])
-    out[mask] = logits
-    return out
-
-
-def action_log_probs(model: Any, exp: Experience, temperature: float, packed: bool = False) -> torch.Tensor:
-    """log softmax(logits / temperature) of each response token, [B, R] (the rollout engine's convention)."""
-    logits = action_logits(model, exp, packed)
-    return token_logprobs(logits / temperature if temperature != 1.0 else logits, exp.action_tokens())
-
-
-def action_values(model: Any, exp: Experience, packed: bool = False) -> torch.Tensor:
-    """The critic's value [B, R] of the state before each response token (padded or packed forward)."""
-    if packed:
-        batch, index = exp.packed_inputs()
-        return token_values(model, batch)[0][index]
-    return gather_actions(token_values(model, exp.model_inputs()), exp.action_positions())
-
-
-def sample_rewards(model: Any, exp: Experience, packed: bool = False, normalize: bool = False) -> torch.Tensor:
-    """The reward model's score [B] of each sample, read at its last real token (padded or packed forward)."""
-    batch = exp.packed_inputs()[0] if packed else exp.model_inputs()
-    return sequence_rewards(model, batch, normalize=normalize)
-
-
-def reused_old_log_probs(logp: torch.Tensor, micro: Experience, kl_estimator: str
-                         ) -> tuple[torch.Tensor, dict[str, tuple[float, float]]]:
-    """Old log-probs when the policy has not moved since the rollout: the current ones, detached (exactly what an
-    extra no-grad forward would give, without that forward). Also the scoring metrics the RL loop computes from
-    old log-probs otherwise, each with its weight: `old_kl` (per-sample mean KL to the reference, a mean over
-    samples) and `old_rollout_logprob_diff` (a mean over response tokens)."""
-    old = logp.detach()
-    mask = micro.action_mask
-    stats: dict[str, tuple[float, float]] = {}
-    if micro.rollout_log_probs is not None:
-        diff = masked_mean((old - micro.rollout_log_probs).abs(), mask)
-        stats["old_rollout_logprob_diff"] = (float(diff), float(mask.sum()))
-    if micro.base_action_log_probs is not None:
-        kl = compute_approx_kl(old, micro.base_action_log_probs, kl_estimator, mask)
-        stats["old_kl"] = (float(masked_mean(kl, mask, dim=-1).mean()), float(mask.shape[0]))
-    return old, stats
-
-
-def hf_state_dict(strategy: DeepSpeedStrategy, engine: Any) -> dict[str, torch.Tensor] | None:
-    """The policy's weights under Transformers names (LoRA merged in), on CPU; None off rank 0."""
-    module = strategy.unwrap(engine)
-    if not hasattr(module, "peft_config"):
-        return strategy.full_state_dict(engine)
-    module.merge_adapter()
-    try:
-        return {k.replace("base_model.model.", "", 1).replace(".base_layer", ""): v.detach().cpu().clone()
-                for k, v in module.state_dict().items() if "lora_" not in k}
-    finally:
-        module.unmerge_adapter()
-
-
-class _TrainedRole:
-    """What actor and critic share: a DeepSpeed training engine, weighted metrics, saving, checkpoints."""
+class _Role:
+    """What every role has: the run's config, its strategy in this rank's process group, packed forwards or not."""
 
     name = "role"
 
     def __init__(self, cfg: PPOConfig):
         self.cfg = cfg
         self.packed = cfg.data.packing_samples  # forwards on packed rows (docs/CONVENTIONS.md)
-        self.strategy = _strategy(cfg)
+        self.strategy = build_strategy(cfg.model, cfg.strategy)
+
+
+class _TrainedRole(_Role):
+    """What actor and critic share: a DeepSpeed training engine, weighted metrics, saving, checkpoints."""
+
+    def __init__(self, cfg: PPOConfig):
+        super().__init__(cfg)
         self.engine: Any = None
         self._micro_weight = 1.0
         self.tokenizer = load_tokenizer_for(cfg.model)
@@ -300,13 +196,14 @@ class ActorRole(_TrainedRole):
         self.ema = ParameterEMA(self.strategy.unwrap(self.engine), cfg.save.ema_beta) if cfg.save.enable_ema \
             else None
 
+    @dispatch("split")
     @torch.no_grad()
     def log_probs(self, batch: Experience | dict[str, Any]) -> torch.Tensor:
         """[B, R] log-probs of the response tokens under the current policy (PPO's old policy)."""
         exp = as_experience(batch)
         self.engine.eval()
         try:
-            return _per_chunk(exp, self.cfg, self.strategy,
+            return per_chunk(exp, self.cfg, self.strategy,
                               lambda e: action_log_probs(self.engine, e, self.temperature, self.packed))
         finally:
             self.engine.train()
@@ -426,13 +323,14 @@ class CriticRole(_TrainedRole):
     def _values(self, exp: Experience) -> torch.Tensor:
         return action_values(self.engine, exp, self.packed)
 
+    @dispatch("split")
     @torch.no_grad()
     def values(self, batch: Experience | dict[str, Any]) -> torch.Tensor:
         """[B, R] the value of the state before each response token."""
         exp = as_experience(batch)
         self.engine.eval()
         try:
-            return _per_chunk(exp, self.cfg, self.strategy, self._values)
+            return per_chunk(exp, self.cfg, self.strategy, self._values)
         finally:
             self.engine.train()
 
@@ -453,48 +351,46 @@ class CriticRole(_TrainedRole):
         return {"value_loss": loss.item(), **{k: v.item() for k, v in info.items()}}, float(tokens)
 
 
-class ReferenceRole:
+class ReferenceRole(_Role):
     """The frozen initial policy: reference log-probs for the KL penalty or KL loss."""
 
     name = "ref"
 
     def __init__(self, cfg: PPOConfig):
-        self.cfg = cfg
-        self.packed = cfg.data.packing_samples  # forwards on packed rows (docs/CONVENTIONS.md)
-        self.strategy = _strategy(cfg)
+        super().__init__(cfg)
         model = load_causal_lm(check_model_path(cfg.model.pretrain), attn_implementation=_attn(cfg),
                                dtype=_dtype(cfg))
         self.model = self.strategy.prepare_eval(model)
         self.temperature = cfg.rollout.temperature
 
+    @dispatch("split")
     @torch.no_grad()
     def log_probs(self, batch: Experience | dict[str, Any]) -> torch.Tensor:
         exp = as_experience(batch)
-        return _per_chunk(exp, self.cfg, self.strategy,
+        return per_chunk(exp, self.cfg, self.strategy,
                           lambda e: action_log_probs(self.model, e, self.temperature, self.packed))
 
 
-class RewardModelRole:
+class RewardModelRole(_Role):
     """A trained reward model (`--reward_pretrain`): the value head at each sample's last token."""
 
     name = "reward"
 
     def __init__(self, cfg: PPOConfig):
-        self.cfg = cfg
-        self.packed = cfg.data.packing_samples  # forwards on packed rows (docs/CONVENTIONS.md)
-        self.strategy = _strategy(cfg)
+        super().__init__(cfg)
         path = check_model_path(cfg.rl_model.reward_pretrain, "--reward_pretrain")
         model = load_value_model(path, value_head_prefix=cfg.rl_model.value_head_prefix,
                                  attn_implementation=_attn(cfg), dtype=_dtype(cfg), flag="--reward_pretrain")
         self.model = self.strategy.prepare_eval(model)
         self.normalize = cfg.algo.normalize_reward
 
+    @dispatch("split")
     @torch.no_grad()
     def score(self, batch: Experience | dict[str, Any]) -> dict[str, Any]:
         """{"rewards": [B], "scores": [B], "extra_logs": {}}; text fields of the batch are ignored."""
         exp = as_experience({k: v for k, v in batch.items() if k not in ("queries", "prompts", "labels")}) \
             if isinstance(batch, dict) else batch
-        rewards = _per_chunk(exp, self.cfg, self.strategy,
+        rewards = per_chunk(exp, self.cfg, self.strategy,
                              lambda e: sample_rewards(self.model, e, self.packed, self.normalize),
                              action_width=False)
         return {"rewards": rewards, "scores": rewards.clone(), "extra_logs": {}}

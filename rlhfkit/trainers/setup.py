@@ -1,5 +1,6 @@
-"""Assembly shared by the trainers: strategy, tokenizer and model (with LoRA), logger, run directory, and the RL
-runs' prompts, reward source and step count."""
+"""Run assembly, written once for every trainer: strategy, tokenizer, datasets, model (with LoRA), logger, run
+directory. `assemble_offline` builds an SFT / reward-model / DPO / KTO run; `load_rl_inputs` gives both RL runners
+(`rl_run.py`, `ray_run.py`) their tokenizer, prompts, reward source and step count."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import dataclasses
 import json
 import os
 import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -23,7 +26,7 @@ from rlhfkit.logging.metrics import MetricsLogger
 from rlhfkit.models.loading import (
     check_model_path,
     load_causal_lm,
-    load_tokenizer_for,  # noqa: F401 - the assembly helpers are imported from here
+    load_tokenizer_for,
     quantization_config,
     resolve_attn_implementation,
 )
@@ -138,6 +141,71 @@ def build_strategy(model_args: ModelArgs, strategy_args: StrategyArgs) -> DeepSp
     return strategy
 
 
+# -- the offline runs (train_sft, train_rm, train_dpo, train_kto) -------------------------------------------
+def check_enough_samples(train: Sequence[Any], train_batch_size: int) -> None:
+    if len(train) < train_batch_size:
+        raise UserError(f"--dataset has {len(train)} usable samples, fewer than one --train_batch_size "
+                        f"({train_batch_size})")
+
+
+@dataclass
+class OfflineRun:
+    """What an offline trainer's run is made of: the strategy (in its process group), tokenizer, datasets, the
+    trainable model's engine with the run's optimizer-step count, the metrics logger and the run's identity."""
+
+    strategy: DeepSpeedStrategy
+    tokenizer: Any
+    train: Any
+    evalset: Any
+    steps: int
+    engine: Any
+    logger: MetricsLogger
+    run: RunInfo  # the identity the trainer's checkpoints carry
+    attn: str  # the attention implementation the flags resolve to (for more models, e.g. a reference)
+
+    def fit_and_save(self, trainer: Any, save_path: str, kind: str,
+                     before_save: Callable[[], None] | None = None) -> None:
+        """Train, run `before_save` (e.g. reward statistics into the model config), save the model as a Hugging
+        Face directory, close the logger whatever happens."""
+        try:
+            trainer.fit()
+            if before_save is not None:
+                before_save()
+            self.strategy.save_hf_model(self.engine, self.tokenizer, save_path)
+        finally:
+            self.logger.close()
+        self.strategy.print(f"{kind}: model saved to {save_path}; metrics in {self.logger.path}")
+
+
+def assemble_offline(cfg: Any, kind: str, load_datasets: Callable[[Any, Any], tuple[Any, Any]], *,
+                     load_model: Callable[[Any], Any] | None = None,
+                     model_paths: Sequence[tuple[str | None, str]] = ()) -> OfflineRun:
+    """Assemble an offline run. Everything that can fail on the user's input fails before the process group
+    starts: the batch arithmetic (`make_strategy`), the outputs and the checkpoint directory (`prepare_run`), the
+    attention implementation (--flash_attn needs a GPU), --pretrain and the other `model_paths` ((path or None,
+    flag)), the datasets (`load_datasets(cfg, tokenizer)` -> (train, eval or None); at least one
+    --train_batch_size of samples). Then it joins the group, loads the model (`load_model(cfg)`, default the causal
+    LM of `load_trainable_lm`) into a training engine and opens the logger."""
+    from rlhfkit.models.loading import check_model_path
+
+    strategy = make_strategy(cfg.model, cfg.strategy)  # validates batch arithmetic, joins no group yet
+    run = prepare_run(cfg, kind)
+    attn = resolve_attn_implementation(cfg.model.attn_implementation, cfg.model.flash_attn)
+    check_model_path(cfg.model.pretrain)
+    for path, flag in model_paths:
+        if path:
+            check_model_path(path, flag)
+    tokenizer = load_tokenizer_for(cfg.model)
+    train, evalset = load_datasets(cfg, tokenizer)
+    check_enough_samples(train, cfg.strategy.train_batch_size)
+    strategy.setup_distributed()
+    steps = (len(train) // cfg.strategy.train_batch_size) * cfg.train.max_epochs
+    model = load_model(cfg) if load_model is not None else load_trainable_lm(cfg.model)
+    engine = strategy.prepare_train(model, cfg.strategy.learning_rate, steps)
+    logger = make_logger(strategy, cfg.logging, cfg.checkpoint.save_path, kind, cfg)
+    return OfflineRun(strategy, tokenizer, train, evalset, steps, engine, logger, run, attn)
+
+
 # -- the RL runs (train_ppo, train_ppo_ray) ------------------------------------------------------------------
 def load_prompts(cfg: PPOConfig, tokenizer: Any) -> tuple[Any, Any | None]:
     """(training prompts, evaluation prompts or None) as PromptDatasets."""
@@ -184,3 +252,49 @@ def make_text_reward(cfg: PPOConfig) -> Any:
     return RewardFunction(urls[0], workers=code.reward_workers, timeout=code.reward_timeout,
                           fallback=code.reward_fallback, max_failure_ratio=code.max_reward_failure_ratio,
                           call_size=cfg.rollout.micro_rollout_batch_size)
+
+
+@dataclass
+class RLInputs:
+    """What both RL runners load before any model: the tokenizer, the prompts, the text reward source (None with
+    --reward_pretrain: a reward model scores) and the run's optimizer-step count."""
+
+    tokenizer: Any
+    prompts: Any
+    eval_prompts: Any
+    text_reward: Any
+    num_update_steps: int
+
+    def close(self) -> None:
+        """Stop the reward function's worker pool, if the run has one."""
+        if hasattr(self.text_reward, "close"):
+            self.text_reward.close()
+
+
+def load_rl_inputs(cfg: PPOConfig) -> RLInputs:
+    tokenizer = load_tokenizer_for(cfg.model)
+    prompts, eval_prompts = load_prompts(cfg, tokenizer)
+    text_reward = make_text_reward(cfg) if not cfg.rl_model.reward_pretrain else None
+    return RLInputs(tokenizer, prompts, eval_prompts, text_reward, num_update_steps(cfg, len(prompts)))
+
+
+def train_rl(trainer_cls: Callable[..., Any], cfg: PPOConfig, roles: Any, inputs: RLInputs, strategy: Any,
+             run: RunInfo, kind: str, *, save: bool = True, before_fit: Callable[[Any], None] | None = None,
+             **trainer_kwargs: Any) -> Any:
+    """Open the logger, build the RL loop (`trainer_cls`, an `rl_loop.RLTrainer`, with `trainer_kwargs`) over the
+    role handles, run `before_fit(trainer)`, train, save the final model(s); the logger is closed whatever
+    happens."""
+    logger = make_logger(strategy, cfg.logging, cfg.checkpoint.save_path, kind, cfg)
+    try:
+        trainer = trainer_cls(cfg, roles, inputs.tokenizer, inputs.prompts, inputs.eval_prompts, logger, strategy,
+                              run=run, **trainer_kwargs)
+        if before_fit is not None:
+            before_fit(trainer)
+        trainer.fit()
+        if save:
+            trainer.save_final()
+    finally:
+        logger.close()
+    strategy.print(f"{cfg.algo.advantage_estimator}: model saved to {cfg.checkpoint.save_path}; metrics in "
+                   f"{logger.path}")
+    return trainer

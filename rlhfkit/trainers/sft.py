@@ -17,7 +17,7 @@ import torch
 from rlhfkit.algorithms.sft_loss import sft_loss
 from rlhfkit.data.tokens import as_long
 from rlhfkit.models.moe import router_aux_loss
-from rlhfkit.models.policy import forward_logits
+from rlhfkit.models.policy import dense_rows, first_target_position, forward_logits, from_position
 from rlhfkit.trainers.loop import Collate, TrainerLoop, to_device
 
 
@@ -42,11 +42,15 @@ class SFTTrainer(TrainerLoop):
         target count on this rank; default: this micro-batch's own, i.e. its mean), and the MoE router
         load-balancing loss (`rlhfkit.models.moe`) counts with aux_loss_coef x the micro-batch's share of those
         tokens, so micro-batches of any size add up to the step's loss."""
-        with router_aux_loss(self.engine, self.aux_loss_coef > 0) as aux:
-            logits = forward_logits(self.engine, batch)
         targets = int(batch["loss_mask"][:, 1:].sum())
+        # The same loss, cheaper: fewer, fuller rows where the padding allows, and no LM head on prompt columns
+        batch = dense_rows(self.engine, batch)
+        start = first_target_position(batch)
+        with router_aux_loss(self.engine, self.aux_loss_coef > 0) as aux:
+            logits = forward_logits(self.engine, batch, start)
         step_tokens = step_tokens or max(targets, 1)
-        ce = sft_loss(logits, batch["input_ids"], batch["loss_mask"], sample_ids=batch.get("sample_ids"),
+        window = from_position(batch, start)
+        ce = sft_loss(logits, window["input_ids"], window["loss_mask"], sample_ids=window.get("sample_ids"),
                       num_tokens=step_tokens)
         if not aux:
             return ce, ce, None
@@ -105,46 +109,33 @@ class SFTTrainer(TrainerLoop):
 
     @torch.no_grad()
     def evaluate(self, step: int) -> float | None:
-        """Token-level mean loss on the eval set, sharded over ranks."""
+        """Token-level mean loss on the eval set, sharded over ranks (`sharded_batches`: the same number of forwards
+        on every rank, padding batches left out of the sums), so it equals the one-rank value."""
         if not self.eval_samples:
             return None
         self.engine.eval()
-        rank, world = self.strategy.rank, self.strategy.world_size
         total_loss = torch.zeros((), dtype=torch.float64)
         total_tokens = 0
-        m = self.args.micro_train_batch_size
-        mine = list(range(rank, len(self.eval_samples), world))
-        for start in range(0, len(mine), m):
-            batch = to_device(self.collate([self.eval_samples[i] for i in mine[start:start + m]]),
-                              self.strategy.device)
+        for batch, real in self.sharded_batches(self.eval_samples):
+            batch = to_device(batch, self.strategy.device)
             logits = forward_logits(self.engine, batch)
             n = int(batch["loss_mask"][:, 1:].sum())
-            if n:
+            if real and n:
                 total_loss += sft_loss(logits, batch["input_ids"], batch["loss_mask"]).double().cpu() * n
                 total_tokens += n
         self.engine.train()
-        loss_sum = self.strategy.all_reduce(total_loss.item(), "sum")
-        token_sum = self.strategy.all_reduce(total_tokens, "sum")
-        eval_loss = loss_sum / max(token_sum, 1)
+        sums = self.strategy.all_reduce(torch.tensor([total_loss.item(), total_tokens], dtype=torch.float64), "sum")
+        eval_loss = float(sums[0]) / max(float(sums[1]), 1.0)
         self.logger.log(step, {"loss": eval_loss, "ppl": math.exp(min(eval_loss, 50))}, prefix="eval")
         return eval_loss
 
 
-def run_sft(cfg: Any) -> SFTTrainer:
-    """Assemble and run SFT from an `SFTConfig`: data, model, strategy, trainer, final save."""
-    from rlhfkit.data.collate import make_collate
+def load_sft_datasets(cfg: Any, tokenizer: Any) -> tuple[Any, Any]:
+    """Tokenised (train, eval or None) SFTDatasets from --dataset / --eval_dataset."""
     from rlhfkit.data.readers import load_mixture
     from rlhfkit.data.sft_dataset import SFTDataset
-    from rlhfkit.errors import UserError
-    from rlhfkit.models.moe import check_aux_loss_coef
-    from rlhfkit.trainers.setup import load_tokenizer_for, load_trainable_lm, make_logger, make_strategy, prepare_run
 
-    cfg.check_inputs()  # the flags were validated when parsed
     d = cfg.data
-    strategy = make_strategy(cfg.model, cfg.strategy)  # validates batch arithmetic, joins no group yet
-    run = prepare_run(cfg, "sft")
-    check_aux_loss_coef(cfg.train.aux_loss_coef, cfg.model.pretrain)
-    tokenizer = load_tokenizer_for(cfg.model)
 
     def tokenised(spec: str, probs: str | None, split: str, max_samples: int, flag: str) -> SFTDataset:
         records = load_mixture(spec, probs, split, max_samples, cfg.strategy.seed, arg_name=flag)
@@ -152,24 +143,26 @@ def run_sft(cfg: Any) -> SFTTrainer:
 
     train = tokenised(d.dataset, d.dataset_probs, d.dataset_split, d.max_samples, "--dataset")
     evalset = tokenised(d.eval_dataset, None, d.eval_split, 10**9, "--eval_dataset") if d.eval_dataset else None
-    if len(train) < cfg.strategy.train_batch_size:
-        raise UserError(f"--dataset has {len(train)} usable samples, fewer than one --train_batch_size "
-                        f"({cfg.strategy.train_batch_size})")
-    strategy.setup_distributed()
-    collate: Collate = make_collate(tokenizer.pad_token_id, packing=d.packing_samples)
-    steps = (len(train) // cfg.strategy.train_batch_size) * cfg.train.max_epochs
-    model = load_trainable_lm(cfg.model)
-    engine = strategy.prepare_train(model, cfg.strategy.learning_rate, steps)
-    logger = make_logger(strategy, cfg.logging, cfg.checkpoint.save_path, "sft", cfg)
-    strategy.print(f"sft: {len(train)} samples, {steps} optimizer steps, world size {strategy.world_size}, "
+    return train, evalset
+
+
+def run_sft(cfg: Any) -> SFTTrainer:
+    """Assemble (`setup.assemble_offline`) and run SFT from an `SFTConfig`; saves the model."""
+    from rlhfkit.data.collate import make_collate
+    from rlhfkit.models.moe import check_aux_loss_coef
+    from rlhfkit.trainers.setup import assemble_offline
+
+    cfg.check_inputs()  # the flags were validated when parsed
+    d, t = cfg.data, cfg.train
+    check_aux_loss_coef(t.aux_loss_coef, cfg.model.pretrain)
+    run = assemble_offline(cfg, "sft", load_sft_datasets)
+    strategy = run.strategy
+    strategy.print(f"sft: {len(run.train)} samples, {run.steps} optimizer steps, world size {strategy.world_size}, "
                    f"ZeRO-{cfg.strategy.zero_stage}, gradient accumulation {strategy.accumulation_steps}")
-    trainer = SFTTrainer(strategy, engine, tokenizer, train, evalset, collate, max_epochs=cfg.train.max_epochs,
-                         max_steps=cfg.train.max_steps, logging_args=cfg.logging, ckpt_args=cfg.checkpoint,
-                         logger=logger, aux_loss_coef=cfg.train.aux_loss_coef, packing=d.packing_samples, run=run)
-    try:
-        trainer.fit()
-        strategy.save_hf_model(engine, tokenizer, cfg.checkpoint.save_path)
-    finally:
-        logger.close()
-    strategy.print(f"sft: model saved to {cfg.checkpoint.save_path}; metrics in {logger.path}")
+    collate: Collate = make_collate(run.tokenizer.pad_token_id, packing=d.packing_samples)
+    trainer = SFTTrainer(strategy, run.engine, run.tokenizer, run.train, run.evalset, collate,
+                         max_epochs=t.max_epochs, max_steps=t.max_steps, logging_args=cfg.logging,
+                         ckpt_args=cfg.checkpoint, logger=run.logger, aux_loss_coef=t.aux_loss_coef,
+                         packing=d.packing_samples, run=run.run)
+    run.fit_and_save(trainer, cfg.checkpoint.save_path, "sft")
     return trainer

@@ -4,7 +4,6 @@ rotation stays inside the current run, resume takes the newest complete checkpoi
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -15,17 +14,6 @@ from rlhfkit.config.base import parse_config
 from rlhfkit.config.sft import SFTConfig
 
 TEMPLATE = "User: {}\nAssistant: "
-
-
-@pytest.fixture()
-def world_of_one():
-    from rlhfkit.distributed.launch import free_port
-
-    saved = dict(os.environ)
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 def sft_argv(assets, save: Path, *extra: str) -> list[str]:

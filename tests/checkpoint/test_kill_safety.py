@@ -16,39 +16,26 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from safetensors.torch import load_file
 
 from rlhfkit.logging.html_report import read_records
+from tests.checkpoint.signalled_runs import TEMPLATE, max_weight_diff, rl_args, start
 from tests.helpers import REPO
-
-TEMPLATE = "User: {}\nAssistant: "
-
-
-def start(args: list[str], pause: str | None = None) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    env.pop("RLHFKIT_TEST_PAUSE", None)
-    if pause:
-        env["RLHFKIT_TEST_PAUSE"] = pause
-    return subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env, cwd=REPO)
 
 
 def finish(args: list[str]) -> str:
-    out, _ = start(args).communicate(timeout=600)
+    out, _ = start(args, merge_stderr=True).communicate(timeout=600)
     return out
 
 
 def killed_at(args: list[str], point: str, flag: Path, timeout: float = 300) -> str:
     """Run until the hook pauses at `point`, SIGKILL it there; returns its output."""
     flag.unlink(missing_ok=True)
-    proc = start(args, f"{point}:{flag}")
+    proc = start(args, pause=f"{point}:{flag}", merge_stderr=True)
     deadline = time.monotonic() + timeout
     while not flag.is_file():
         if proc.poll() is not None:
@@ -65,12 +52,6 @@ def killed_at(args: list[str], point: str, flag: Path, timeout: float = 300) -> 
         p.kill()
     assert not leaked, f"processes of the killed run outlived it: {leaked}"
     return out
-
-
-def max_weight_diff(a: Path, b: Path) -> float:
-    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
-    assert wa.keys() == wb.keys()
-    return max((wa[k].float() - wb[k].float()).abs().max().item() for k in wa)
 
 
 def losses(save: Path, key: str) -> dict[int, float]:
@@ -133,34 +114,14 @@ def test_dpo_sigkill_anywhere_resumes_to_the_same_weights(demo_assets, tmp_path)
 
 
 def test_ppo_sigkill_anywhere_resumes_to_the_same_weights(demo_assets, tmp_path):
-    reward = tmp_path / "reward.py"
-    reward.write_text("import torch\n\ndef reward_func(queries, prompts, labels):\n"
-                      "    return torch.tensor([len(set(q[len(p):])) / 10 for q, p in zip(queries, prompts)])\n")
-
     def args_for(save: Path, *extra: str) -> list[str]:
-        return ["rlhfkit.cli.train_ppo", "--pretrain", str(demo_assets.model_dir), "--prompt_data",
-                str(demo_assets.rl_train), "--input_key", "prompt", "--label_key", "answer", "--input_template",
-                TEMPLATE, "--remote_rm_url", str(reward), "--advantage_estimator", "group_norm",
-                "--n_samples_per_prompt", "2", "--rollout_batch_size", "2", "--micro_rollout_batch_size", "4",
-                "--train_batch_size", "4", "--micro_train_batch_size", "2", "--max_samples", "8",
-                "--generate_max_len", "6", "--prompt_max_len", "32", "--actor_learning_rate", "1e-3",
-                "--zero_stage", "0", "--save_path", str(save), "--disable_progress_bar", *extra]
+        return rl_args(demo_assets, tmp_path, save, *extra, rollout_batch_size=2, train_batch_size=4,
+                       micro_train_batch_size=2, max_samples=8, generate_max_len=6)
 
     reference = tmp_path / "reference"
     out = finish(args_for(reference))
     assert (reference / "model.safetensors").is_file(), out[-3000:]
     kill_chain(args_for, reference, tmp_path, "train/reward")
-
-
-@pytest.fixture()
-def world_of_one():
-    from rlhfkit.distributed.launch import free_port
-
-    saved = dict(os.environ)
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 def cli(capsys, module: str, argv: list[str]) -> tuple[int, str, str]:
@@ -242,7 +203,7 @@ def test_ppo_ray_driver_sigkill_leaks_no_actors_and_resumes_to_the_same_weights(
         assert (reference / "model.safetensors").is_file(), out[-3000:]
         save, ckpt, flag = tmp_path / "run", tmp_path / "ckpt", tmp_path / "paused"
         args = args_for(save, "--ckpt_path", str(ckpt), "--save_steps", "1")
-        proc = start(args, f"mid@2:{flag}")
+        proc = start(args, pause=f"mid@2:{flag}", merge_stderr=True)
         deadline = time.monotonic() + 300
         while not flag.is_file():
             assert proc.poll() is None, proc.communicate()[0][-3000:]

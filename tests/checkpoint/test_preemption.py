@@ -6,18 +6,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from rlhfkit.checkpoint.preemption import PreemptionWatch
-from tests.helpers import REPO
-
-TEMPLATE = "User: {}\nAssistant: "
+from tests.checkpoint.signalled_runs import TEMPLATE, max_weight_diff, rl_args, start
 
 
 class _OneRank:
@@ -34,12 +30,6 @@ def test_watch_sets_its_flag_on_sigterm_and_restores_the_previous_handler():
     assert signal.getsignal(signal.SIGTERM) is previous
 
 
-def start(args: list[str]) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=REPO)
-
-
 def finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[int, str]:
     _, err = proc.communicate(timeout=timeout)
     return proc.returncode, err
@@ -52,12 +42,6 @@ def sigterm_after_first_step(proc: subprocess.Popen, metrics: Path, timeout: flo
         assert time.monotonic() < deadline, "no training step logged in time"
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
-
-
-def max_weight_diff(a: Path, b: Path) -> float:
-    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
-    assert wa.keys() == wb.keys()
-    return max((wa[k].float() - wb[k].float()).abs().max().item() for k in wa)
 
 
 def check_preempted_then_resumed(args_for, tmp_path: Path, steps: int) -> None:
@@ -91,18 +75,9 @@ def test_sft_sigterm_saves_exits_0_and_resumes_exactly(demo_assets, tmp_path):
 
 
 def test_rl_sigterm_saves_exits_0_and_resumes_exactly(demo_assets, tmp_path):
-    reward = tmp_path / "reward.py"
-    reward.write_text("import torch\n\ndef reward_func(queries, prompts, labels):\n"
-                      "    return torch.tensor([len(set(q[len(p):])) / 10 for q, p in zip(queries, prompts)])\n")
-
     def args_for(save: Path, *extra: str) -> list[str]:
-        return ["rlhfkit.cli.train_ppo", "--pretrain", str(demo_assets.model_dir), "--prompt_data",
-                str(demo_assets.rl_train), "--input_key", "prompt", "--label_key", "answer", "--input_template",
-                TEMPLATE, "--remote_rm_url", str(reward), "--advantage_estimator", "group_norm",
-                "--n_samples_per_prompt", "2", "--rollout_batch_size", "4", "--micro_rollout_batch_size", "4",
-                "--train_batch_size", "8", "--micro_train_batch_size", "4", "--max_samples", "40",
-                "--generate_max_len", "8", "--prompt_max_len", "32", "--actor_learning_rate", "1e-3",
-                "--zero_stage", "0", "--save_path", str(save), "--disable_progress_bar", *extra]
+        return rl_args(demo_assets, tmp_path, save, *extra, rollout_batch_size=4, train_batch_size=8,
+                       micro_train_batch_size=4, max_samples=40, generate_max_len=8)
 
     check_preempted_then_resumed(args_for, tmp_path, steps=10)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 import fnmatch
 import inspect
-import os
 import textwrap
 from pathlib import Path
 
@@ -132,17 +131,6 @@ GPU_ONLY = {
         "train_ppo_ray", "note", "--vllm_sync_backend nccl needs GPUs; weights go through the Ray object store"),
     "--vllm_enable_sleep": ("train_ppo_ray", "note", "--vllm_enable_sleep: vLLM has no sleep mode on CPU"),
 }
-
-
-@pytest.fixture()
-def world_of_one():
-    from rlhfkit.distributed.launch import free_port
-
-    saved = dict(os.environ)
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 def _argv(command: str, assets, flag: str, tmp_path: Path) -> list[str]:

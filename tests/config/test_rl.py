@@ -10,9 +10,8 @@ import pytest
 
 from rlhfkit.config.base import parse_config
 from rlhfkit.config.rl import PPOConfig, role_needed, role_ranks
-from rlhfkit.distributed.placement import ResourcePlan
+from rlhfkit.distributed.placement import ResourcePlan, role_demands
 from rlhfkit.errors import UserError
-from rlhfkit.trainers.ray_run import role_demands
 
 BASE = ("--pretrain m --prompt_data p.jsonl --rollout_batch_size 16 --n_samples_per_prompt 2 "
         "--train_batch_size 32 --micro_train_batch_size 2 --micro_rollout_batch_size 2 ")

@@ -3,8 +3,6 @@ that resume exactly (its own and DeepSpeed's), and the strategy choosing it only
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -13,18 +11,6 @@ from rlhfkit.distributed.local_engine import LocalEngine
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
 
 STEPS, MICRO, ACCUM = 3, 2, 2
-
-
-@pytest.fixture(scope="module")
-def world_of_one():
-    """A process group of one in this process (DeepSpeed's engine needs one); the environment restored after."""
-    from rlhfkit.distributed.launch import free_port
-
-    saved = dict(os.environ)
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 def tiny_llama(seed: int = 0):

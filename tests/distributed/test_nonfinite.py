@@ -4,25 +4,12 @@ once. The NaN comes from a real model whose weight is poisoned (inf) for one for
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from rlhfkit.config.common import StrategyArgs
 from rlhfkit.distributed.nonfinite import NonFiniteGuard, NonFiniteStop
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
-
-
-@pytest.fixture(scope="module")
-def world_of_one():
-    from rlhfkit.distributed.launch import free_port
-
-    saved = dict(os.environ)
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 def tiny_engine(zero_stage: int):

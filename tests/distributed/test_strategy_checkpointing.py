@@ -3,24 +3,10 @@ same gradients (they recompute the same forward; only the autograd mechanics dif
 
 from __future__ import annotations
 
-import os
-
-import pytest
 import torch
 
 from rlhfkit.config.common import StrategyArgs
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
-
-
-@pytest.fixture(scope="module")
-def world_of_one():
-    from rlhfkit.distributed.launch import free_port
-
-    saved = dict(os.environ)
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 def tiny_llama():

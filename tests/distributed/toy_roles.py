@@ -7,6 +7,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from rlhfkit.distributed.ray_groups import dispatch
+
 
 class EchoRole:
     """Local role object: each method works on CPU tensors / lists, like the roles of the RL loop."""
@@ -30,14 +32,13 @@ class EchoRole:
         dist.all_gather(gathered, torch.tensor([float(dist.get_rank())]))
         return [int(t.item()) for t in gathered]
 
+    @dispatch("split")
     def double(self, batch: torch.Tensor) -> torch.Tensor:
         return batch * 2 * self.scale
 
-    double.dispatch_mode = "split"
-
+    @dispatch("split")
     def lengths(self, items: list[list[int]]) -> dict:
         return {"lengths": [len(x) for x in items], "rank_sum": float(sum(map(sum, items))),
                 "ranks": [dist.get_rank()] * len(items)}
 
-    lengths.dispatch_mode = "split"
 

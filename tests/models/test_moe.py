@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 
 import pytest
 import torch
@@ -147,17 +146,6 @@ def test_dpo_loss_adds_coef_times_router_loss(moe_dir):
     assert with_aux.item() == pytest.approx(without.item() + COEF * expected_aux, rel=1e-5)
     preference = plain_sums["preference_loss"][0] / plain_sums["preference_loss"][1]
     assert without.item() == pytest.approx(preference, rel=1e-6) and "aux_loss" not in plain_sums
-
-
-@pytest.fixture()
-def world_of_one():
-    from rlhfkit.distributed.launch import free_port
-
-    saved = dict(os.environ)
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 def test_rl_actor_loss_adds_coef_times_router_loss(moe_dir, world_of_one):

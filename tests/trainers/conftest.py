@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_module
+from tests.helpers import launcher_env_of_one, run_module
 
 TEMPLATE = "User: {}\nAssistant: "
 # The SFT recipe of the RL learning tests: the demo's (rlhfkit/cli/demo.py: batch 32, lr 1e-3, Adam betas 0.9/0.98)
@@ -52,18 +52,10 @@ def sft_model_dir(demo_assets, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def restore_env():
-    """In-process trainers (run_rm/run_dpo/run_kto) need a world of one for DeepSpeed (an earlier module may already
-    have joined the process group); the environment is restored afterwards so later subprocess tests never inherit
-    RANK/WORLD_SIZE/MASTER_*."""
-    import os
-
-    from rlhfkit.distributed.launch import free_port
-
-    saved = dict(os.environ)
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
+    """`world_of_one` for a whole module: in-process trainers (run_rm/run_dpo/run_kto) of module-scoped fixtures
+    need a world of one for DeepSpeed; the environment is restored afterwards."""
+    with launcher_env_of_one():
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -33,3 +33,28 @@ def test_nonfinite_sft_run_skips_counts_and_stops_with_its_checkpoints_intact(de
     step1, step2 = (torch.load(ckpt / f"global_step{i}" / "model" / "mp_rank_00_model_states.pt",
                                map_location="cpu", weights_only=False)["module"] for i in (1, 2))
     assert step1.keys() == step2.keys() and all(torch.equal(step1[k], step2[k]) for k in step1)
+
+
+def test_eval_shards_run_the_same_number_of_forwards_on_every_rank():
+    """Evaluation over ranks (SFT, RM, DPO, KTO): 5 samples, micro batches of 2, 2 ranks. Rank 0 holds samples 0, 2,
+    4 (two batches), rank 1 holds 1, 3 (one batch) and pads with a batch marked not real, since a ZeRO-3 forward is
+    a collective; the real batches cover every sample exactly once."""
+    from types import SimpleNamespace
+
+    from rlhfkit.trainers.loop import TrainerLoop
+
+    def shards(rank: int, n: int = 5, world: int = 2, limit: int | None = None) -> list[tuple[list[int], bool]]:
+        loop = TrainerLoop.__new__(TrainerLoop)
+        loop.strategy = SimpleNamespace(rank=rank, world_size=world)
+        loop.args = SimpleNamespace(micro_train_batch_size=2)
+        loop.collate = list
+        return list(loop.sharded_batches(list(range(n)), limit))
+
+    assert shards(0) == [([0, 2], True), ([4], True)]
+    assert shards(1) == [([1, 3], True), ([0], False)]
+    for n, world in ((1, 2), (7, 3), (8, 2), (3, 4)):
+        per_rank = [shards(r, n, world) for r in range(world)]
+        assert len({len(s) for s in per_rank}) == 1, (n, world)
+        real = sorted(i for s in per_rank for batch, is_real in s if is_real for i in batch)
+        assert real == list(range(n)), (n, world)
+    assert [b for r in range(2) for b, real in shards(r, limit=3) if real] == [[0, 2], [1]]

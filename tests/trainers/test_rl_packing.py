@@ -9,7 +9,7 @@ import torch
 from rlhfkit.algorithms.policy_loss import policy_loss, value_loss
 from rlhfkit.rollout.engine import SampledSequence
 from rlhfkit.trainers.experience import experience_from_samples
-from rlhfkit.trainers.roles import action_log_probs, action_values, sample_rewards
+from rlhfkit.trainers.role_forward import action_log_probs, action_values, sample_rewards
 
 TOL = {"atol": 1e-5, "rtol": 0.0}
 

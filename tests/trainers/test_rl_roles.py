@@ -13,7 +13,7 @@ from rlhfkit.distributed.strategy import DeepSpeedStrategy
 from rlhfkit.rollout.engine import SampledSequence
 from rlhfkit.rollout.hf_engine import HFRolloutEngine
 from rlhfkit.trainers.experience import experience_from_samples
-from rlhfkit.trainers.roles import action_log_probs, action_logits, hf_state_dict
+from rlhfkit.trainers.role_forward import action_log_probs, action_logits, hf_state_dict
 
 
 @pytest.fixture(scope="module")
@@ -119,3 +119,26 @@ def test_reused_old_log_probs_train_like_an_extra_forward(demo_assets, restore_e
     assert max(float((w - initial[name]).abs().max()) for name, w in before.items()) > 1e-3  # the step moved it
     with pytest.raises(ValueError, match="one optimizer step"):
         reusing.train({**exp.select(slice(0, 3)).to_dict()}, kl_coef=0.1)
+
+
+def test_local_roles_implement_their_protocols_and_declare_their_dispatch():
+    """Each local role has every method of its Protocol (role_protocols.py) with the same parameters, and the
+    scoring forwards, only they, are declared split over a group's ranks (`@dispatch("split")`)."""
+    import inspect
+
+    from rlhfkit.rollout.rewards import RewardFunction
+    from rlhfkit.trainers import role_protocols as p
+    from rlhfkit.trainers.roles import ActorRole, CriticRole, ReferenceRole, RewardModelRole
+
+    pairs = [(p.Actor, ActorRole), (p.Critic, CriticRole), (p.Reference, ReferenceRole), (p.Reward, RewardModelRole),
+             (p.Reward, RewardFunction)]
+    for protocol, cls in pairs:
+        members = [m for m in dir(protocol) if not m.startswith("_") and callable(getattr(protocol, m))]
+        assert members, protocol
+        for m in members:
+            want = list(inspect.signature(getattr(protocol, m)).parameters)
+            assert list(inspect.signature(getattr(cls, m)).parameters) == want, (cls.__name__, m)
+    split = {(cls.__name__, m) for cls in (ActorRole, CriticRole, ReferenceRole, RewardModelRole) for m in dir(cls)
+             if getattr(getattr(cls, m), "dispatch_mode", None) == "split"}
+    assert split == {("ActorRole", "log_probs"), ("ReferenceRole", "log_probs"), ("CriticRole", "values"),
+                     ("RewardModelRole", "score")}

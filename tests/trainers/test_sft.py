@@ -71,6 +71,29 @@ def test_torchrun_two_ranks_zero3_token_budget_matches_one_rank(one_rank_curve, 
     assert losses(tmp_path) == pytest.approx(reference, rel=1e-5, abs=1e-6)
 
 
+def eval_losses(save: Path) -> list[float]:
+    lines = (save / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(x)["eval/loss"] for x in lines if "eval/loss" in x]
+
+
+def test_torchrun_two_ranks_zero3_odd_eval_set_matches_one_rank(demo_assets, tmp_path):
+    """An eval set of 5 samples over 2 ZeRO-3 ranks with micro batches of 2: rank 0 holds 3 samples (2 batches), rank
+    1 holds 2 (1 batch), so rank 1 runs one padding forward (a ZeRO-3 forward is collective) that the metric leaves
+    out; the eval loss is the one-rank run's."""
+    records = demo_assets.read("sft_eval")[:5]
+    evalset = tmp_path / "eval5.jsonl"
+    evalset.write_text("".join(json.dumps(r) + "\n" for r in records))
+    extra = ("--zero_stage", "3", "--eval_dataset", str(evalset), "--eval_steps", "1", "--max_steps", "2")
+    one, two = tmp_path / "one", tmp_path / "two"
+    check(run_module(sft_args(demo_assets, one, *extra)))
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+                "127.0.0.1", "--master_port", str(_port()), "-m"]
+    check(run_module(sft_args(demo_assets, two, *extra), launcher=launcher, timeout=600))
+    reference = eval_losses(one)
+    assert len(reference) == 2 and all(0 < x < 20 for x in reference)
+    assert eval_losses(two) == pytest.approx(reference, rel=1e-5, abs=1e-6)
+
+
 def test_deepspeed_launcher_two_ranks_zero3_matches_one_rank(one_rank_curve, demo_assets, tmp_path):
     _, reference = one_rank_curve
     deepspeed = shutil.which("deepspeed", path=str(Path(sys.executable).parent))
