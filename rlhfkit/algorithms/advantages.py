@@ -13,10 +13,9 @@ import torch
 
 from rlhfkit.algorithms.masking import masked_whiten
 from rlhfkit.algorithms.rewards import compute_token_rewards, grouped
-from rlhfkit.errors import UserError
+from rlhfkit.config.names import ADVANTAGE_ESTIMATORS as ADVANTAGE_ESTIMATORS  # compute_advantages dispatches
+from rlhfkit.config.names import GROUP_BASELINES as GROUP_BASELINES  # group_baseline dispatches
 
-ADVANTAGE_ESTIMATORS = ("gae", "reinforce", "reinforce_baseline", "group_norm", "dr_grpo", "rloo")
-GROUP_BASELINES = ("reinforce_baseline", "group_norm", "dr_grpo", "rloo")
 # Estimators whose advantages are whitened over the whole batch at the end (the others are group-relative).
 BATCH_WHITENED = ("gae", "reinforce", "reinforce_baseline")
 
@@ -91,11 +90,11 @@ def group_baseline(rewards: torch.Tensor, n_samples_per_prompt: int, method: str
     A group whose rewards are all identical gets exactly 0 (never NaN), whatever the rounding of its mean.
     """
     if method not in GROUP_BASELINES:
-        raise UserError(f"unknown group baseline {method!r}; choose one of {', '.join(GROUP_BASELINES)}")
+        raise ValueError(f"unknown group baseline {method!r}; expected one of {GROUP_BASELINES}")
     n = n_samples_per_prompt
     if n < 2:
-        raise UserError(f"--advantage_estimator {method} compares the samples of one prompt and needs "
-                        f"--n_samples_per_prompt >= 2 (got {n})")
+        raise ValueError(f"group baseline {method} compares the samples of one prompt: it needs groups of at least "
+                         f"2 samples (got n_samples_per_prompt={n})")
     groups = _float(grouped(rewards, n))
     if method == "rloo":
         baseline_of_others = (groups.sum(dim=-1, keepdim=True) - groups) / (n - 1)
@@ -129,15 +128,13 @@ def compute_advantages(estimator: str, *, rewards: torch.Tensor, action_mask: to
     Returned returns are never whitened (the critic regresses on them for gae).
     """
     if estimator not in ADVANTAGE_ESTIMATORS:
-        raise UserError(f"unknown --advantage_estimator {estimator!r}; choose one of "
-                        f"{', '.join(ADVANTAGE_ESTIMATORS)}")
+        raise ValueError(f"unknown advantage estimator {estimator!r}; expected one of {ADVANTAGE_ESTIMATORS}")
     if estimator in GROUP_BASELINES:
         rewards = group_baseline(rewards, n_samples_per_prompt, estimator, std_norm=std_norm, eps=group_eps)
     token_rewards = compute_token_rewards(rewards, token_kl, action_mask, 0.0 if use_kl_loss else kl_coef)
     if estimator == "gae":
         if values is None:
-            raise UserError("--advantage_estimator gae needs a critic (values); pass --critic_pretrain or choose "
-                            "an estimator without a critic (reinforce, group_norm, ...)")
+            raise ValueError("gae needs the critic's values (got values=None)")
         advantages, returns = gae_advantages_and_returns(values, token_rewards, action_mask, gamma, lambd)
     else:
         returns = discounted_returns(token_rewards, action_mask, gamma)

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from rlhfkit.errors import UserError
-
-KL_ESTIMATORS = ("k1", "k2", "k3")
+from rlhfkit.config.names import KL_ESTIMATORS as KL_ESTIMATORS  # compute_approx_kl dispatches on these
 
 
 def _log_ratio(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor | None,
@@ -64,7 +62,7 @@ def compute_approx_kl(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str
         return kl_k2(logp, ref_logp, mask, clamp)
     if estimator == "k3":
         return kl_k3(logp, ref_logp, mask, clamp)
-    raise UserError(f"unknown KL estimator {estimator!r}; choose one of {', '.join(KL_ESTIMATORS)}")
+    raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {KL_ESTIMATORS}")
 
 
 class FixedKLController:
@@ -89,8 +87,7 @@ class AdaptiveKLController:
 
     def __init__(self, init_kl_coef: float, target: float, horizon: float):
         if target <= 0 or horizon <= 0:
-            raise UserError(f"adaptive KL control needs --kl_target > 0 and --kl_horizon > 0 "
-                            f"(got {target} and {horizon})")
+            raise ValueError(f"adaptive KL control needs target > 0 and horizon > 0 (got {target} and {horizon})")
         self.value = float(init_kl_coef)
         self.target = float(target)
         self.horizon = float(horizon)

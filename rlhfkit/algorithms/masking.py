@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from rlhfkit.errors import UserError
-
-AGGREGATION_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+from rlhfkit.config.names import AGGREGATION_MODES as AGGREGATION_MODES  # aggregate_loss dispatches on these
 
 
 def _select(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -75,14 +73,14 @@ def aggregate_loss(per_token_loss: torch.Tensor, mask: torch.Tensor, mode: str =
     rows without any selected token count as rows with loss 0.
     """
     if mode not in AGGREGATION_MODES:
-        raise UserError(f"unknown loss aggregation {mode!r}; choose one of {', '.join(AGGREGATION_MODES)}")
+        raise ValueError(f"unknown loss aggregation {mode!r}; expected one of {AGGREGATION_MODES}")
     if mode == "token_mean":
         if num_seqs is not None:
-            raise UserError("aggregate_loss: num_seqs applies to the seq_* modes; token_mean takes num_tokens")
+            raise ValueError("aggregate_loss: num_seqs applies to the seq_* modes; token_mean takes num_tokens")
         denominator = mask.bool().sum().clamp(min=1) if num_tokens is None else num_tokens
         return masked_sum(per_token_loss, mask) / denominator
     if num_tokens is not None:
-        raise UserError(f"aggregate_loss: num_tokens applies to token_mean, not {mode}; pass num_seqs instead")
+        raise ValueError(f"aggregate_loss: num_tokens applies to token_mean, not {mode}; pass num_seqs instead")
     if mode == "seq_mean_token_mean":
         per_seq = masked_mean(per_token_loss, mask, dim=-1)
     else:

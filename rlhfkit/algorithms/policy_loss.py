@@ -13,7 +13,8 @@ import torch
 
 from rlhfkit.algorithms.logprobs import entropy_from_logits as entropy_from_logits  # the PPO entropy bonus
 from rlhfkit.algorithms.masking import aggregate_loss, masked_mean
-from rlhfkit.errors import UserError
+from rlhfkit.config.names import IS_CORRECTIONS as IS_CORRECTIONS  # is_correction_weights dispatches
+from rlhfkit.config.names import POLICY_LOSS_TYPES as POLICY_LOSS_TYPES  # policy_loss dispatches
 
 MAX_LOG_RATIO = 20.0
 
@@ -21,10 +22,6 @@ MAX_LOG_RATIO = 20.0
 def _masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """x with masked positions replaced by 0 before any nonlinearity, so padding can't put NaN in a gradient."""
     return torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
-
-
-IS_CORRECTIONS = ("tis", "icepop", "seq-mask-tis")
-POLICY_LOSS_TYPES = ("ppo", "gspo")
 
 
 def tis_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, cap: float) -> torch.Tensor:
@@ -110,12 +107,12 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     """
     clip_eps_high = clip_eps_low if clip_eps_high is None else clip_eps_high
     if clip_eps_low < 0 or clip_eps_high < 0:
-        raise UserError(f"clip epsilons must be >= 0 (got low={clip_eps_low}, high={clip_eps_high})")
+        raise ValueError(f"clip epsilons must be >= 0 (got low={clip_eps_low}, high={clip_eps_high})")
     if dual_clip is not None and dual_clip <= 1.0:
-        raise UserError(f"--dual_clip must be > 1 (got {dual_clip}): it bounds the loss of negative advantages "
-                        "by dual_clip * |A|")
+        raise ValueError(f"dual_clip must be > 1 (got {dual_clip}): it bounds the loss of negative advantages "
+                         "by dual_clip * |A|")
     if (rollout_logp is None) != (tis_cap is None):
-        raise UserError("truncated importance sampling needs both the rollout log-probs and a cap")
+        raise ValueError("truncated importance sampling needs both the rollout log-probs and a cap")
     if loss_type not in POLICY_LOSS_TYPES:
         raise ValueError(f"unknown policy loss type {loss_type!r}; expected one of {POLICY_LOSS_TYPES}")
     # exp(20) = 4.9e8 is beyond any meaningful ratio; the bound keeps float32 (and its gradient) finite.
@@ -170,7 +167,7 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
         per_token = 0.5 * unclipped
     else:
         if value_clip <= 0:
-            raise UserError(f"--value_clip must be > 0 (got {value_clip})")
+            raise ValueError(f"value_clip must be > 0 or None (got {value_clip})")
         old_values = _masked(old_values.detach(), mask)
         clipped_values = old_values + (values - old_values).clamp(-value_clip, value_clip)
         clipped = (clipped_values - returns) ** 2

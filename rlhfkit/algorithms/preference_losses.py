@@ -11,9 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rlhfkit.errors import UserError
-
-RM_LOSS_KINDS = ("sigmoid", "logexp")
+from rlhfkit.config.names import RM_LOSS_KINDS as RM_LOSS_KINDS  # pairwise_rm_loss dispatches on these
 
 
 def pairwise_rm_loss(chosen_reward: torch.Tensor, rejected_reward: torch.Tensor,
@@ -28,7 +26,7 @@ def pairwise_rm_loss(chosen_reward: torch.Tensor, rejected_reward: torch.Tensor,
     Touvron et al. 2023). reduction: `mean` (scalar) or `none` ([B]).
     """
     if kind not in RM_LOSS_KINDS:
-        raise UserError(f"unknown reward-model loss {kind!r}; choose one of {', '.join(RM_LOSS_KINDS)}")
+        raise ValueError(f"unknown reward-model loss {kind!r}; expected one of {RM_LOSS_KINDS}")
     difference = chosen_reward - rejected_reward
     if margin is not None:
         difference = difference - margin
@@ -36,7 +34,7 @@ def pairwise_rm_loss(chosen_reward: torch.Tensor, rejected_reward: torch.Tensor,
     if reduction == "none":
         return losses
     if reduction != "mean":
-        raise UserError(f"unknown reduction {reduction!r}; choose mean or none")
+        raise ValueError(f"unknown reduction {reduction!r}; expected mean or none")
     return losses.mean()
 
 
@@ -56,11 +54,12 @@ def dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Ten
     both [B] and detached (for accuracy and margin metrics).
     """
     if beta <= 0:
-        raise UserError(f"--beta must be > 0 (got {beta})")
+        raise ValueError(f"DPO's beta must be > 0 (got {beta})")
     if not 0.0 <= label_smoothing < 0.5:
-        raise UserError(f"--label_smoothing must be in [0, 0.5) (got {label_smoothing})")
+        raise ValueError(f"cDPO's label_smoothing is a flip probability in [0, 0.5) (got {label_smoothing})")
     if ipo and label_smoothing > 0:
-        raise UserError("--label_smoothing (cDPO) does not apply to IPO; drop one of the two flags")
+        raise ValueError("IPO has no label smoothing (cDPO is a DPO variant); got ipo=True with "
+                         f"label_smoothing={label_smoothing}")
     chosen_log_ratio = policy_chosen_logps - ref_chosen_logps
     rejected_log_ratio = policy_rejected_logps - ref_rejected_logps
     h = chosen_log_ratio - rejected_log_ratio
@@ -101,7 +100,7 @@ def kto_loss(policy_logps: torch.Tensor, ref_logps: torch.Tensor, labels: torch.
     loss is the mean over all samples; rewards = beta * r, [B], detached (split them by label for metrics).
     """
     if beta <= 0:
-        raise UserError(f"--beta must be > 0 (got {beta})")
+        raise ValueError(f"KTO's beta must be > 0 (got {beta})")
     log_ratio = policy_logps - ref_logps
     z0 = torch.as_tensor(kl_ref_point, dtype=log_ratio.dtype, device=log_ratio.device).detach().clamp(min=0)
     desirable = labels.bool()

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import torch
 
-from rlhfkit.errors import UserError
-
 
 def clip_rewards(rewards: torch.Tensor, clip_range: float) -> torch.Tensor:
     """Clamp rewards to [-clip_range, clip_range] (`--reward_clip_range`; Ziegler et al. 2019 style shaping)."""
     if clip_range <= 0:
-        raise UserError(f"--reward_clip_range must be > 0 (got {clip_range})")
+        raise ValueError(f"clip_range must be > 0 (got {clip_range})")
     return rewards.clamp(-clip_range, clip_range)
 
 
@@ -93,8 +91,8 @@ def grouped(rewards: torch.Tensor, n_samples_per_prompt: int) -> torch.Tensor:
     """View rewards [num_prompts * n] as [num_prompts, n] (samples of one prompt are contiguous)."""
     n = n_samples_per_prompt
     if rewards.dim() != 1 or n < 1 or rewards.numel() % n != 0:
-        raise UserError(f"rewards of shape {tuple(rewards.shape)} cannot be split into groups of "
-                        f"n_samples_per_prompt={n}; the rollout batch must hold whole groups")
+        raise ValueError(f"rewards of shape {tuple(rewards.shape)} cannot be split into groups of "
+                         f"n_samples_per_prompt={n}; the rollout batch must hold whole groups")
     return rewards.reshape(-1, n)
 
 

@@ -10,9 +10,7 @@ import torch
 
 from rlhfkit.algorithms.logprobs import token_logprobs as token_logprobs  # the log-likelihood of each target
 from rlhfkit.algorithms.masking import masked_mean, masked_sum
-from rlhfkit.errors import UserError
-
-SFT_REDUCTIONS = ("mean", "sum", "per_sample")
+from rlhfkit.config.names import SFT_REDUCTIONS as SFT_REDUCTIONS  # sft_loss dispatches on these
 
 
 def shifted_target_mask(loss_mask: torch.Tensor, sample_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -42,7 +40,7 @@ def sft_loss(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Ten
       gives 0.
     """
     if reduction not in SFT_REDUCTIONS:
-        raise UserError(f"unknown SFT loss reduction {reduction!r}; choose one of {', '.join(SFT_REDUCTIONS)}")
+        raise ValueError(f"unknown SFT loss reduction {reduction!r}; expected one of {SFT_REDUCTIONS}")
     mask = shifted_target_mask(loss_mask, sample_ids)
     nll = -token_logprobs(logits[:, :-1], input_ids[:, 1:])
     if reduction == "sum":

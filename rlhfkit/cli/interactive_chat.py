@@ -28,13 +28,6 @@ def build_session(cfg: ChatConfig):  # -> ChatSession
     from rlhfkit.rollout.chat import ChatSession
 
     path = check_model_path(cfg.pretrain)
-    if cfg.apply_chat_template and cfg.input_template:
-        raise UserError("--input_template and --apply_chat_template exclude each other; pass one")
-    if cfg.tokenizer_chat_template and not cfg.apply_chat_template:
-        raise UserError("--tokenizer_chat_template needs --apply_chat_template (it replaces the template that flag "
-                        "uses)")
-    if cfg.temperature < 0 or not 0 < cfg.top_p <= 1 or cfg.repetition_penalty <= 0:
-        raise UserError("--temperature must be >= 0, --top_p in (0, 1] and --repetition_penalty > 0")
     system = ""
     if cfg.ta_prompt:
         if not Path(cfg.ta_prompt).is_file():

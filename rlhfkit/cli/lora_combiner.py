@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from rlhfkit.cli.common import quiet_libraries, run_cli
 from rlhfkit.config.base import parse_config
 from rlhfkit.config.lora_combiner import LoraCombinerConfig
-from rlhfkit.errors import UserError
 
 PROG = "rlhfkit.cli.lora_combiner"
 
@@ -22,9 +21,6 @@ PROG = "rlhfkit.cli.lora_combiner"
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_libraries()
     cfg = parse_config(LoraCombinerConfig, argv, PROG, __doc__)
-    for flag in ("model_path", "lora_path", "output_path"):
-        if not getattr(cfg, flag):
-            raise UserError(f"--{flag} is required")
     import torch
 
     from rlhfkit.models.loading import load_tokenizer

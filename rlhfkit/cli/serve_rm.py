@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from rlhfkit.cli.common import quiet_libraries, run_cli
 from rlhfkit.config.base import parse_config
-from rlhfkit.config.preference import ServeRMConfig, validate_serve_rm_config
+from rlhfkit.config.preference import ServeRMConfig
 
 PROG = "rlhfkit.cli.serve_rm"
 
@@ -22,7 +22,7 @@ PROG = "rlhfkit.cli.serve_rm"
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_libraries()
     cfg = parse_config(ServeRMConfig, argv, PROG, __doc__)
-    validate_serve_rm_config(cfg)
+    cfg.check_inputs()
     from rlhfkit.models.loading import resolve_attn_implementation
     from rlhfkit.rollout.reward_server import RewardServer, load_scorer
 

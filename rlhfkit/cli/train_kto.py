@@ -5,12 +5,12 @@ from __future__ import annotations
 import sys
 
 from rlhfkit.cli.common import cli_main, run_cli
-from rlhfkit.config.preference import KTOConfig, validate_kto_config
+from rlhfkit.config.preference import KTOConfig
 
 PROG = "rlhfkit.cli.train_kto"
 
 main = cli_main(KTOConfig, PROG, __doc__, "rlhfkit.trainers.kto:run_kto",
-               plan_as="kto", validate=validate_kto_config)
+               plan_as="kto", validate=KTOConfig.check_inputs)  # parsing validates the flags
 
 
 if __name__ == "__main__":

@@ -13,14 +13,15 @@ from __future__ import annotations
 import sys
 
 from rlhfkit.cli.common import cli_main, run_cli
-from rlhfkit.config.rl import PPOConfig, validate_rl_config, validate_single_process
+from rlhfkit.config.rl import PPOConfig, validate_single_process
 
 PROG = "rlhfkit.cli.train_ppo"
 
 
 def validate(cfg: PPOConfig) -> None:
-    """The RL checks, and those of a single-process run (no --async_train)."""
-    validate_single_process(validate_rl_config(cfg))
+    """A single-process run's own rule (no --async_train) and the inputs (parsing validated the flags)."""
+    validate_single_process(cfg)
+    cfg.check_inputs()
 
 
 main = cli_main(PPOConfig, PROG, __doc__, "rlhfkit.trainers.rl_run:run_ppo", plan_as="ppo", validate=validate,

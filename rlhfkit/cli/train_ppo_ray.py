@@ -17,12 +17,12 @@ from __future__ import annotations
 import sys
 
 from rlhfkit.cli.common import cli_main, run_cli
-from rlhfkit.config.rl import PPOConfig, validate_rl_config
+from rlhfkit.config.rl import PPOConfig
 
 PROG = "rlhfkit.cli.train_ppo_ray"
 
 main = cli_main(PPOConfig, PROG, __doc__, "rlhfkit.trainers.ray_run:run_ppo_ray",
-               plan_as="ppo_ray", validate=validate_rl_config)
+               plan_as="ppo_ray", validate=PPOConfig.check_inputs)  # parsing validates the flags
 
 
 if __name__ == "__main__":

@@ -5,12 +5,12 @@ from __future__ import annotations
 import sys
 
 from rlhfkit.cli.common import cli_main, run_cli
-from rlhfkit.config.preference import RMConfig, validate_rm_config
+from rlhfkit.config.preference import RMConfig
 
 PROG = "rlhfkit.cli.train_rm"
 
 main = cli_main(RMConfig, PROG, __doc__, "rlhfkit.trainers.reward:run_rm",
-               plan_as="rm", validate=validate_rm_config)
+               plan_as="rm", validate=RMConfig.check_inputs)  # parsing validates the flags
 
 
 if __name__ == "__main__":

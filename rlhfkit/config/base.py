@@ -9,6 +9,9 @@ OpenRLHF's other spellings (`--actor.model_name_or_path`, `--eps_clip_low_high L
 `rlhfkit.config.openrlhf_names`) are accepted everywhere a flag is: as aliases on the command line (listed in
 `--help`), as keys of a `--config` file, and in the README's flag tables. Their flags without an rlhfkit
 equivalent fail with "not supported yet" (one line, exit code 2).
+
+`parse_config` ends with the config's `validate()`: each flag's checks live there, once (checks that need the
+inputs themselves, such as required paths and files, are the config's `check_inputs()`, run by the trainer).
 """
 
 from __future__ import annotations
@@ -259,19 +262,28 @@ def parse_config(cls: type[T], argv: Sequence[str] | None, prog: str, descriptio
     adapted = {key[len(_ADAPTED_DEST):]: ns.pop(key) for key in [k for k in ns if k.startswith(_ADAPTED_DEST)]}
     _apply_adapted(cls, ns, adapted, context=file_values)
     cfg = _construct(cls, {**file_values, **ns})
-    check_ranges(cfg)
+    validate(cfg)
     return cfg
 
 
-def check_ranges(cfg: Any) -> None:
-    """Call `check_ranges()` of every section that has one (numeric flags out of range are a UserError at parse
-    time, before any model loads)."""
-    if hasattr(cfg, "check_ranges"):
-        cfg.check_ranges()
+def validate(cfg: Any) -> None:
+    """Every flag rule of a parsed config, before any model loads: `cfg.validate()` (which runs its sections'
+    and adds the rules that join them), or the sections' alone for a config class without one."""
+    if hasattr(cfg, "validate"):
+        cfg.validate()
+    else:
+        validate_sections(cfg)
+
+
+def validate_sections(cfg: Any) -> None:
+    """Call `validate()` of every nested section of `cfg`, depth first: the rules of each section's own flags
+    (a UserError names the flag, its value and the allowed range)."""
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            check_ranges(value)
+            validate_sections(value)
+            if hasattr(value, "validate"):
+                value.validate()
 
 
 def flag_table(cls: type) -> str:

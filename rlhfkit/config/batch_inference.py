@@ -113,6 +113,22 @@ class BatchInferenceConfig:
     generation: GenerationArgs = field(default_factory=GenerationArgs)
     scoring: ScoringArgs = field(default_factory=ScoringArgs)
 
+    def validate(self) -> None:
+        """Every flag rule (UserError, one line)."""
+        _validate(self)
+
+    def check_inputs(self) -> None:
+        """What the run needs besides valid flags (the trainer calls it before reading anything)."""
+        if self.generation.eval_task is None:
+            raise UserError(f"--eval_task is required: one of {', '.join(EVAL_TASKS)}")
+        if not self.data.dataset:
+            raise UserError("--dataset is required: prompts (or, for --eval_task rm, input/output records) as a "
+                            "local json/jsonl/parquet/csv/arrow file or dataset directory")
+        if not self.data.output_path:
+            raise UserError("--output_path is required: the JSONL file to write")
+        if not self.model.pretrain and not self.scoring.reward_pretrain:
+            raise UserError("--pretrain is required: the model directory")
+
 
 def reward_model_path(cfg: BatchInferenceConfig) -> str | None:
     """The reward model that scores: --reward_pretrain, or (OpenRLHF's `--eval_task rm`) --pretrain itself."""
@@ -124,18 +140,10 @@ def reward_model_path(cfg: BatchInferenceConfig) -> str | None:
     return None
 
 
-def validate_batch_inference_config(cfg: BatchInferenceConfig) -> None:
-    """Fail fast, with one line, on settings that cannot run."""
+def _validate(cfg: BatchInferenceConfig) -> None:
     g, d, s, m = cfg.generation, cfg.data, cfg.scoring, cfg.model
-    if g.eval_task is None:
-        raise UserError(f"--eval_task is required: one of {', '.join(EVAL_TASKS)}")
-    if not d.dataset:
-        raise UserError("--dataset is required: prompts (or, for --eval_task rm, input/output records) as a local "
-                        "json/jsonl/parquet/csv/arrow file or dataset directory")
-    if not d.output_path:
-        raise UserError("--output_path is required: the JSONL file to write")
-    if not m.pretrain and not s.reward_pretrain:
-        raise UserError("--pretrain is required: the model directory")
+    if m.flash_attn and m.attn_implementation == "eager":
+        raise UserError("--flash_attn asks for flash_attention_2 but --attn_implementation is eager; pass one")
     if m.zero_stage == 3:
         raise UserError("--zero_stage 3 (weights sharded over ranks) is not supported by batch_inference: every "
                         "engine holds a whole model; use --zero_stage 0 and --num_engines / --tp_size to scale")
@@ -153,6 +161,8 @@ def validate_batch_inference_config(cfg: BatchInferenceConfig) -> None:
         for name in names:
             if getattr(section, name) < 1:
                 raise UserError(f"--{name} must be >= 1 (got {getattr(section, name)})")
+    if d.max_len < 2:
+        raise UserError(f"--max_len must be at least 2 (got {d.max_len})")
     if g.temperature < 0:
         raise UserError(f"--temperature must be >= 0 (got {g.temperature})")
     if not 0 < g.top_p <= 1:

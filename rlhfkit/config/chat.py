@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlhfkit.config.base import arg
+from rlhfkit.errors import UserError
 
 
 @dataclass
@@ -28,3 +29,15 @@ class ChatConfig:
                                       "--apply_chat_template).")
     enable_csft: bool = arg(False, "Conditional SFT: add --csft_prompt after every user message.")
     csft_prompt: str = arg("<rm_score>: 5.00", "The condition added with --enable_csft.")
+
+    def validate(self) -> None:
+        """Every flag rule (UserError, one line); whether --pretrain and --ta_prompt exist is checked on load."""
+        if self.apply_chat_template and self.input_template:
+            raise UserError("--input_template and --apply_chat_template exclude each other; pass one")
+        if self.tokenizer_chat_template and not self.apply_chat_template:
+            raise UserError("--tokenizer_chat_template needs --apply_chat_template (it replaces the template that "
+                            "flag uses)")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.repetition_penalty <= 0:
+            raise UserError("--temperature must be >= 0, --top_p in (0, 1] and --repetition_penalty > 0")
+        if self.max_new_tokens < 1 or self.max_len <= self.max_new_tokens:
+            raise UserError(f"--max_len {self.max_len} must exceed --max_new_tokens {self.max_new_tokens} (>= 1)")

@@ -1,6 +1,10 @@
 """Config sections shared by every trainer: model, strategy, data, logging, checkpoints.
 
-Field names are the flags users already type for OpenRLHF (`--pretrain`, `--zero_stage`, ...).
+Field names are the flags users already type for OpenRLHF (`--pretrain`, `--zero_stage`, ...). Each section's
+`validate()` holds the rules of its own flags; a config's `validate()` runs them (`validate_sections`) and adds the
+rules that join sections (`check_token_budget`, `check_aux_loss_flags`). `check_batch_split` is the one batch
+arithmetic rule, used at parse time and again wherever the rank count is only known later (the launcher's world
+size, each Ray role's ranks).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ class ModelArgs:
                                     "adapters on them (needs --lora_rank, a CUDA GPU and bitsandbytes; causal-LM "
                                     "trainers and the RL actor).")
 
-    def check_ranges(self) -> None:
+    def validate(self) -> None:
         """Out-of-range numbers fail at parse time, before any model loads."""
         _need(self.lora_rank >= 0, "lora_rank", self.lora_rank, "0 (train all weights) or a positive rank")
         _need(self.lora_rank == 0 or self.lora_alpha > 0, "lora_alpha", self.lora_alpha, "positive")
@@ -80,7 +84,7 @@ class StrategyArgs:
                                        "or gradient was NaN/inf; each such update is skipped on every rank (weights "
                                        "unchanged) and counted in the metrics as nonfinite_skipped.")
 
-    def check_ranges(self) -> None:
+    def validate(self) -> None:
         """Out-of-range numbers fail at parse time, before any model loads (NaN fails every `ok` test)."""
         lr = self.learning_rate
         _need(math.isfinite(lr) and lr > 0, "learning_rate", lr, "a positive finite number, e.g. 5e-6")
@@ -95,6 +99,15 @@ class StrategyArgs:
         _need(math.isfinite(self.ddp_timeout) and self.ddp_timeout > 0, "ddp_timeout", self.ddp_timeout,
               "a positive number of seconds (default 1800)")
         _need(self.max_nonfinite_steps >= 1, "max_nonfinite_steps", self.max_nonfinite_steps, "at least 1")
+        # the part of the batch split known before launch; the world size / each role's ranks are checked later
+        check_batch_split(self.train_batch_size, self.micro_train_batch_size, 1)
+        if not self.use_dynamic_batch and self.max_tokens_per_gpu is not None:
+            raise UserError("--max_tokens_per_gpu only applies with --use_dynamic_batch; add that flag or drop it")
+        if self.use_dynamic_batch and self.max_tokens_per_gpu is None:
+            raise UserError("--use_dynamic_batch needs --max_tokens_per_gpu N: the tokens of one micro-batch per "
+                            "device")
+        if self.max_tokens_per_gpu is not None:
+            _need(self.max_tokens_per_gpu >= 1, "max_tokens_per_gpu", self.max_tokens_per_gpu, "at least 1 token")
 
 
 @dataclass
@@ -111,7 +124,7 @@ class LoggingArgs:
     metrics_path: str | None = arg(None, "JSONL metrics file (default: <save_path>/metrics.jsonl).")
     disable_progress_bar: bool = arg(False, "No console progress bar (metrics still go to the JSONL file).")
 
-    def check_ranges(self) -> None:
+    def validate(self) -> None:
         _need(self.logging_steps >= 1, "logging_steps", self.logging_steps, "at least 1")
         _need(self.eval_steps == -1 or self.eval_steps >= 1, "eval_steps", self.eval_steps,
               "-1 (end of each epoch) or at least 1")
@@ -133,7 +146,7 @@ class CheckpointArgs:
                                              "states by parameter name) that resumes at any ZeRO stage and world "
                                              "size; without it they resume at the same stage and world size only.")
 
-    def check_ranges(self) -> None:
+    def validate(self) -> None:
         _need(self.save_steps == -1 or self.save_steps >= 1, "save_steps", self.save_steps,
               "-1 (no resumable checkpoints) or at least 1")
         _need(self.max_ckpt_num >= 1, "max_ckpt_num", self.max_ckpt_num, "at least 1")
@@ -161,8 +174,8 @@ class DataArgs:
     pretrain_mode: bool = arg(False, "Loss on every token (continued pretraining), not only the response.")
     packing_samples: bool = arg(False, "Pack samples into one row; they do not attend to each other.")
 
-    def check_ranges(self) -> None:
-        _need(self.max_len >= 1, "max_len", self.max_len, "at least 1 token")
+    def validate(self) -> None:
+        _need(self.max_len >= 2, "max_len", self.max_len, "at least 2 tokens (a token and the one it predicts)")
         _need(self.max_samples >= 1, "max_samples", self.max_samples, "at least 1")
 
 
@@ -178,7 +191,7 @@ class DryRunArgs:
                                              "the launcher's WORLD_SIZE, else 1); train_ppo_ray takes its devices "
                                              "from the --*_num_nodes / --*_num_gpus_per_node flags.")
 
-    def check_ranges(self) -> None:
+    def validate(self) -> None:
         gb, n = self.dry_run_gpu_memory_gb, self.dry_run_num_gpus
         _need(gb is None or (math.isfinite(gb) and gb > 0), "dry_run_gpu_memory_gb", gb, "a positive size in GB")
         _need(n is None or n >= 1, "dry_run_num_gpus", n, "at least 1")
@@ -186,16 +199,41 @@ class DryRunArgs:
             raise UserError("--dry_run_gpu_memory_gb / --dry_run_num_gpus only apply with --dry_run; add it")
 
 
-def validate_dynamic_batch(strategy: StrategyArgs, longest: int, longest_flags: str) -> None:
-    """--use_dynamic_batch needs a --max_tokens_per_gpu that holds the longest possible sample (`longest` tokens,
-    set by `longest_flags`); --max_tokens_per_gpu alone would be ignored, so it is an error too."""
-    if not strategy.use_dynamic_batch:
-        if strategy.max_tokens_per_gpu is not None:
-            raise UserError("--max_tokens_per_gpu only applies with --use_dynamic_batch; add that flag or drop it")
-        return
+def check_batch_split(train_batch_size: int, micro_batch_size: int, ranks: int, ranks_name: str = "world size") -> int:
+    """Gradient-accumulation steps per rank, train_batch_size / (micro_batch_size x ranks); a UserError when the
+    global batch does not split evenly over `ranks` processes (`ranks_name` says where that count comes from)."""
+    if train_batch_size < 1 or micro_batch_size < 1:
+        raise UserError(f"--train_batch_size and --micro_train_batch_size must be positive (got {train_batch_size}, "
+                        f"{micro_batch_size})")
+    per_step = micro_batch_size * ranks
+    if train_batch_size % per_step:
+        raise UserError(f"--train_batch_size {train_batch_size} is not divisible by --micro_train_batch_size "
+                        f"{micro_batch_size} x {ranks_name} {ranks} = {per_step}; pick a multiple of {per_step}")
+    return train_batch_size // per_step
+
+
+def check_token_budget(strategy: StrategyArgs, longest: int, longest_flags: str) -> None:
+    """--max_tokens_per_gpu (with --use_dynamic_batch) must hold the longest possible sample (`longest` tokens, set
+    by `longest_flags`); the pairing of the two flags is StrategyArgs.validate's."""
     budget = strategy.max_tokens_per_gpu
-    if budget is None:
-        raise UserError("--use_dynamic_batch needs --max_tokens_per_gpu N: the tokens of one micro-batch per device")
-    if budget < longest:
+    if strategy.use_dynamic_batch and budget is not None and budget < longest:
         raise UserError(f"--max_tokens_per_gpu {budget} is smaller than the longest possible sample ({longest} "
                         f"tokens: {longest_flags}); raise it to at least {longest}")
+
+
+def check_aux_loss_flags(coef: float, packing: bool) -> None:
+    """--aux_loss_coef's flag rules (whether the model has experts is checked when it is known,
+    `rlhfkit.models.moe.check_aux_loss_coef`): >= 0, and not with packed batches (Transformers' router loss reads
+    a 2-D attention mask; packed rows carry a 4-D block mask)."""
+    _need(coef >= 0, "aux_loss_coef", coef, ">= 0")
+    if coef > 0 and packing:
+        raise UserError("--aux_loss_coef with --packing_samples is not supported: the router load-balancing loss "
+                        "needs padded batches (a 2-D attention mask); drop one of the two flags")
+
+
+def check_loop_counts(max_epochs: int, max_steps: int) -> None:
+    """An offline trainer's --max_epochs / --max_steps must train something (and still save a model after)."""
+    if max_epochs < 1:
+        raise UserError(f"--max_epochs {max_epochs}: a run needs at least one epoch (1 or more)")
+    if max_steps == 0:
+        raise UserError(f"--max_steps {max_steps} trains nothing: use -1 (every epoch) or a positive number of steps")

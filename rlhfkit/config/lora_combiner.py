@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlhfkit.config.base import arg
+from rlhfkit.errors import UserError
 
 
 @dataclass
@@ -17,3 +18,9 @@ class LoraCombinerConfig:
                              "in full with the adapter).")
     value_head_prefix: str = arg("score", "Attribute name of the reward model's linear head (--is_rm).")
     bf16: bool = arg(False, "Merge and save in bfloat16 (default: float32).")
+
+    def validate(self) -> None:
+        """Every flag rule (UserError, one line); the directories themselves are checked when read."""
+        for flag in ("model_path", "lora_path", "output_path"):
+            if not getattr(self, flag):
+                raise UserError(f"--{flag} is required")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlhfkit.config.base import arg
+from rlhfkit.config.base import arg, validate_sections
 from rlhfkit.config.common import (
     CheckpointArgs,
     DataArgs,
@@ -18,11 +18,12 @@ from rlhfkit.config.common import (
     LoggingArgs,
     ModelArgs,
     StrategyArgs,
-    validate_dynamic_batch,
+    check_aux_loss_flags,
+    check_loop_counts,
+    check_token_budget,
 )
+from rlhfkit.config.names import RM_LOSS_KINDS
 from rlhfkit.errors import UserError
-
-RM_LOSSES = ("sigmoid", "logexp")
 
 
 @dataclass
@@ -50,17 +51,26 @@ class LoopArgs:
     aux_loss_coef: float = arg(0.0, "Weight of the mixture-of-experts load-balancing loss (MoE models only).")
     compute_fp32_loss: bool = arg(False, "Compute log-probs / rewards and the loss in float32 under --bf16.")
 
+    def validate(self) -> None:
+        check_loop_counts(self.max_epochs, self.max_steps)
+
 
 @dataclass
 class RMTrainArgs(LoopArgs):
     loss: str = arg("sigmoid", "Pairwise loss: -log sigmoid(r_c - r_r - margin), or its log(1+exp) form.",
-                    choices=RM_LOSSES)
+                    choices=RM_LOSS_KINDS)
     value_head_prefix: str = arg("score", "Attribute name of the linear reward head.")
     normalize_reward: bool = arg(False, "Mark the saved model as normalised: consumers (serve_rm, PPO) then "
                                         "divide (r - reward_mean) by reward_std by default. The statistics are "
                                         "always computed and saved.")
     reward_stats_samples: int = arg(-1, "Training pairs scored after training for reward_mean / reward_std "
                                         "(-1: all).")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.aux_loss_coef != 0:
+            raise UserError("--aux_loss_coef is not supported by train_rm (the reward head reads the backbone, which "
+                            "returns no router loss); drop it")
 
 
 @dataclass
@@ -78,12 +88,30 @@ class DPOTrainArgs(LoopArgs):
                                       "flipped, in [0, 0.5).")
     nll_loss_coef: float = arg(0.0, "Weight of the NLL term on the chosen responses (RPO, Pang et al. 2024).")
 
+    def validate(self) -> None:
+        super().validate()
+        if self.beta <= 0:
+            raise UserError(f"--beta must be > 0 (got {self.beta})")
+        if not 0.0 <= self.label_smoothing < 0.5:
+            raise UserError(f"--label_smoothing must be in [0, 0.5) (got {self.label_smoothing})")
+        if self.ipo and self.label_smoothing > 0:
+            raise UserError("--label_smoothing (cDPO) does not apply to --ipo; drop one of the two flags")
+        if self.nll_loss_coef < 0:
+            raise UserError(f"--nll_loss_coef must be >= 0 (got {self.nll_loss_coef})")
+
 
 @dataclass
 class KTOTrainArgs(LoopArgs):
     beta: float = arg(0.1, "KTO temperature.")
     desirable_loss_weight: float = arg(1.0, "Weight of the desirable examples' loss (lambda_D).")
     undesirable_loss_weight: float = arg(1.0, "Weight of the undesirable examples' loss (lambda_U).")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.beta <= 0:
+            raise UserError(f"--beta must be > 0 (got {self.beta})")
+        if self.desirable_loss_weight < 0 or self.undesirable_loss_weight < 0:
+            raise UserError("--desirable_loss_weight and --undesirable_loss_weight must be >= 0")
 
 
 @dataclass
@@ -96,6 +124,18 @@ class RMConfig:
     logging: LoggingArgs = field(default_factory=LoggingArgs)
     checkpoint: CheckpointArgs = field(default_factory=CheckpointArgs)
     plan: DryRunArgs = field(default_factory=DryRunArgs)
+
+    def validate(self) -> None:
+        """Every flag rule (UserError, one line): the sections' own, then the ones that join sections."""
+        validate_sections(self)
+        check_token_budget(self.strategy, 2 * self.data.max_len, "2 x --max_len: a chosen and a rejected row")
+        if self.model.load_in_4bit:
+            raise UserError("--load_in_4bit is not supported by train_rm yet (QLoRA covers causal-LM training: "
+                            "train_sft, train_dpo, train_kto and the RL actor); drop it")
+
+    def check_inputs(self) -> None:
+        """What the run needs besides valid flags (the trainer calls it before reading anything)."""
+        _require_dataset(self.data, "preference pairs")
 
 
 @dataclass
@@ -110,6 +150,18 @@ class DPOConfig:
     checkpoint: CheckpointArgs = field(default_factory=CheckpointArgs)
     plan: DryRunArgs = field(default_factory=DryRunArgs)
 
+    def validate(self) -> None:
+        """Every flag rule (UserError, one line): the sections' own, then the ones that join sections."""
+        validate_sections(self)
+        check_token_budget(self.strategy, 2 * self.data.max_len, "2 x --max_len: a chosen and a rejected row")
+        check_aux_loss_flags(self.train.aux_loss_coef, self.data.packing_samples)
+        if self.pairs.margin_key:
+            raise UserError("--margin_key applies to train_rm only; DPO has no reward margin")
+
+    def check_inputs(self) -> None:
+        """What the run needs besides valid flags (the trainer calls it before reading anything)."""
+        _require_dataset(self.data, "preference pairs")
+
 
 @dataclass
 class KTOConfig:
@@ -122,6 +174,22 @@ class KTOConfig:
     logging: LoggingArgs = field(default_factory=LoggingArgs)
     checkpoint: CheckpointArgs = field(default_factory=CheckpointArgs)
     plan: DryRunArgs = field(default_factory=DryRunArgs)
+
+    def validate(self) -> None:
+        """Every flag rule (UserError, one line): the sections' own, then the ones that join sections."""
+        validate_sections(self)
+        if self.strategy.use_dynamic_batch:
+            raise UserError("--use_dynamic_batch is not supported by train_kto yet: KTO's KL reference point is "
+                            "estimated within each micro-batch, so a token-budget split would change the loss; use "
+                            "--micro_train_batch_size")
+        if self.strategy.micro_train_batch_size < 2:
+            raise UserError("KTO needs --micro_train_batch_size >= 2: its KL reference point pairs each prompt with "
+                            "another sample's completion from the same micro batch")
+        check_aux_loss_flags(self.train.aux_loss_coef, self.data.packing_samples)
+
+    def check_inputs(self) -> None:
+        """What the run needs besides valid flags (the trainer calls it before reading anything)."""
+        _require_dataset(self.data, "unpaired completions with labels")
 
 
 @dataclass
@@ -150,73 +218,29 @@ class ServeRMConfig:
     flash_attn: bool = arg(False, "Use flash_attention_2.")
     disable_fast_tokenizer: bool = arg(False, "Load the slow (Python) tokenizer.")
 
+    def validate(self) -> None:
+        """Fail fast, before the model loads, on settings the server cannot run with."""
+        if not 0 <= self.port <= 65535:
+            raise UserError(f"--port {self.port} is not a TCP port; use 1-65535 (or 0 to pick a free one)")
+        if self.max_len < 2:
+            raise UserError(f"--max_len must be at least 2 (got {self.max_len})")
+        for flag in ("batch_size", "max_body_bytes", "max_queries_per_request"):
+            if getattr(self, flag) < 1:
+                raise UserError(f"--{flag} must be at least 1 (got {getattr(self, flag)})")
+        for flag in ("request_timeout", "client_timeout"):
+            if not getattr(self, flag) > 0:
+                raise UserError(f"--{flag} must be a positive number of seconds (got {getattr(self, flag)})")
+        if self.batch_wait_ms < 0:
+            raise UserError(f"--batch_wait_ms must be >= 0 (got {self.batch_wait_ms})")
+        if self.flash_attn and self.attn_implementation == "eager":
+            raise UserError("--flash_attn asks for flash_attention_2 but --attn_implementation is eager; pass one")
 
-def validate_serve_rm_config(cfg: ServeRMConfig) -> None:
-    """Fail fast, before the model loads, on settings the server cannot run with."""
-    if not cfg.reward_pretrain:
-        raise UserError("--reward_pretrain is required: the reward model directory written by train_rm")
-    if not 0 <= cfg.port <= 65535:
-        raise UserError(f"--port {cfg.port} is not a TCP port; use 1-65535 (or 0 to pick a free one)")
-    for flag in ("max_len", "batch_size", "max_body_bytes", "max_queries_per_request"):
-        if getattr(cfg, flag) < 1:
-            raise UserError(f"--{flag} must be at least 1 (got {getattr(cfg, flag)})")
-    for flag in ("request_timeout", "client_timeout"):
-        if not getattr(cfg, flag) > 0:
-            raise UserError(f"--{flag} must be a positive number of seconds (got {getattr(cfg, flag)})")
-    if cfg.batch_wait_ms < 0:
-        raise UserError(f"--batch_wait_ms must be >= 0 (got {cfg.batch_wait_ms})")
-
-
-def validate_rm_config(cfg: RMConfig) -> None:
-    """Fail fast on settings that cannot run."""
-    if not cfg.data.dataset:
-        raise UserError("--dataset is required: preference pairs as a local json/jsonl/parquet/csv/arrow file or "
-                        "dataset directory")
-    _check_loop(cfg.train)
-    _check_pair_budget(cfg)
+    def check_inputs(self) -> None:
+        if not self.reward_pretrain:
+            raise UserError("--reward_pretrain is required: the reward model directory written by train_rm")
 
 
-def validate_dpo_config(cfg: DPOConfig) -> None:
-    if not cfg.data.dataset:
-        raise UserError("--dataset is required: preference pairs as a local json/jsonl/parquet/csv/arrow file or "
-                        "dataset directory")
-    t = cfg.train
-    _check_loop(t)
-    _check_pair_budget(cfg)
-    if t.beta <= 0:
-        raise UserError(f"--beta must be > 0 (got {t.beta})")
-    if not 0.0 <= t.label_smoothing < 0.5:
-        raise UserError(f"--label_smoothing must be in [0, 0.5) (got {t.label_smoothing})")
-    if t.ipo and t.label_smoothing > 0:
-        raise UserError("--label_smoothing (cDPO) does not apply to --ipo; drop one of the two flags")
-    if t.nll_loss_coef < 0:
-        raise UserError(f"--nll_loss_coef must be >= 0 (got {t.nll_loss_coef})")
-
-
-def validate_kto_config(cfg: KTOConfig) -> None:
-    if not cfg.data.dataset:
-        raise UserError("--dataset is required: unpaired completions with labels as a local json/jsonl/parquet/"
-                        "csv/arrow file or dataset directory")
-    t = cfg.train
-    _check_loop(t)
-    if t.beta <= 0:
-        raise UserError(f"--beta must be > 0 (got {t.beta})")
-    if t.desirable_loss_weight < 0 or t.undesirable_loss_weight < 0:
-        raise UserError("--desirable_loss_weight and --undesirable_loss_weight must be >= 0")
-    if cfg.strategy.use_dynamic_batch:
-        raise UserError("--use_dynamic_batch is not supported by train_kto yet: KTO's KL reference point is "
-                        "estimated within each micro-batch, so a token-budget split would change the loss; use "
-                        "--micro_train_batch_size")
-    validate_dynamic_batch(cfg.strategy, cfg.data.max_len, "--max_len")
-    if cfg.strategy.micro_train_batch_size < 2:
-        raise UserError("KTO needs --micro_train_batch_size >= 2: its KL reference point pairs each prompt with "
-                        "another sample's completion from the same micro batch")
-
-
-def _check_loop(t: LoopArgs) -> None:
-    if t.max_epochs < 1:
-        raise UserError(f"--max_epochs must be >= 1 (got {t.max_epochs})")
-
-
-def _check_pair_budget(cfg: RMConfig | DPOConfig) -> None:
-    validate_dynamic_batch(cfg.strategy, 2 * cfg.data.max_len, "2 x --max_len: a chosen and a rejected row")
+def _require_dataset(data: DataArgs, what: str) -> None:
+    if not data.dataset:
+        raise UserError(f"--dataset is required: {what} as a local json/jsonl/parquet/csv/arrow file or dataset "
+                        "directory")

@@ -1,10 +1,11 @@
 """Config of `rlhfkit.cli.train_ppo` (and, next, `train_ppo_ray`): online RL with one loop for every estimator.
 
-Flag names are OpenRLHF's (`--advantage_estimator group_norm --n_samples_per_prompt 8 ...`). `validate_rl_config`
-fails fast, with one line, on settings that cannot run: batch sizes that do not divide, a group estimator with one
-sample per prompt, no reward source, a dual clip <= 1. The distributed flags (role placement, vLLM engines,
-colocation, sleep) are accepted and checked here; the single-process trainer runs every role in one process with
-the Transformers rollout engine, and `train_ppo_ray` acts on them.
+Flag names are OpenRLHF's (`--advantage_estimator group_norm --n_samples_per_prompt 8 ...`). `PPOConfig.validate`
+(run by `parse_config`) fails fast, with one line, on flags that cannot run: batch sizes that do not divide, a group
+estimator with one sample per prompt, a dual clip <= 1; `PPOConfig.check_inputs` (run by the trainers) on missing
+inputs: no model, no prompts, no reward source, a reward function file that is not there. The distributed flags
+(role placement, vLLM engines, colocation, sleep) are accepted and checked here; the single-process trainer runs
+every role in one process with the Transformers rollout engine, and `train_ppo_ray` acts on them.
 """
 
 from __future__ import annotations
@@ -13,22 +14,28 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlhfkit.config.base import arg
+from rlhfkit.config.base import arg, validate_sections
 from rlhfkit.config.common import (
     CheckpointArgs,
     DryRunArgs,
     LoggingArgs,
     ModelArgs,
     StrategyArgs,
-    validate_dynamic_batch,
+    check_aux_loss_flags,
+    check_batch_split,
+    check_token_budget,
+)
+from rlhfkit.config.names import (
+    ADVANTAGE_ESTIMATORS,
+    AGGREGATION_MODES,
+    GROUP_BASELINES,
+    IS_CORRECTIONS,
+    KL_ESTIMATORS,
+    POLICY_LOSS_TYPES,
 )
 from rlhfkit.errors import UserError
 
-ADVANTAGE_ESTIMATORS = ("gae", "reinforce", "reinforce_baseline", "group_norm", "dr_grpo", "rloo")
-GROUP_ESTIMATORS = ("reinforce_baseline", "group_norm", "dr_grpo", "rloo")
-POLICY_LOSS_TYPES = ("ppo", "gspo")
-IS_CORRECTIONS = ("tis", "icepop", "seq-mask-tis")
-LOSS_AGGREGATIONS = ("auto", "token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+LOSS_AGGREGATIONS = ("auto", *AGGREGATION_MODES)
 
 
 @dataclass
@@ -63,6 +70,16 @@ class UserCodeArgs:
     max_reward_failure_ratio: float = arg(0.1, "Stop the run when more than this fraction of a step's samples "
                                                "failed in the reward function or agent (0: stop at the first "
                                                "failure).")
+
+    def validate(self) -> None:
+        if self.reward_workers < 1:
+            raise UserError(f"--reward_workers must be >= 1 (got {self.reward_workers})")
+        if not self.reward_timeout > 0:
+            raise UserError(f"--reward_timeout must be > 0 seconds (got {self.reward_timeout})")
+        if not math.isfinite(self.reward_fallback):
+            raise UserError(f"--reward_fallback must be a finite number (got {self.reward_fallback})")
+        if not 0 <= self.max_reward_failure_ratio <= 1:
+            raise UserError(f"--max_reward_failure_ratio must be in [0, 1] (got {self.max_reward_failure_ratio})")
 
 
 @dataclass
@@ -130,7 +147,7 @@ class AlgorithmArgs:
     lambd: float = arg(1.0, "GAE lambda.")
     actor_learning_rate: float = arg(1e-6, "Peak learning rate of the actor.")
     critic_learning_rate: float = arg(9e-6, "Peak learning rate of the critic.")
-    kl_estimator: str = arg("k1", "Per-token KL estimator (Schulman 2020).", choices=("k1", "k2", "k3"))
+    kl_estimator: str = arg("k1", "Per-token KL estimator (Schulman 2020).", choices=KL_ESTIMATORS)
     use_kl_loss: bool = arg(False, "KL to the reference as a loss term of the actor (GRPO) instead of a reward "
                                    "penalty.")
     init_kl_coef: float = arg(0.01, "KL coefficient (reward penalty, or the KL loss weight with --use_kl_loss); "
@@ -257,6 +274,21 @@ class PPOConfig:
     plan: DryRunArgs = field(default_factory=DryRunArgs)
     save: RLSaveArgs = field(default_factory=RLSaveArgs)
 
+    def validate(self) -> None:
+        """Every flag rule (UserError, one line): the sections' own, then the ones that join sections."""
+        validate_sections(self)
+        _validate_reward_flags(self)
+        _validate_resources(self)  # before the batch arithmetic, which divides by the actor's device count
+        _validate_batches(self)
+        _validate_algorithm(self)
+        _validate_recipe(self)
+        _validate_async(self)
+
+    def check_inputs(self) -> None:
+        """What the run needs besides valid flags: a policy, prompts, a reward source, the files named (the
+        trainers call it before reading anything)."""
+        _check_sources(self)
+
 
 # -- derived settings ---------------------------------------------------------------------------------------
 def clip_range(cfg: PPOConfig) -> tuple[float, float]:
@@ -329,21 +361,16 @@ def _validate_batches(cfg: PPOConfig) -> None:
         raise UserError(f"--rollout_batch_size {r.rollout_batch_size} x --n_samples_per_prompt "
                         f"{r.n_samples_per_prompt} = {samples} samples per step is not divisible by "
                         f"--train_batch_size {s.train_batch_size}; make the samples a multiple of it")
-    actor_ranks = cfg.resources.actor_num_nodes * cfg.resources.actor_num_gpus_per_node
-    per_step = s.micro_train_batch_size * actor_ranks
-    if s.train_batch_size % per_step:
-        raise UserError(f"--train_batch_size {s.train_batch_size} is not divisible by --micro_train_batch_size "
-                        f"{s.micro_train_batch_size} x actor devices {actor_ranks} = {per_step}")
+    check_batch_split(s.train_batch_size, s.micro_train_batch_size, role_ranks(cfg, "actor"), "actor devices")
     if samples % r.micro_rollout_batch_size:
         raise UserError(f"{samples} samples per step (--rollout_batch_size x --n_samples_per_prompt) are not "
                         f"divisible by --micro_rollout_batch_size {r.micro_rollout_batch_size}")
-    validate_dynamic_batch(s, cfg.data.prompt_max_len + cfg.data.generate_max_len,
-                           "--prompt_max_len + --generate_max_len")
+    check_token_budget(s, cfg.data.prompt_max_len + cfg.data.generate_max_len, "--prompt_max_len + --generate_max_len")
 
 
 def _validate_algorithm(cfg: PPOConfig) -> None:
     a, r = cfg.algo, cfg.rollout
-    if a.advantage_estimator in GROUP_ESTIMATORS and r.n_samples_per_prompt < 2:
+    if a.advantage_estimator in GROUP_BASELINES and r.n_samples_per_prompt < 2:
         raise UserError(f"--advantage_estimator {a.advantage_estimator} compares the samples of one prompt and "
                         f"needs --n_samples_per_prompt > 1 (got {r.n_samples_per_prompt})")
     if a.dual_clip is not None and a.dual_clip <= 1.0:
@@ -361,6 +388,7 @@ def _validate_algorithm(cfg: PPOConfig) -> None:
         raise UserError(f"--value_clip must be > 0 (got {a.value_clip})")
     if a.entropy_loss_coef < 0:
         raise UserError(f"--entropy_loss_coef must be >= 0 (got {a.entropy_loss_coef})")
+    check_aux_loss_flags(a.aux_loss_coef, cfg.data.packing_samples)
     if a.enable_vllm_is_correction:
         is_bounds(cfg)
     if a.reward_clip_range is not None:
@@ -439,32 +467,47 @@ def reward_clip_bounds(cfg: PPOConfig) -> tuple[float, float] | None:
     return float(values[0]), float(values[1])
 
 
-def _validate_sources(cfg: PPOConfig) -> None:
+def _validate_reward_flags(cfg: PPOConfig) -> None:
+    """The reward source's flags: one kind of source, an agent alone, the remote reward's retry settings."""
+    m, a = cfg.rl_model, cfg.agent
+    urls = remote_reward_urls(cfg)
+    if a.agent_func_path is None and a.max_steps is not None:
+        raise UserError(f"--max_steps {a.max_steps} is the turn budget of an agent episode and needs "
+                        "--agent_func_path; to stop after N RL steps use --max_rl_steps N (renamed)")
+    if a.agent_func_path is not None and (m.reward_pretrain or m.remote_rm_url):
+        raise UserError("--agent_func_path: the agent's step rewards are the reward; drop --reward_pretrain / "
+                        "--remote_rm_url")
+    if a.max_steps is not None and a.max_steps < 1:
+        raise UserError(f"--max_steps must be >= 1 turn (got {a.max_steps})")
+    if m.reward_pretrain and urls:
+        raise UserError("pass either --reward_pretrain or --remote_rm_url, not both")
+    if len(urls) > 1 and not all(is_http(u) for u in urls):
+        raise UserError(f"--remote_rm_url {m.remote_rm_url}: several sources must all be http(s) URLs; a reward "
+                        "function file stands alone")
+    if m.remote_rm_retries < 1 or m.remote_rm_timeout <= 0:
+        raise UserError("--remote_rm_retries must be >= 1 and --remote_rm_timeout > 0")
+    if m.critic_init_head and not m.critic_pretrain:
+        raise UserError("--critic_init_head applies to the model given as --critic_pretrain; pass one, or drop the "
+                        "flag (the default critic from --pretrain starts with a new head anyway)")
+
+
+def _check_sources(cfg: PPOConfig) -> None:
     m, d = cfg.rl_model, cfg.data
     if not cfg.model.pretrain:
         raise UserError("--pretrain is required: the policy to train (a Hugging Face model directory)")
     if not d.prompt_data:
         raise UserError("--prompt_data is required: the RL prompts (a local json/jsonl/parquet/csv file)")
-    urls = remote_reward_urls(cfg)
-    if _validate_agent(cfg):
-        return
-    if not m.reward_pretrain and not urls:
+    if cfg.agent.agent_func_path is not None:
+        path = Path(cfg.agent.agent_func_path).expanduser()
+        if path.suffix != ".py" or not path.is_file():
+            raise UserError(f"--agent_func_path {cfg.agent.agent_func_path}: not an existing .py file")
+    elif not m.reward_pretrain and not remote_reward_urls(cfg):
         raise UserError("no reward source: pass --reward_pretrain (a reward model) or --remote_rm_url (a Python "
                         "file with reward_func, or http://host:port/get_reward)")
-    if m.reward_pretrain and urls:
-        raise UserError("pass either --reward_pretrain or --remote_rm_url, not both")
-    files = [u for u in urls if not is_http(u)]
-    if files and len(urls) > 1:
-        raise UserError(f"--remote_rm_url {m.remote_rm_url}: several sources must all be http(s) URLs; a reward "
-                        "function file stands alone")
-    for path in files:
+    for path in (u for u in remote_reward_urls(cfg) if not is_http(u)):
         p = Path(path).expanduser()
         if p.suffix != ".py" or not p.is_file():
             raise UserError(f"--remote_rm_url {path}: not an http(s) URL and not an existing .py file")
-    if needs_critic(cfg) and not critic_path(cfg):
-        raise UserError("--advantage_estimator gae needs a critic: pass --critic_pretrain")
-    if m.remote_rm_retries < 1 or m.remote_rm_timeout <= 0:
-        raise UserError("--remote_rm_retries must be >= 1 and --remote_rm_timeout > 0")
 
 
 ROLES = ("actor", "critic", "ref", "reward")
@@ -501,39 +544,6 @@ def role_ranks(cfg: PPOConfig, role: str) -> int:
     if ranks == 0 and host is not None:
         return role_ranks(cfg, host)
     return ranks
-
-
-def _validate_agent(cfg: PPOConfig) -> bool:
-    """Checks of --agent_func_path / --max_steps; True when the agent is the reward source."""
-    a = cfg.agent
-    if a.agent_func_path is None:
-        if a.max_steps is not None:
-            raise UserError(f"--max_steps {a.max_steps} is the turn budget of an agent episode and needs "
-                            "--agent_func_path; to stop after N RL steps use --max_rl_steps N (renamed)")
-        return False
-    path = Path(a.agent_func_path).expanduser()
-    if path.suffix != ".py" or not path.is_file():
-        raise UserError(f"--agent_func_path {a.agent_func_path}: not an existing .py file")
-    if cfg.rl_model.reward_pretrain or cfg.rl_model.remote_rm_url:
-        raise UserError("--agent_func_path: the agent's step rewards are the reward; drop --reward_pretrain / "
-                        "--remote_rm_url")
-    if a.max_steps is not None and a.max_steps < 1:
-        raise UserError(f"--max_steps must be >= 1 turn (got {a.max_steps})")
-    if needs_critic(cfg) and not critic_path(cfg):
-        raise UserError("--advantage_estimator gae needs a critic: pass --critic_pretrain")
-    return True
-
-
-def _validate_user_code(cfg: PPOConfig) -> None:
-    u = cfg.user_code
-    if u.reward_workers < 1:
-        raise UserError(f"--reward_workers must be >= 1 (got {u.reward_workers})")
-    if not u.reward_timeout > 0:
-        raise UserError(f"--reward_timeout must be > 0 seconds (got {u.reward_timeout})")
-    if not math.isfinite(u.reward_fallback):
-        raise UserError(f"--reward_fallback must be a finite number (got {u.reward_fallback})")
-    if not 0 <= u.max_reward_failure_ratio <= 1:
-        raise UserError(f"--max_reward_failure_ratio must be in [0, 1] (got {u.max_reward_failure_ratio})")
 
 
 def _validate_resources(cfg: PPOConfig) -> None:
@@ -611,14 +621,3 @@ def validate_single_process(cfg: PPOConfig) -> None:
         raise UserError("--async_train needs a generator actor beside the trainer: run it with "
                         "python -m rlhfkit.cli.train_ppo_ray")
 
-
-def validate_rl_config(cfg: PPOConfig) -> PPOConfig:
-    """Fail fast (UserError, one line) on a config that cannot run; returns the config."""
-    _validate_sources(cfg)
-    _validate_resources(cfg)  # before the batch arithmetic, which divides by the actor's device count
-    _validate_user_code(cfg)
-    _validate_batches(cfg)
-    _validate_algorithm(cfg)
-    _validate_recipe(cfg)
-    _validate_async(cfg)
-    return cfg

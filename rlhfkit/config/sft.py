@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlhfkit.config.base import arg
+from rlhfkit.config.base import arg, validate_sections
 from rlhfkit.config.common import (
     CheckpointArgs,
     DataArgs,
@@ -12,8 +12,11 @@ from rlhfkit.config.common import (
     LoggingArgs,
     ModelArgs,
     StrategyArgs,
-    validate_dynamic_batch,
+    check_aux_loss_flags,
+    check_loop_counts,
+    check_token_budget,
 )
+from rlhfkit.errors import UserError
 
 
 @dataclass
@@ -22,6 +25,9 @@ class SFTTrainArgs:
     max_steps: int = arg(-1, "Stop after this many optimizer steps (-1: run every epoch); the learning-rate "
                              "schedule still spans the whole run, so a later --load_checkpoint continues it.")
     aux_loss_coef: float = arg(0.0, "Weight of the mixture-of-experts load-balancing loss (MoE models only).")
+
+    def validate(self) -> None:
+        check_loop_counts(self.max_epochs, self.max_steps)
 
 
 @dataclass
@@ -34,8 +40,14 @@ class SFTConfig:
     checkpoint: CheckpointArgs = field(default_factory=CheckpointArgs)
     plan: DryRunArgs = field(default_factory=DryRunArgs)
 
+    def validate(self) -> None:
+        """Every flag rule (UserError, one line): the sections' own, then the ones that join sections."""
+        validate_sections(self)
+        check_token_budget(self.strategy, self.data.max_len, "--max_len")
+        check_aux_loss_flags(self.train.aux_loss_coef, self.data.packing_samples)
 
-def validate_sft_config(cfg: SFTConfig) -> SFTConfig:
-    """Fail fast (UserError, one line) on settings that cannot run; returns the config."""
-    validate_dynamic_batch(cfg.strategy, cfg.data.max_len, "--max_len")
-    return cfg
+    def check_inputs(self) -> None:
+        """What the run needs besides valid flags (the trainer calls it before reading anything)."""
+        if not self.data.dataset:
+            raise UserError("--dataset is required: a local json/jsonl/parquet/csv/arrow file or dataset directory")
+

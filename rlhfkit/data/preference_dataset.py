@@ -71,7 +71,7 @@ class _TruncatingDataset:
 
     def __init__(self, max_len: int):
         if max_len < 2:
-            raise UserError(f"--max_len {max_len} must be at least 2 (a token and the one it predicts)")
+            raise ValueError(f"max_len must be >= 2 (got {max_len}): a sample needs a token and the one it predicts")
         self.max_len = max_len
         self.samples: list[dict[str, Any]] = []
         self._dropped = 0

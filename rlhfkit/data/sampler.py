@@ -14,13 +14,14 @@ from rlhfkit.errors import UserError
 
 
 def check_batch_sizes(global_batch_size: int, micro_batch_size: int, world_size: int = 1) -> int:
-    """Gradient-accumulation steps per rank; a UserError when the sizes do not divide."""
-    if global_batch_size < 1 or micro_batch_size < 1:
-        raise UserError(f"--train_batch_size {global_batch_size} and --micro_train_batch_size {micro_batch_size} "
-                        "must be positive")
+    """Micro-batches per rank of one global batch; a ValueError when the sizes do not divide (the flags were
+    checked when parsed, `rlhfkit.config.common.check_batch_split`, so this is a caller's mistake)."""
+    if global_batch_size < 1 or micro_batch_size < 1 or world_size < 1:
+        raise ValueError(f"batch sizes must be positive (got global {global_batch_size}, micro {micro_batch_size}, "
+                         f"world size {world_size})")
     if global_batch_size % (micro_batch_size * world_size):
-        raise UserError(f"--train_batch_size {global_batch_size} is not divisible by --micro_train_batch_size "
-                        f"{micro_batch_size} x world size {world_size}")
+        raise ValueError(f"a global batch of {global_batch_size} samples does not split into micro-batches of "
+                         f"{micro_batch_size} over {world_size} rank(s)")
     return global_batch_size // (micro_batch_size * world_size)
 
 
@@ -31,7 +32,7 @@ def global_batches(num_samples: int, global_batch_size: int, seed: int, epoch: i
     With drop_last, the incomplete last batch is dropped, and a dataset smaller than one batch is a UserError
     (the run would train zero steps)."""
     if global_batch_size < 1:
-        raise UserError(f"--train_batch_size {global_batch_size} must be positive")
+        raise ValueError(f"the global batch size must be positive (got {global_batch_size})")
     if drop_last and num_samples < global_batch_size:
         raise UserError(f"--train_batch_size {global_batch_size} is larger than the dataset ({num_samples} "
                         "samples); lower it or add data")

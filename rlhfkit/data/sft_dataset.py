@@ -42,7 +42,7 @@ class SFTDataset:
                  apply_chat_template: bool = False, tokenizer_chat_template: str | None = None,
                  multiturn: bool = False, pretrain_mode: bool = False):
         if max_len < 2:
-            raise UserError(f"--max_len {max_len} must be at least 2 (a token and the one it predicts)")
+            raise ValueError(f"max_len must be >= 2 (got {max_len}): a sample needs a token and the one it predicts")
         self.tokenizer = tokenizer
         self.max_len = max_len
         self.input_key = input_key

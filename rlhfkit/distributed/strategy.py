@@ -21,24 +21,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from rlhfkit.config.common import StrategyArgs
+from rlhfkit.config.common import StrategyArgs, check_batch_split
 from rlhfkit.distributed.launch import default_ds_accelerator, init_distributed, world_size_from_env
 from rlhfkit.distributed.local_engine import LocalEngine
-from rlhfkit.errors import UserError
 
 default_ds_accelerator()
-
-
-def validate_batch_sizes(train_batch_size: int, micro_batch_size: int, world_size: int,
-                         names: tuple[str, str] = ("--train_batch_size", "--micro_train_batch_size")) -> int:
-    """Gradient accumulation steps, or a UserError when the global batch does not split evenly."""
-    if train_batch_size <= 0 or micro_batch_size <= 0:
-        raise UserError(f"{names[0]} and {names[1]} must be positive (got {train_batch_size}, {micro_batch_size})")
-    per_step = micro_batch_size * world_size
-    if train_batch_size % per_step:
-        raise UserError(f"{names[0]} {train_batch_size} is not divisible by {names[1]} {micro_batch_size} x "
-                        f"world size {world_size} = {per_step}; pick a multiple of {per_step}")
-    return train_batch_size // per_step
 
 
 def adamw_kernel(model: nn.Module) -> dict[str, bool]:
@@ -86,8 +73,8 @@ class DeepSpeedStrategy:
         self.bf16 = bf16
         self.gradient_checkpointing = gradient_checkpointing
         self.gradient_checkpointing_use_reentrant = gradient_checkpointing_use_reentrant
-        self.accumulation_steps = validate_batch_sizes(args.train_batch_size, args.micro_train_batch_size,
-                                                       world_size_from_env())
+        self.accumulation_steps = check_batch_split(args.train_batch_size, args.micro_train_batch_size,
+                                                    world_size_from_env())
 
     # -- process group -------------------------------------------------------------------------------------
     def setup_distributed(self) -> None:

@@ -28,13 +28,11 @@ def is_moe_config(config: PretrainedConfig) -> bool:
     return hasattr(config, "output_router_logits") and hasattr(config, "router_aux_loss_coef")
 
 
-def check_aux_loss_coef(coef: float, model_path: str | None, packing: bool, flag: str = "--pretrain") -> None:
-    """Fail before anything starts when `--aux_loss_coef` cannot act: negative, a model without experts, or packed
-    batches (Transformers' loss reads a 2-D attention mask; packed rows carry a 4-D block mask)."""
-    if coef == 0:
+def check_aux_loss_coef(coef: float, model_path: str | None, flag: str = "--pretrain") -> None:
+    """Fail before any model loads when `--aux_loss_coef` cannot act because the model has no experts (the flag's
+    own rules, >= 0 and no packing, are the config's: `rlhfkit.config.common.check_aux_loss_flags`)."""
+    if coef <= 0:
         return
-    if coef < 0:
-        raise UserError(f"--aux_loss_coef must be >= 0 (got {coef})")
     from rlhfkit.models.loading import check_model_path, load_model_config
 
     config = load_model_config(check_model_path(model_path, flag), flag)
@@ -42,9 +40,6 @@ def check_aux_loss_coef(coef: float, model_path: str | None, packing: bool, flag
         raise UserError(f"--aux_loss_coef {coef} applies to mixture-of-experts models only; {flag} {model_path} is "
                         f"a {getattr(config, 'model_type', 'dense')} model without an expert router: drop "
                         "--aux_loss_coef")
-    if packing:
-        raise UserError("--aux_loss_coef with --packing_samples is not supported: the router load-balancing loss "
-                        "needs padded batches (a 2-D attention mask); drop one of the two flags")
 
 
 def _router_model(model: nn.Module) -> PreTrainedModel | None:

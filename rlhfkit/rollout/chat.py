@@ -19,7 +19,6 @@ import torch
 
 from rlhfkit.data.templates import apply_input_template, check_input_template, render_chat, setup_chat_template
 from rlhfkit.data.tokens import encode, with_bos
-from rlhfkit.errors import UserError
 
 DEFAULT_TEMPLATE = "User: {}\nAssistant: "
 
@@ -31,9 +30,9 @@ class ChatSession:
                  input_template: str | None = None, system_prompt: str = "", condition: str = "",
                  max_len: int = 4096, max_new_tokens: int = 512, sampling: dict[str, Any] | None = None):
         if apply_chat_template and input_template:
-            raise UserError("--input_template and --apply_chat_template exclude each other; pass one")
+            raise ValueError("a chat session formats turns with the chat template or an input template, not both")
         if max_new_tokens < 1 or max_len <= max_new_tokens:
-            raise UserError(f"--max_len {max_len} must exceed --max_new_tokens {max_new_tokens} (>= 1)")
+            raise ValueError(f"max_len ({max_len}) must exceed max_new_tokens ({max_new_tokens}, >= 1)")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.chat = apply_chat_template

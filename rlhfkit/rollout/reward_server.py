@@ -52,9 +52,9 @@ class RewardScorer:
     def __init__(self, model: torch.nn.Module, tokenizer: Any, max_len: int = 2048, normalize: bool | None = None,
                  batch_size: int = 16):
         if max_len < 2:
-            raise UserError(f"--max_len {max_len} must be at least 2")
+            raise ValueError(f"max_len must be >= 2 (got {max_len})")
         if batch_size < 1:
-            raise UserError(f"--batch_size {batch_size} must be at least 1")
+            raise ValueError(f"batch_size must be >= 1 (got {batch_size})")
         config = model.config
         self.normalize = bool(getattr(config, "normalize_reward", False)) if normalize is None else normalize
         if self.normalize and not all(hasattr(config, k) for k in ("reward_mean", "reward_std")):

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from rlhfkit.config.batch_inference import BatchInferenceConfig, reward_model_path, validate_batch_inference_config
+from rlhfkit.config.batch_inference import BatchInferenceConfig, reward_model_path
 from rlhfkit.errors import UserError
 
 
@@ -352,7 +352,7 @@ def post_process(cfg: BatchInferenceConfig, samples: list[dict[str, Any]]) -> tu
 
 def run_batch_inference(cfg: BatchInferenceConfig) -> dict[str, Any]:
     """Validate, generate and/or score, post-process, write; returns a summary (also printed)."""
-    validate_batch_inference_config(cfg)
+    cfg.check_inputs()  # the flags were validated when parsed
     started = time.perf_counter()
     samples = collect(cfg)
     records, what = post_process(cfg, samples)

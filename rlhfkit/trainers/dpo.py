@@ -78,15 +78,11 @@ def run_dpo(cfg: Any) -> DPOTrainer:
     """Assemble and run DPO/IPO/cDPO from a `DPOConfig`; saves the policy as a Hugging Face model."""
     from functools import partial
 
-    from rlhfkit.config.preference import validate_dpo_config
     from rlhfkit.data.collate import pair_collate
-    from rlhfkit.errors import UserError
     from rlhfkit.models.moe import check_aux_loss_coef
 
-    validate_dpo_config(cfg)
-    if cfg.pairs.margin_key:
-        raise UserError("--margin_key applies to train_rm only; DPO has no reward margin")
-    check_aux_loss_coef(cfg.train.aux_loss_coef, cfg.model.pretrain, cfg.data.packing_samples)
+    cfg.check_inputs()  # the flags were validated when parsed
+    check_aux_loss_coef(cfg.train.aux_loss_coef, cfg.model.pretrain)
     run, reference = prepare_policy_and_reference(cfg, "dpo", load_pair_datasets)
     t, strategy = cfg.train, run.strategy
     method = "IPO" if t.ipo else ("cDPO" if t.label_smoothing > 0 else "DPO")

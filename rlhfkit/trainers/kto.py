@@ -92,12 +92,11 @@ def run_kto(cfg: Any) -> KTOTrainer:
     """Assemble and run KTO from a `KTOConfig`; saves the policy as a Hugging Face model."""
     from functools import partial
 
-    from rlhfkit.config.preference import validate_kto_config
     from rlhfkit.data.collate import unpaired_collate
     from rlhfkit.models.moe import check_aux_loss_coef
 
-    validate_kto_config(cfg)
-    check_aux_loss_coef(cfg.train.aux_loss_coef, cfg.model.pretrain, cfg.data.packing_samples)
+    cfg.check_inputs()  # the flags were validated when parsed
+    check_aux_loss_coef(cfg.train.aux_loss_coef, cfg.model.pretrain)
     run, reference = prepare_policy_and_reference(cfg, "kto", load_unpaired_datasets)
     t, strategy = cfg.train, run.strategy
     desirable = sum(int(s["label"]) for s in run.train)

@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
+from rlhfkit.config.common import check_batch_split
 from rlhfkit.config.rl import (
     PPOConfig,
     needs_critic,
     samples_per_rollout,
-    validate_rl_config,
 )
 from rlhfkit.distributed.placement import ResourcePlan, connect_ray, role_demands, unwrap_user_error
 from rlhfkit.errors import UserError
@@ -57,11 +57,12 @@ class RayRunPlan:
 
 
 def check_ray_config(cfg: PPOConfig, use_gpu: bool | None = None, cpus_per_bundle: float = 1.0) -> RayRunPlan:
-    """Config checks that need no data and no Ray: RL config, placement, engines, batch splits. UserError."""
+    """Checks that need no data and no Ray (the flags were validated when parsed): inputs, placement, engines,
+    each role's batch split. UserError."""
     from rlhfkit.models.loading import check_model_path
     from rlhfkit.models.moe import check_aux_loss_coef
 
-    validate_rl_config(cfg)
+    cfg.check_inputs()  # the flags were validated when parsed
     use_gpu = local_gpus() if use_gpu is None else use_gpu
     r, res = cfg.rollout, cfg.resources
     # A job on a running cluster may be driven from a node without GPUs: its GPUs are only known once connected.
@@ -79,13 +80,12 @@ def check_ray_config(cfg: PPOConfig, use_gpu: bool | None = None, cpus_per_bundl
         if samples % d.ranks:
             raise UserError(f"{samples} samples per step (--rollout_batch_size x --n_samples_per_prompt) do not "
                             f"split evenly over the {d.ranks} {d.name} ranks ({flags}); use a multiple of {d.ranks}")
-        if s.train_batch_size % (s.micro_train_batch_size * d.ranks):  # every role's DeepSpeed config checks it
-            raise UserError(f"--train_batch_size {s.train_batch_size} is not divisible by --micro_train_batch_size "
-                            f"{s.micro_train_batch_size} x {d.name} ranks {d.ranks} ({flags})")
+        # every role's DeepSpeed config splits the train batch over its own ranks
+        check_batch_split(s.train_batch_size, s.micro_train_batch_size, d.ranks, f"{d.name} ranks ({flags})")
     if cfg.model.lora_rank > 0 and cfg.resources.deepspeed_enable_sleep and use_gpu:
         raise UserError("--deepspeed_enable_sleep with --lora_rank is not supported; drop one of them")
     check_model_path(cfg.model.pretrain)
-    check_aux_loss_coef(cfg.algo.aux_loss_coef, cfg.model.pretrain, cfg.data.packing_samples)
+    check_aux_loss_coef(cfg.algo.aux_loss_coef, cfg.model.pretrain)
     if cfg.rl_model.reward_pretrain:
         check_model_path(cfg.rl_model.reward_pretrain, "--reward_pretrain")
     if needs_critic(cfg) and cfg.rl_model.critic_pretrain:

@@ -81,18 +81,10 @@ def run_rm(cfg: Any) -> RewardModelTrainer:
     `load_value_model` reads back, with the reward statistics in its config."""
     from functools import partial
 
-    from rlhfkit.config.preference import validate_rm_config
     from rlhfkit.data.collate import pair_collate
-    from rlhfkit.errors import UserError
     from rlhfkit.trainers.setup import assemble_offline
 
-    validate_rm_config(cfg)
-    if cfg.train.aux_loss_coef > 0:
-        raise UserError("--aux_loss_coef is not supported by train_rm (the reward head reads the backbone, which "
-                        "returns no router loss); drop it")
-    if cfg.model.load_in_4bit:
-        raise UserError("--load_in_4bit is not supported by train_rm yet (QLoRA covers causal-LM training: "
-                        "train_sft, train_dpo, train_kto and the RL actor); drop it")
+    cfg.check_inputs()  # the flags were validated when parsed
     t, use_margin = cfg.train, cfg.pairs.margin_key is not None
     run = assemble_offline(cfg, "rm", partial(load_pair_datasets, need_margin=use_margin),
                            load_model=load_reward_model)

@@ -10,13 +10,7 @@ from typing import Any
 
 import torch
 
-from rlhfkit.config.rl import (
-    PPOConfig,
-    needs_critic,
-    needs_reference,
-    validate_rl_config,
-    validate_single_process,
-)
+from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference, validate_single_process
 
 
 def run_ppo(cfg: PPOConfig) -> Any:
@@ -28,10 +22,10 @@ def run_ppo(cfg: PPOConfig) -> Any:
     from rlhfkit.trainers.roles import ActorRole, CriticRole, ReferenceRole, RewardModelRole
     from rlhfkit.trainers.setup import build_strategy, load_rl_inputs, prepare_run, train_rl
 
-    validate_rl_config(cfg)
+    cfg.check_inputs()  # the flags were validated when parsed
     validate_single_process(cfg)
     run = prepare_run(cfg, "ppo")
-    check_aux_loss_coef(cfg.algo.aux_loss_coef, cfg.model.pretrain, cfg.data.packing_samples)
+    check_aux_loss_coef(cfg.algo.aux_loss_coef, cfg.model.pretrain)
     inputs = load_rl_inputs(cfg)
     try:
         strategy = build_strategy(cfg.model, cfg.strategy)

@@ -86,27 +86,12 @@ def output_dirs(cfg: Any) -> list[tuple[str, str]]:
     return dirs
 
 
-def _check_counts(cfg: Any) -> None:
-    """Settings that would make an offline trainer do no training at all and still save a model (the RL
-    counts are checked by `validate_rl_config`)."""
-    train = getattr(cfg, "train", None)
-    if train is None:
-        return
-    if train.max_epochs < 1:
-        raise UserError(f"--max_epochs {train.max_epochs}: a run needs at least one epoch (1 or more)")
-    if train.max_steps == 0:
-        raise UserError("--max_steps 0 trains nothing: use -1 (every epoch) or a positive number of steps")
-
-
 def _check_value_heads(cfg: Any) -> None:
     """RL runs: a --reward_pretrain / --critic_pretrain without a trained value head, before any model loads."""
     from rlhfkit.config.rl import CRITIC_HEAD_HINT, critic_needs_head
     from rlhfkit.models.value_model import check_value_head
 
     m = cfg.rl_model
-    if m.critic_init_head and not m.critic_pretrain:
-        raise UserError("--critic_init_head applies to the model given as --critic_pretrain; pass one, or drop the "
-                        "flag (the default critic from --pretrain starts with a new head anyway)")
     if m.reward_pretrain:
         check_value_head(m.reward_pretrain, m.value_head_prefix, "--reward_pretrain")
     if m.critic_pretrain and critic_needs_head(cfg):
@@ -114,10 +99,9 @@ def _check_value_heads(cfg: Any) -> None:
 
 
 def prepare_run(cfg: Any, kind: str) -> RunInfo:
-    """What every trainer checks before it loads a model: counts that would train nothing, every output directory
+    """What every trainer checks before it loads a model (its flags were validated when parsed): every output directory
     writable, RL reward/critic models really carrying a value head, and the checkpoint directory this run's own
     (`rlhfkit.checkpoint.runs.claim_ckpt_dir`). Returns the run's identity for its checkpoints."""
-    _check_counts(cfg)
     for path, flag in output_dirs(cfg):
         check_writable(path, flag)
     if hasattr(cfg, "rl_model"):

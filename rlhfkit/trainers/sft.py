@@ -148,17 +148,13 @@ def load_sft_datasets(cfg: Any, tokenizer: Any) -> tuple[Any, Any]:
 
 def run_sft(cfg: Any) -> SFTTrainer:
     """Assemble (`setup.assemble_offline`) and run SFT from an `SFTConfig`; saves the model."""
-    from rlhfkit.config.sft import validate_sft_config
     from rlhfkit.data.collate import make_collate
-    from rlhfkit.errors import UserError
     from rlhfkit.models.moe import check_aux_loss_coef
     from rlhfkit.trainers.setup import assemble_offline
 
-    validate_sft_config(cfg)
+    cfg.check_inputs()  # the flags were validated when parsed
     d, t = cfg.data, cfg.train
-    if not d.dataset:
-        raise UserError("--dataset is required: a local json/jsonl/parquet/csv/arrow file or dataset directory")
-    check_aux_loss_coef(t.aux_loss_coef, cfg.model.pretrain, d.packing_samples)
+    check_aux_loss_coef(t.aux_loss_coef, cfg.model.pretrain)
     run = assemble_offline(cfg, "sft", load_sft_datasets)
     strategy = run.strategy
     strategy.print(f"sft: {len(run.train)} samples, {run.steps} optimizer steps, world size {strategy.world_size}, "

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from rlhfkit.algorithms.policy_loss import is_correction_weights, policy_loss, tis_weights, value_loss
-from rlhfkit.errors import UserError
 
 F64 = torch.float64
 NAN = float("nan")
@@ -63,7 +62,7 @@ def test_dual_clip_bounds_negative_advantages():
     close(info["dual_clip_fraction"], 0.2)
     loss.backward()
     close(logp.grad, [[0.0, -0.2, 0.0, 0.0], [-0.6, 0.0, 0.0, 0.0]])  # the dual-clipped token has no gradient
-    with pytest.raises(UserError, match="dual_clip must be > 1"):
+    with pytest.raises(ValueError, match="dual_clip must be > 1"):
         policy_loss(logp, old, adv, mask, dual_clip=1.0)
 
 
@@ -84,7 +83,7 @@ def test_truncated_importance_sampling():
     loss, info = policy_loss(logp, old, adv, mask, rollout_logp=rollout, tis_cap=2.0)
     close(loss, -0.46)  # (-1.2*0.5 - 1.0*2 + 0.8*1 - 3.0*1.5 + 4.0*1) / 5 = -2.3 / 5
     close(info["tis_weight_mean"], 1.2)  # (0.5 + 2 + 1 + 1.5 + 1) / 5
-    with pytest.raises(UserError, match="both"):
+    with pytest.raises(ValueError, match="both"):
         policy_loss(logp, old, adv, mask, rollout_logp=rollout)
 
 

@@ -15,7 +15,6 @@ from rlhfkit.algorithms.rewards import (
     normalize_rewards,
     stop_properly_penalty,
 )
-from rlhfkit.errors import UserError
 
 
 def close(actual: torch.Tensor, expected, tol: float = 1e-9) -> None:
@@ -25,7 +24,7 @@ def close(actual: torch.Tensor, expected, tol: float = 1e-9) -> None:
 def test_clip_and_normalize():
     close(clip_rewards(torch.tensor([-12.0, 3.0, 15.0]), 10.0), [-10.0, 3.0, 10.0])
     close(normalize_rewards(torch.tensor([1.0, 3.0]), mean=2.0, std=4.0), [-0.25, 0.25])  # (1-2)/4, (3-2)/4
-    with pytest.raises(UserError):
+    with pytest.raises(ValueError):
         clip_rewards(torch.zeros(2), 0.0)
 
 
@@ -56,7 +55,7 @@ def test_groups():
     rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0])
     assert grouped(rewards, 4).shape == (2, 4)
     assert groups_in_range(rewards, 4, 0.0, 2.0).tolist() == [True, False]  # means 0.75 and 2.0
-    with pytest.raises(UserError, match="n_samples_per_prompt=3"):
+    with pytest.raises(ValueError, match="n_samples_per_prompt=3"):
         grouped(rewards, 3)
 
 

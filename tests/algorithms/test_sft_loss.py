@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from rlhfkit.algorithms.sft_loss import sft_loss, shifted_target_mask
-from rlhfkit.errors import UserError
 
 F64 = torch.float64
 LN3 = math.log(3.0)
@@ -75,5 +74,5 @@ def test_packed_batch_per_sample_and_boundaries():
 
 def test_bad_reduction():
     logits, ids, mask = padded_batch()
-    with pytest.raises(UserError, match="reduction"):
+    with pytest.raises(ValueError, match="reduction"):
         sft_loss(logits, ids, mask, "max")

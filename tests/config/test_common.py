@@ -7,16 +7,9 @@ import shlex
 import pytest
 
 from rlhfkit.config.base import parse_config
-from rlhfkit.config.preference import (
-    DPOConfig,
-    KTOConfig,
-    RMConfig,
-    validate_dpo_config,
-    validate_kto_config,
-    validate_rm_config,
-)
-from rlhfkit.config.rl import PPOConfig, validate_rl_config
-from rlhfkit.config.sft import SFTConfig, validate_sft_config
+from rlhfkit.config.preference import DPOConfig, KTOConfig, RMConfig
+from rlhfkit.config.rl import PPOConfig
+from rlhfkit.config.sft import SFTConfig
 from rlhfkit.errors import UserError
 
 RL = "--pretrain p --prompt_data d --remote_rm_url http://x/get_reward --advantage_estimator group_norm " \
@@ -24,28 +17,29 @@ RL = "--pretrain p --prompt_data d --remote_rm_url http://x/get_reward --advanta
      "--micro_rollout_batch_size 2 --prompt_max_len 100 --generate_max_len 50 "
 
 
-def check(cls, validate, flags: str):
-    return validate(parse_config(cls, shlex.split(flags), "test"))
+def check(cls, flags: str):
+    """Parse (which runs the config's validate())."""
+    return parse_config(cls, shlex.split(flags), "test")
 
 
 def test_token_budget_must_hold_the_longest_sample():
-    cfg = check(PPOConfig, validate_rl_config, RL + "--use_dynamic_batch --max_tokens_per_gpu 150")
+    cfg = check(PPOConfig, RL + "--use_dynamic_batch --max_tokens_per_gpu 150")
     assert cfg.strategy.use_dynamic_batch and cfg.strategy.max_tokens_per_gpu == 150
     with pytest.raises(UserError, match=r"--max_tokens_per_gpu 149 .*150 tokens: --prompt_max_len \+ "):
-        check(PPOConfig, validate_rl_config, RL + "--use_dynamic_batch --max_tokens_per_gpu 149")
-    check(SFTConfig, validate_sft_config, "--max_len 64 --use_dynamic_batch --max_tokens_per_gpu 64")
+        check(PPOConfig, RL + "--use_dynamic_batch --max_tokens_per_gpu 149")
+    check(SFTConfig, "--max_len 64 --use_dynamic_batch --max_tokens_per_gpu 64")
     with pytest.raises(UserError, match="--max_len"):
-        check(SFTConfig, validate_sft_config, "--max_len 64 --use_dynamic_batch --max_tokens_per_gpu 63")
+        check(SFTConfig, "--max_len 64 --use_dynamic_batch --max_tokens_per_gpu 63")
     # A preference pair is two rows.
-    check(RMConfig, validate_rm_config, "--dataset d --max_len 64 --use_dynamic_batch --max_tokens_per_gpu 128")
+    check(RMConfig, "--dataset d --max_len 64 --use_dynamic_batch --max_tokens_per_gpu 128")
     with pytest.raises(UserError, match="2 x --max_len"):
-        check(DPOConfig, validate_dpo_config, "--dataset d --max_len 64 --use_dynamic_batch --max_tokens_per_gpu 100")
+        check(DPOConfig, "--dataset d --max_len 64 --use_dynamic_batch --max_tokens_per_gpu 100")
 
 
 def test_dynamic_batch_flags_never_act_alone_and_kto_refuses():
     with pytest.raises(UserError, match="needs --max_tokens_per_gpu"):
-        check(SFTConfig, validate_sft_config, "--use_dynamic_batch")
+        check(SFTConfig, "--use_dynamic_batch")
     with pytest.raises(UserError, match="only applies with --use_dynamic_batch"):
-        check(PPOConfig, validate_rl_config, RL + "--max_tokens_per_gpu 4096")
+        check(PPOConfig, RL + "--max_tokens_per_gpu 4096")
     with pytest.raises(UserError, match="not supported by train_kto"):
-        check(KTOConfig, validate_kto_config, "--dataset d --use_dynamic_batch --max_tokens_per_gpu 4096")
+        check(KTOConfig, "--dataset d --use_dynamic_batch --max_tokens_per_gpu 4096")

@@ -28,7 +28,7 @@ CONFIGS = {**TABLES, "serve_rm": "rlhfkit.config.preference:ServeRMConfig"}
 DERIVED_SETTING_HELPERS = {
     "rlhfkit.config.rl": ("clip_range", "reward_clip_bounds", "loss_aggregation", "remote_reward_urls",
                           "needs_reference", "needs_critic", "critic_path", "samples_per_rollout", "role_ranks",
-                          "role_needed", "is_bounds", "dynamic_filtering_range"),
+                          "role_needed", "is_bounds", "dynamic_filtering_range", "critic_needs_head"),
 }
 
 # field -> why nothing outside the config layer needs to read it.

@@ -130,7 +130,8 @@ def test_config_file_with_nested_and_dotted_openrlhf_keys(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("actor:\n  model_name_or_path: m\n  adam:\n    lr: 1.0e-6\n  eps_clip_low_high: [0.1, 0.3]\n"
                     "train.colocate_all: true\nds.zero_stage: 1\nstrategy:\n  seed: 7\n"
-                    "algo: {kl: {use_loss: true, estimator: k3}}\nrollout_batch_size: 4\n")
+                    "algo: {kl: {use_loss: true, estimator: k3}}\nrollout_batch_size: 4\n"
+                    "train_batch_size: 4\nmicro_train_batch_size: 2\nmicro_rollout_batch_size: 2\n")
     cfg = parse_config(PPOConfig, ["--config", str(path), "--ds.zero_stage", "3"], "t")
     assert (cfg.model.pretrain, cfg.algo.actor_learning_rate, cfg.resources.colocate_all_models) == ("m", 1e-6, True)
     assert (cfg.algo.clip_eps_low, cfg.algo.clip_eps_high) == (0.1, 0.3)
@@ -143,8 +144,11 @@ def test_config_file_with_nested_and_dotted_openrlhf_keys(tmp_path):
 
 
 def test_async_aliases():
+    valid = argv("--rollout_batch_size 4 --train_batch_size 4 --micro_train_batch_size 4 --micro_rollout_batch_size 4 "
+                 "--enable_vllm_is_correction")  # parsing validates: the other flags these need
     cfg = parse_config(PPOConfig, ["--train.async_enable", "--train.async_queue_size", "3",
-                                   "--train.partial_rollout_enable", "--rollout.vllm_generate_batch_size", "8"], "t")
+                                   "--train.partial_rollout_enable", "--rollout.vllm_generate_batch_size", "8",
+                                   *valid], "t")
     a = cfg.asynchronous
     assert (a.async_train, a.async_queue_size, a.partial_rollout, a.vllm_generate_batch_size) == (True, 3, True, 8)
 
@@ -157,7 +161,9 @@ def test_recipe_aliases():
         "--train.ema_beta 0.9 --ckpt.best_metric_key eval/pass@1 --actor.policy_loss_type gspo "
         "--algo.advantage.is_correction_enable --algo.advantage.is_correction_type icepop "
         "--algo.advantage.is_correction_threshold 0.5 2.0 --train.agent_func_path a.py "
-        "--train.dynamic_batch_enable --train.max_tokens_per_gpu 512"), "t")
+        "--train.dynamic_batch_enable --train.max_tokens_per_gpu 512 "
+        # parsing validates: the other flags these need
+        "--prompt_max_len 256 --generate_max_len 256 --n_samples_per_prompt 2 --eval_dataset e.jsonl"), "t")
     r, a = cfg.recipe, cfg.algo
     assert (r.dynamic_filtering, r.dynamic_filtering_reward_range) == (True, [0.1, 0.9])
     assert (r.overlong_buffer_len, r.overlong_penalty_factor, r.stop_properly_penalty_coef) == (4, 0.5, 0.2)

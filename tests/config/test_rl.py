@@ -9,7 +9,7 @@ import shlex
 import pytest
 
 from rlhfkit.config.base import parse_config
-from rlhfkit.config.rl import PPOConfig, role_needed, role_ranks, validate_rl_config
+from rlhfkit.config.rl import PPOConfig, role_needed, role_ranks
 from rlhfkit.distributed.placement import ResourcePlan, role_demands
 from rlhfkit.errors import UserError
 
@@ -24,8 +24,14 @@ SEED_TWO_NODE_HYBRID = ("--colocate_all_models --vllm_enable_sleep --deepspeed_e
                         "--vllm_num_engines 4 --vllm_tensor_parallel_size 4 ")
 
 
+def checked(cfg: PPOConfig) -> PPOConfig:
+    """A parsed config (its flags validated by parse_config) whose inputs are there too (what the trainer checks)."""
+    cfg.check_inputs()
+    return cfg
+
+
 def cfg(text: str) -> PPOConfig:
-    return validate_rl_config(parse_config(PPOConfig, shlex.split(BASE + text), "t"))
+    return checked(parse_config(PPOConfig, shlex.split(BASE + text), "t"))
 
 
 def test_seed_two_node_hybrid_engine_puts_zero_node_roles_on_the_actor():

@@ -137,7 +137,6 @@ def test_task_loads_with_skypilot_and_its_rlhfkit_commands_parse(path, sky_view,
 
 
 def test_ppo_task_builds_a_multi_node_ray_cluster_and_submits_the_hybrid_engine(sky_view, tmp_path):
-    from rlhfkit.config.rl import validate_rl_config
 
     task = sky_view["tasks"][str(TASKS / "ppo.yaml")]
     assert task["num_nodes"] >= 2
@@ -161,7 +160,8 @@ def test_ppo_task_builds_a_multi_node_ray_cluster_and_submits_the_hybrid_engine(
 
     (call,) = rlhfkit_calls(per_rank[0])
     assert (call.module, call.launcher) == ("train_ppo_ray", "ray job submit")
-    cfg = validate_rl_config(catalog.parse_flags(catalog.by_module("train_ppo_ray"), call.argv))
+    cfg = catalog.parse_flags(catalog.by_module("train_ppo_ray"), call.argv)  # parsing validates the flags
+    cfg.check_inputs()
     v = _flat(cfg)
     assert v["colocate_all_models"] and v["vllm_enable_sleep"] and v["deepspeed_enable_sleep"]  # hybrid engine
     assert v["actor_num_nodes"] * v["actor_num_gpus_per_node"] == task["num_nodes"] * 8

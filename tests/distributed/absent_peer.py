@@ -19,7 +19,7 @@ def main(argv: list[str] | None) -> int:
 
     timeout, joined = float(argv[0]), Path(argv[1])
     args = StrategyArgs(train_batch_size=2, micro_train_batch_size=1, ddp_timeout=timeout)
-    args.check_ranges()
+    args.validate()
     DeepSpeedStrategy(args).setup_distributed()  # the trainers' path to init_process_group
     if os.environ["RANK"] == "1":
         joined.write_text("1")

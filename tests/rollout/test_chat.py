@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhfkit.errors import UserError
 from rlhfkit.rollout.chat import ChatSession
 
 
@@ -35,5 +34,5 @@ def test_history_is_cut_from_the_left_to_fit(demo_assets):
     session = ChatSession(model, tok, max_len=12, max_new_tokens=4)
     full = [tok.bos_token_id] + tok.encode("User: " + "word " * 20 + "\nAssistant: ", add_special_tokens=False)
     assert session.prompt_ids("word " * 20) == full[-8:]  # max_len - max_new_tokens newest tokens
-    with pytest.raises(UserError, match="must exceed"):
+    with pytest.raises(ValueError, match="must exceed"):  # the flags were checked when parsed (ChatConfig)
         ChatSession(model, tok, max_len=4, max_new_tokens=4)

@@ -276,11 +276,11 @@ def test_the_reward_client_splits_batches_to_fit_the_server(guarded, reward_dir)
 ])
 def test_bad_server_flags_are_user_errors(tmp_path, flags, fragment):
     from rlhfkit.config.base import parse_config
-    from rlhfkit.config.preference import ServeRMConfig, validate_serve_rm_config
+    from rlhfkit.config.preference import ServeRMConfig
     from rlhfkit.errors import UserError
 
-    with pytest.raises(UserError, match=fragment):
-        validate_serve_rm_config(parse_config(ServeRMConfig, ["--reward_pretrain", "x", *flags], "serve_rm"))
+    with pytest.raises(UserError, match=fragment):  # parsing runs ServeRMConfig.validate()
+        parse_config(ServeRMConfig, ["--reward_pretrain", "x", *flags], "serve_rm")
 
 
 def test_bad_port_fails_before_the_model_loads(tmp_path):

@@ -16,7 +16,6 @@ from rlhfkit.config.rl import (
     critic_path,
     loss_aggregation,
     needs_reference,
-    validate_rl_config,
 )
 
 SEED_GRPO = """
@@ -43,15 +42,21 @@ SEED_PPO = """
 """
 
 
+def checked(cfg: PPOConfig) -> PPOConfig:
+    """A parsed config (its flags validated by parse_config) whose inputs are there too (what the trainer checks)."""
+    cfg.check_inputs()
+    return cfg
+
+
 def parse(text: str) -> PPOConfig:
     return parse_config(PPOConfig, shlex.split(text), "test")
 
 
 def test_seed_commands_parse_and_validate():
-    grpo = validate_rl_config(parse(SEED_GRPO))
+    grpo = checked(parse(SEED_GRPO))
     assert grpo.algo.advantage_estimator == "group_norm" and grpo.algo.use_kl_loss
     assert grpo.rollout.vllm_num_engines == 4 and grpo.resources.colocate_all_models
-    ppo = validate_rl_config(parse(SEED_PPO))
+    ppo = checked(parse(SEED_PPO))
     assert ppo.algo.advantage_estimator == "gae"
     assert ppo.model.gradient_checkpointing and ppo.data.packing_samples and ppo.rollout.vllm_enable_sleep
     assert ppo.resources.deepspeed_enable_sleep and ppo.save.save_hf_ckpt and ppo.rollout.vllm_sync_backend == "gloo"
@@ -64,7 +69,8 @@ def test_derived_defaults():
     assert clip_range(cfg) == (0.3, 0.28)
     assert critic_path(cfg) == "m"
     assert loss_aggregation(cfg) == "token_mean"
-    assert loss_aggregation(parse("--advantage_estimator dr_grpo")) == "seq_mean_token_sum_norm"
+    dr_grpo = parse("--advantage_estimator dr_grpo --n_samples_per_prompt 2")
+    assert loss_aggregation(dr_grpo) == "seq_mean_token_sum_norm"
     assert needs_reference(cfg)
     assert not needs_reference(parse("--init_kl_coef 0"))
     assert needs_reference(parse("--init_kl_coef 0 --use_kl_loss"))
@@ -119,7 +125,8 @@ BASE = "--pretrain m --prompt_data p.jsonl --rollout_batch_size 4 --n_samples_pe
                       "after N RL steps use --max_rl_steps N"),
     (f"--agent_func_path {Path(__file__).parents[2] / 'examples' / 'agent_func_math.py'} --max_steps 3",
      "--agent_func_path: the agent's step rewards are the reward; drop --reward_pretrain / --remote_rm_url"),
-    ("--agent_func_path nope.py", "--agent_func_path nope.py: not an existing .py file"),
+    # the flag conflict (an agent and --remote_rm_url) is found at parse time, before the file is looked for
+    ("--agent_func_path nope.py", "--agent_func_path: the agent's step rewards are the reward"),
 ])
 def test_invalid_settings_exit_2_with_one_line(capsys, rm_file, flags, message):
     code = run_cli(main, shlex.split(BASE + f"--remote_rm_url {rm_file} " + flags), prog="train_ppo")
@@ -148,15 +155,15 @@ def test_missing_sources_exit_2(capsys, flags, message):
 
 def test_good_config_passes_validation(rm_file):
     cfg = parse(BASE + f"--remote_rm_url {rm_file} --advantage_estimator rloo")
-    assert validate_rl_config(cfg) is cfg
+    assert checked(cfg) is cfg
 
 
 def test_is_threshold_one_value_is_a_cap_and_two_are_bounds(rm_file):
     from rlhfkit.config.rl import is_bounds
 
     base = BASE + f"--remote_rm_url {rm_file} --enable_vllm_is_correction "
-    assert is_bounds(validate_rl_config(parse(base))) == (0.0, 2.0)  # today's default: cap 2
-    assert is_bounds(validate_rl_config(parse(base + "--vllm_is_truncated_threshold 3"))) == (0.0, 3.0)
-    cfg = validate_rl_config(parse(base + "--vllm_is_truncated_threshold 0.5 5 --vllm_is_correction_type icepop "
+    assert is_bounds(checked(parse(base))) == (0.0, 2.0)  # today's default: cap 2
+    assert is_bounds(checked(parse(base + "--vllm_is_truncated_threshold 3"))) == (0.0, 3.0)
+    cfg = checked(parse(base + "--vllm_is_truncated_threshold 0.5 5 --vllm_is_correction_type icepop "
                                           "--policy_loss_type gspo"))
     assert is_bounds(cfg) == (0.5, 5.0) and cfg.algo.vllm_is_correction_type == "icepop"
