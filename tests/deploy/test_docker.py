@@ -3,6 +3,7 @@ a network and a GPU host, so it is not built here)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -68,12 +69,22 @@ def test_dockerfile_installs_rlhfkit_with_vllm_on_cuda_pytorch_and_copies_what_i
     assert os.access(ENTRYPOINT, os.X_OK)
 
 
+def _defines_main(tree: ast.Module) -> bool:
+    """A module-level `def main(` or `main = ...` (the trainers' CLIs are `main = cli_main(...)`)."""
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "main":
+            return True
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "main" for t in node.targets):
+            return True
+    return False
+
+
 def _cli_modules_on_disk() -> set[str]:
     """Every module of rlhfkit/cli that is a runnable command (has a main and a __main__ guard)."""
     found = set()
     for path in (REPO / "rlhfkit" / "cli").glob("*.py"):
         text = path.read_text()
-        if path.stem not in ("main", "catalog", "common") and "def main(" in text and "__main__" in text:
+        if path.stem not in ("main", "catalog", "common") and "__main__" in text and _defines_main(ast.parse(text)):
             found.add(path.stem)
     return found
 
