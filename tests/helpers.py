@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,3 +36,41 @@ def launcher_env_of_one() -> Iterator[None]:
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+def start_ray_head(log_path: Path, env: dict[str, str], dashboard_port: int | None = None
+                   ) -> tuple[subprocess.Popen, int, str]:
+    """`ray start --head --block` on 127.0.0.1 in its own process session, every port chosen free (a second Ray
+    instance on this machine, this session's own or a colleague's, holds the default agent ports, and this head's
+    agents would never come up); the dashboard only when `dashboard_port` is given. Returns (process, GCS port,
+    temp dir); stop it with `stop_ray_head`. Its output goes to `log_path`."""
+    from rlhfkit.distributed.launch import free_port
+
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    port = free_port()
+    ports = [arg for flag in ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--metrics-export-port",
+                              "--runtime-env-agent-port", "--node-manager-port", "--object-manager-port",
+                              "--ray-client-server-port") for arg in (flag, str(free_port()))]
+    dashboard = (["--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port), "--include-dashboard",
+                  "true"] if dashboard_port else ["--include-dashboard", "false"])
+    ray_tmp = tempfile.mkdtemp(prefix="rk", dir="/tmp")  # short: Ray's unix socket paths must stay < 108 chars
+    env = {k: v for k, v in env.items() if k != "RAY_ADDRESS"}
+    with open(log_path, "w") as log:
+        head = subprocess.Popen(
+            [ray_bin, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
+             *dashboard, "--num-cpus", "4", "--num-gpus", "0", "--temp-dir", ray_tmp, "--disable-usage-stats",
+             *ports], env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    return head, port, ray_tmp
+
+
+def stop_ray_head(head: subprocess.Popen, timeout: float = 15) -> None:
+    """Stop only the cluster a test started: its process group (a plain `ray stop` would also stop every other Ray
+    instance on a shared machine)."""
+    try:
+        os.killpg(head.pid, signal.SIGTERM)
+        head.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(head.pid, signal.SIGKILL)
+        head.wait(timeout=timeout)
+    except ProcessLookupError:
+        pass

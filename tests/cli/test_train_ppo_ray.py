@@ -6,10 +6,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -19,7 +17,7 @@ import pytest
 from rlhfkit.cli.common import run_cli
 from rlhfkit.cli.train_ppo_ray import main
 from rlhfkit.distributed.launch import free_port
-from tests.helpers import REPO, run_module
+from tests.helpers import REPO, run_module, start_ray_head, stop_ray_head
 
 REWARD = str(REPO / "tests" / "distributed" / "reward_exact_match.py")
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
@@ -103,37 +101,13 @@ def _wait_for_dashboard(port: int, proc: subprocess.Popen, log: Path, timeout: f
     raise TimeoutError("the Ray dashboard did not come up")
 
 
-def _stop_head(proc: subprocess.Popen) -> None:
-    """Stop only the cluster this test started: its process group (a plain `ray stop` would also stop every
-    other Ray instance on a shared machine)."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=15)
-    except ProcessLookupError:
-        pass
-
-
 def test_ray_job_submit_runs_group_norm_on_the_transformers_engine(demo_assets, tmp_path):
     """A job on a `ray start --head` cluster: group_norm on the Transformers engine, no colocation."""
     ray_bin = str(Path(sys.executable).with_name("ray"))
     env = {**os.environ, **RAY_ENV}
     env.pop("RAY_ADDRESS", None)
-    port, dashboard = free_port(), free_port()
-    # Every port of the head chosen free: a second Ray instance on this machine (this test session's own, or a
-    # colleague's) holds the default agent ports, and the job agent of this head would never come up.
-    ports = [arg for flag in ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--metrics-export-port",
-                              "--runtime-env-agent-port", "--node-manager-port", "--object-manager-port",
-                              "--ray-client-server-port") for arg in (flag, str(free_port()))]
-    ray_tmp = tempfile.mkdtemp(prefix="rk", dir="/tmp")  # short: Ray's unix socket paths must stay < 108 chars
-    log = open(tmp_path / "ray_start.log", "w")
-    head = subprocess.Popen(
-        [ray_bin, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
-         "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard), "--include-dashboard", "true",
-         "--num-cpus", "4", "--num-gpus", "0", "--temp-dir", ray_tmp, "--disable-usage-stats", *ports],
-        env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    dashboard = free_port()
+    head, _, ray_tmp = start_ray_head(tmp_path / "ray_start.log", env, dashboard_port=dashboard)
     try:
         _wait_for_dashboard(dashboard, head, tmp_path / "ray_start.log")
         out = tmp_path / "run"
@@ -156,6 +130,5 @@ def test_ray_job_submit_runs_group_norm_on_the_transformers_engine(demo_assets, 
         assert steps[1]["train/rollout_logprob_diff"] < 1e-4
         assert (out / "model.safetensors").is_file()
     finally:
-        _stop_head(head)
-        log.close()
+        stop_ray_head(head)
         shutil.rmtree(ray_tmp, ignore_errors=True)

@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import psutil
 import pytest
 
 from rlhfkit.distributed.launch import free_port
-from tests.helpers import REPO
+from tests.helpers import REPO, start_ray_head, stop_ray_head
 
 REWARD = str(REPO / "tests" / "distributed" / "reward_exact_match.py")
 ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
@@ -48,21 +47,8 @@ def ppo_args(assets, out: Path, *extra: str) -> list[str]:
 @pytest.fixture(scope="module")
 def ray_head(tmp_path_factory):
     """One `ray start --head` for the module's four runs; stopped through its own process group only."""
-    ray_bin = str(Path(sys.executable).with_name("ray"))
-    port = free_port()
-    ports = [arg for flag in ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--metrics-export-port",
-                              "--runtime-env-agent-port", "--node-manager-port", "--object-manager-port",
-                              "--ray-client-server-port") for arg in (flag, str(free_port()))]
-    ray_tmp = tempfile.mkdtemp(prefix="rkf", dir="/tmp")  # Ray's unix socket paths must stay < 108 characters
     log_path = tmp_path_factory.mktemp("ray_head") / "ray_start.log"
-    env = {**os.environ, **ENV}
-    env.pop("RAY_ADDRESS", None)
-    with open(log_path, "w") as log:
-        head = subprocess.Popen(
-            [ray_bin, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
-             "--include-dashboard", "false", "--num-cpus", "4", "--num-gpus", "0", "--temp-dir", ray_tmp,
-             "--disable-usage-stats", *ports], env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT,
-            cwd=REPO)
+    head, port, ray_tmp = start_ray_head(log_path, {**os.environ, **ENV})
     try:
         deadline = time.monotonic() + 120
         while "Ray runtime started" not in log_path.read_text():
@@ -71,14 +57,7 @@ def ray_head(tmp_path_factory):
             time.sleep(0.2)
         yield head, f"127.0.0.1:{port}"
     finally:
-        try:
-            os.killpg(head.pid, signal.SIGTERM)
-            head.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait(timeout=30)
-        except ProcessLookupError:
-            pass
+        stop_ray_head(head, timeout=30)
         shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
