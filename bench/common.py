@@ -217,7 +217,7 @@ class TreeMonitor:
         for pid, (title, cpu) in end.items():
             name = title.split("/")[-1][:40]
             out[name] = out.get(name, 0.0) + cpu - start.get(pid, (title, 0.0))[1]
-        return {k: round(v, 2) for k, v in sorted(out.items(), key=lambda kv: -kv[1]) if v >= 0.05}
+        return {k: round(v, 2) for k, v in sorted(out.items(), key=lambda kv: -kv[1]) if v >= 0.01}
 
     def workers(self) -> list[dict[str, Any]]:
         """Each Ray worker's title, threads, OMP_NUM_THREADS and the CPUs it may run on."""
