@@ -201,7 +201,8 @@ class TreeMonitor:
         mark = {}
         for proc in self.processes():
             try:
-                times, title = proc.cpu_times(), (proc.cmdline() or [proc.name()])[0]
+                times, cmdline = proc.cpu_times(), proc.cmdline() or [proc.name()]
+                title = next((a for a in cmdline if a.endswith(".py")), cmdline[0])  # a Python script: its name
             except psutil.NoSuchProcess:
                 continue
             if proc.pid == self.root.pid:  # the sampler thread runs in the driver
