@@ -118,7 +118,7 @@ def child_rlhfkit(model: Path, prompts: Path, out: Path, steps: int, ray: bool =
 
         run_ppo(cfg)
     clock.extra["response_length"] = statistics.mean(lengths[1:] or lengths)
-    clock.extra["phases_s"] = {p: statistics.median(x[p] for x in (phases[1:] or phases)) for p in PHASES}
+    clock.extra["phases_s"] = {p: statistics.mean(x[p] for x in (phases[1:] or phases)) for p in PHASES}
     return clock
 
 
@@ -164,8 +164,8 @@ def ray_line(case: str, extra: dict) -> str:
     """Start-up, memory and where the step goes for a train_ppo_ray case (its last run)."""
     phases = ", ".join(f"{p} {extra['phases_s'][p]:.2f}" for p in PHASES)
     return (f"{case} (last run): start-up before the first step {extra['startup_s']:.1f} s (Ray, actor, vLLM engine, "
-            f"first weight sync); peak summed PSS of the Ray processes {extra['peak_pss_mb']:.0f} MB; median step "
-            f"phases (s, the loop's own timers): {phases}; CPU s per process over the timed steps: "
+            f"first weight sync); peak summed PSS of the Ray processes {extra['peak_pss_mb']:.0f} MB; mean step "
+            f"phases over the timed steps (s, the loop's own timers): {phases}; CPU s per process over those steps: "
             f"{extra['cpu_by_process']}; worker threads: " + "; ".join(
                 f"{w['title'].split()[0]} {w['threads']} threads, OMP {w['omp']}, CPUs {w['cpus']}"
                 for w in extra.get("workers", [])))
