@@ -88,23 +88,22 @@ def _mask_rows(mask: torch.Tensor | None, keep: torch.Tensor, kv_length: int, qu
     return rows.masked_fill_(~allowed, torch.finfo(like.dtype).min)[None, None]
 
 
-def _trimmed_layer_forward(layer: nn.Module, keep: torch.Tensor, hidden_states: torch.Tensor,
-                           attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-                           past_key_values: Any = None, use_cache: bool | None = False,
-                           position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-                           **kwargs: Any) -> torch.Tensor:
-    """The decoder layer's forward with queries (and everything after attention) at `keep` only: returns the
-    hidden states [rows, len(keep), hidden]. Submodules are called as modules, so their hooks (ZeRO-3) run."""
+def _trimmed_attention_forward(attn: nn.Module, keep: torch.Tensor, hidden_states: torch.Tensor,
+                               position_embeddings: tuple[torch.Tensor, torch.Tensor],
+                               attention_mask: torch.Tensor | None = None, past_key_values: Any = None,
+                               **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """The attention's forward with queries at `keep` only: (output [rows, len(keep), hidden], None). Keys and
+    values (and the cache update) cover every position; projections are called in Hugging Face's order."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    attn = layer.self_attn
     rows, length = hidden_states.shape[:2]
-    normed = layer.input_layernorm(hidden_states)
-    query = attn.q_proj(normed[:, keep]).view(rows, len(keep), -1, attn.head_dim)
-    key = attn.k_proj(normed).view(rows, length, -1, attn.head_dim)
-    value = attn.v_proj(normed).view(rows, length, -1, attn.head_dim).transpose(1, 2)
+    query = attn.q_proj(hidden_states[:, keep]).view(rows, len(keep), -1, attn.head_dim)
     if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head's vector
-        query, key = attn.q_norm(query), attn.k_norm(key)
+        query = attn.q_norm(query)
+    key = attn.k_proj(hidden_states).view(rows, length, -1, attn.head_dim)
+    if hasattr(attn, "k_norm"):
+        key = attn.k_norm(key)
+    value = attn.v_proj(hidden_states).view(rows, length, -1, attn.head_dim).transpose(1, 2)
     cos, sin = position_embeddings
     query = _rotate(query.transpose(1, 2), cos[:, keep], sin[:, keep])
     key = _rotate(key.transpose(1, 2), cos, sin)
@@ -116,7 +115,20 @@ def _trimmed_layer_forward(layer: nn.Module, keep: torch.Tensor, hidden_states: 
     mask = _mask_rows(attention_mask, keep, key.shape[2], length, query, implementation == "eager")
     out, _ = attention(attn, query, key, value, mask, scaling=attn.scaling,
                        dropout=attn.attention_dropout if attn.training else 0.0)
-    hidden = hidden_states[:, keep] + attn.o_proj(out.reshape(rows, len(keep), -1))
+    return attn.o_proj(out.reshape(rows, len(keep), -1)), None
+
+
+def _trimmed_layer_forward(layer: nn.Module, keep: torch.Tensor, hidden_states: torch.Tensor,
+                           attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                           past_key_values: Any = None, use_cache: bool | None = False,
+                           position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+                           **kwargs: Any) -> torch.Tensor:
+    """The decoder layer's forward with everything after attention at `keep` only: hidden states
+    [rows, len(keep), hidden]. Every submodule is called as a module, in Hugging Face's order, so module hooks
+    (ZeRO-3's parameter fetch and its per-rank module-order trace) see the same calls as in the plain forward."""
+    attended, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), attention_mask=attention_mask,
+                                  past_key_values=past_key_values, position_embeddings=position_embeddings)
+    hidden = hidden_states[:, keep] + attended
     return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
 
 
@@ -139,13 +151,16 @@ def trimmed_forward(model: nn.Module, keep: torch.LongTensor, **hf_kwargs: Any) 
         if keeps_logits(type(base)):
             return model(**hf_kwargs, logits_to_keep=keep).logits
         return model(**hf_kwargs).logits[:, keep]
-    saved = layer.__dict__.get("forward")
-    layer.forward = functools.partial(_trimmed_layer_forward, layer, keep)
+    patched = [(layer, _trimmed_layer_forward), (layer.self_attn, _trimmed_attention_forward)]
+    saved = [module.__dict__.get("forward") for module, _ in patched]
     try:
+        for module, forward in patched:  # instance attributes: the modules' __call__ (and hooks) stay
+            module.forward = functools.partial(forward, module, keep)
         extra = {"logits_to_keep": len(keep)} if keeps_logits(type(base)) else {}
         return model(**hf_kwargs, **extra).logits
     finally:
-        if saved is None:
-            del layer.forward
-        else:
-            layer.forward = saved
+        for (module, _), forward in zip(patched, saved, strict=True):
+            if forward is not None:
+                module.forward = forward
+            elif "forward" in module.__dict__:
+                del module.forward

@@ -83,7 +83,8 @@ def assert_same(model: torch.nn.Module, inputs: dict, keep: torch.Tensor, trims:
     assert trimmed[2].keys() == plain[2].keys() and len(plain[2]) == len(list(model.parameters()))
     for name, grad in plain[2].items():
         torch.testing.assert_close(trimmed[2][name], grad, atol=1e-10, rtol=0, msg=name)
-    assert "forward" not in model.model.layers[-1].__dict__  # the layer's own forward is back
+    last = model.model.layers[-1]
+    assert "forward" not in last.__dict__ and "forward" not in last.self_attn.__dict__  # their own forwards are back
 
 
 SUFFIX, SCATTERED = torch.arange(9, T), torch.tensor([0, 3, 4, 8, 12, 13])
@@ -192,4 +193,22 @@ def test_the_layer_forward_is_restored_when_the_forward_fails():
     model.model.layers[-1].mlp.register_forward_pre_hook(fail)
     with pytest.raises(RuntimeError, match="inside the trimmed layer"):
         trimmed_forward(model, SUFFIX, input_ids=batch("none")["input_ids"])
-    assert "forward" not in model.model.layers[-1].__dict__
+    last = model.model.layers[-1]
+    assert "forward" not in last.__dict__ and "forward" not in last.self_attn.__dict__
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_modules_are_called_in_the_plain_forwards_order(kind):
+    """ZeRO-3 fetches parameters in module hooks and checks that every rank traced the same module order, so a
+    rank that trims (a micro-batch with prompt columns) and one that does not must call the same modules."""
+    model = build(kind)
+    calls: list[str] = []
+    hooks = [m.register_forward_pre_hook(lambda mod, args, name=name: calls.append(name))
+             for name, m in model.named_modules()]
+    inputs = batch("right")
+    model(**inputs)
+    plain, calls[:] = list(calls), []
+    trimmed_forward(model, SUFFIX, **inputs)
+    for hook in hooks:
+        hook.remove()
+    assert calls == plain and "model.layers.2.self_attn" in calls
