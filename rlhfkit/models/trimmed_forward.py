@@ -146,6 +146,8 @@ def trimmed_forward(model: nn.Module, keep: torch.LongTensor, **hf_kwargs: Any) 
     keep = keep.to(tokens.device)
     cache = hf_kwargs.get("past_key_values")
     kv_length = tokens.shape[1] + (cache.get_seq_length() if cache is not None else 0)
+    if len(keep) == tokens.shape[1]:  # every position (keep is increasing): nothing to trim
+        return model(**hf_kwargs).logits
     layer = _trimmable(base, kv_length, hf_kwargs) if keep.numel() else None
     if layer is None:
         if keeps_logits(type(base)):

@@ -116,18 +116,24 @@ class HFRolloutEngine:
         from transformers import DynamicCache
 
         batch, width = len(prompts), max(len(p) for p in prompts)
-        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((batch, width), dtype=torch.long)
-        for i, p in enumerate(prompts):
+        # n samples of one prompt: prefill each distinct prompt once and copy its KV cache to its rows
+        distinct: dict[tuple[int, ...], int] = {}
+        owner = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p in prompts], device=self.device)
+        input_ids = torch.full((len(distinct), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(distinct), width), dtype=torch.long)
+        for i, p in enumerate(distinct):
             input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
             attention_mask[i, width - len(p):] = 1
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
-        next_position = attention_mask.sum(dim=-1)
         stop_ids = torch.tensor(stops, dtype=torch.long, device=self.device)
         cache = DynamicCache(config=self.model.config)
         logits = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                             past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        if len(distinct) < batch:
+            cache.batch_select_indices(owner)
+            logits, attention_mask = logits[owner], attention_mask[owner]
+        next_position = attention_mask.sum(dim=-1)
         done = torch.zeros(batch, dtype=torch.bool, device=self.device)
         stopped = torch.zeros_like(done)
         tokens, logprobs = [], []

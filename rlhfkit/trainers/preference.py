@@ -29,6 +29,7 @@ from rlhfkit.models.policy import (
     model_dtype,
     model_inputs,
 )
+from rlhfkit.models.shared_prefix import after_prefix, share_prefixes, shared_prefix_logits
 from rlhfkit.trainers.loop import TrainerLoop
 from rlhfkit.trainers.setup import OfflineRun
 
@@ -149,6 +150,9 @@ def sequence_logps(model: nn.Module, batch: dict[str, torch.Tensor], fp32: bool 
     the logits in float32 first. A padded batch runs as fewer, fuller rows where it can (`dense_rows`), and the LM
     head and the last decoder layer skip the prompt columns that no row predicts from (`forward_logits`)."""
     inner = getattr(model, "module", model)
+    shared = _shared_prompt_logps(model, batch, fp32) if "sample_ids" not in batch else None
+    if shared is not None:
+        return (*shared, None)
     batch = dense_rows(model, batch)
     aux_loss = aux_loss and hasattr(inner.config, "output_router_logits")  # mixture-of-experts models only
     start = first_target_position(batch)  # no LM head on the prompt columns before any target
@@ -168,6 +172,25 @@ def sequence_logps(model: nn.Module, batch: dict[str, torch.Tensor], fp32: bool 
     labels = batch["input_ids"][:, 1:].masked_fill(~mask, -100)  # token_logprobs gives 0 for a label < 0
     sums, counts = per_sample_sums(token_logprobs(logits, labels), mask, sample_ids)
     return sums, counts, getattr(output, "aux_loss", None) if output is not None else None
+
+
+def _shared_prompt_logps(model: nn.Module, batch: dict[str, torch.Tensor], fp32: bool
+                         ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`sequence_logps` of a padded batch whose rows repeat a prompt (a DPO pair's chosen and rejected), each
+    prompt run once (`rlhfkit.models.shared_prefix`); None when that does not pay or apply."""
+    loss_mask = batch["loss_mask"].bool()
+    if not bool(loss_mask.any(dim=1).all()):
+        return None
+    prefix_lengths = loss_mask.int().argmax(dim=1)  # each row's first target token
+    groups = share_prefixes(model, batch["input_ids"], batch["attention_mask"], prefix_lengths)
+    if groups is None:
+        return None
+    last = loss_mask.shape[1] - 1 - loss_mask.flip(1).int().argmax(dim=1)
+    width = int((last - prefix_lengths).max()) + 1
+    logits = shared_prefix_logits(model, batch["input_ids"], batch["attention_mask"], prefix_lengths, width, groups)
+    mask = after_prefix(loss_mask, prefix_lengths, width).bool()
+    labels = after_prefix(batch["input_ids"], prefix_lengths, width).masked_fill(~mask, -100)
+    return per_sample_sums(token_logprobs(logits.float() if fp32 else logits, labels), mask)
 
 
 def load_frozen_model(model_or_path: Any, value_head_prefix: str = "score") -> nn.Module:

@@ -17,6 +17,7 @@ from rlhfkit.config.rl import PPOConfig
 from rlhfkit.data.token_budget import plan_micro_batches
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
 from rlhfkit.models.policy import attn_implementation_of, model_dtype, model_inputs
+from rlhfkit.models.shared_prefix import share_prefixes, shared_prefix_logits
 from rlhfkit.models.trimmed_forward import trimmed_forward
 from rlhfkit.models.value_model import sequence_rewards, token_values
 from rlhfkit.trainers.experience import Experience, gather_actions, pad_columns
@@ -57,10 +58,15 @@ def action_logits(model: Any, exp: Experience, packed: bool = False) -> torch.Te
     (`trimmed_forward`), not over every prompt position: for a small model with a large vocabulary the head is
     most of the forward's work. With
     `packed` (`--packing_samples`) the rows go through the model as one packed row without their padding, and the
-    logits come back in the padded [B, R] layout (zero where action_mask is 0).
+    logits come back in the padded [B, R] layout (zero where action_mask is 0). Where samples repeat a prompt
+    (n samples per prompt), each prompt runs once and its KV cache is shared (`rlhfkit.models.shared_prefix`).
     """
     if packed:
         return _packed_action_logits(model, exp)
+    groups = share_prefixes(model, exp.sequences, exp.attention_mask, exp.prompt_lengths)
+    if groups is not None:
+        return shared_prefix_logits(model, exp.sequences, exp.attention_mask, exp.prompt_lengths, exp.num_actions,
+                                    groups)
     positions = exp.action_positions()
     first, last = int(positions.min()), int(positions.max())
     keep = torch.arange(first, last + 1, device=positions.device)

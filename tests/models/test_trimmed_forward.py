@@ -91,7 +91,7 @@ SUFFIX, SCATTERED = torch.arange(9, T), torch.tensor([0, 3, 4, 8, 12, 13])
 
 
 @pytest.mark.parametrize("kind,impl", [("llama", "sdpa"), ("llama", "eager"), ("qwen2", "sdpa"), ("qwen3", "eager")])
-@pytest.mark.parametrize("keep", [SUFFIX, SCATTERED], ids=["suffix", "scattered"])
+@pytest.mark.parametrize("keep", [SUFFIX, SCATTERED, torch.arange(T)], ids=["suffix", "scattered", "all"])
 def test_right_padded_rows(kind, impl, keep):
     assert_same(build(kind, impl), batch("right"), keep)
 

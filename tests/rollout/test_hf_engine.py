@@ -132,3 +132,16 @@ def test_update_weights_replaces_the_policy(model_and_tokenizer):
                                    atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="no parameter"):
         engine.update_weights({"not.a.weight": torch.zeros(1)})
+
+
+def test_repeated_prompts_are_prefilled_once_and_sampled_apart(engine, model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    ids = prompt_ids(tok)
+    greedy = [s.response_ids for s in engine.generate(ids, max_new_tokens=6, temperature=0)]
+    repeated = engine.generate([p for p in ids for _ in range(3)], max_new_tokens=6, temperature=0)
+    assert [s.response_ids for s in repeated] == [r for r in greedy for _ in range(3)]
+    sampled = engine.generate([ids[0]] * 8, max_new_tokens=8, temperature=1.0, seed=5)
+    assert len({tuple(s.response_ids) for s in sampled}) > 1  # each copy of the prompt samples on its own
+    for s in sampled:
+        torch.testing.assert_close(torch.tensor(s.logprobs), teacher_forced(model, s.prompt_ids, s.response_ids, 1.0),
+                                   atol=1e-4, rtol=0)

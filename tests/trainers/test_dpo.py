@@ -103,6 +103,41 @@ def test_packed_and_padded_sequence_logps_agree(max_assets):
     assert padded[0][0].item() == pytest.approx(manual.item(), abs=1e-4)
 
 
+def test_pairs_run_their_prompt_once_with_the_plain_logps_and_gradients(max_assets, monkeypatch):
+    """Chosen and rejected share the prompt: it runs once (`rlhfkit.models.shared_prefix`), and the log-prob sums
+    and the parameter gradients are those of the plain padded forward."""
+    from rlhfkit.data.collate import pair_collate
+    from rlhfkit.data.preference_dataset import PreferenceDataset
+    from rlhfkit.models import shared_prefix
+    from rlhfkit.models.loading import load_causal_lm, load_tokenizer
+    from rlhfkit.trainers import preference
+
+    tok = load_tokenizer(str(max_assets.model_dir))
+    recs = [json.loads(line) for line in open(max_assets.pref_eval)][:6]
+    data = PreferenceDataset(recs, tok, 64, prompt_key="prompt", input_template=TEMPLATE)
+    batch = pair_collate([data[i] for i in range(len(data))], tok.pad_token_id)
+    model = load_causal_lm(str(max_assets.model_dir))
+    calls = []
+    original = preference.shared_prefix_logits
+    monkeypatch.setattr(preference, "shared_prefix_logits", lambda *a, **k: calls.append(1) or original(*a, **k))
+
+    def logps_and_grads():
+        model.zero_grad()
+        sums, counts, _ = preference.sequence_logps(model, batch)
+        (sums * torch.linspace(0.5, 1.5, sums.numel())).sum().backward()
+        return sums.detach(), counts, [p.grad.clone() for p in model.parameters()]
+
+    shared = logps_and_grads()
+    assert calls == [1]
+    monkeypatch.setattr(shared_prefix, "MIN_SAVED_FRACTION", 2.0)  # never pays: the plain forward
+    plain = logps_and_grads()
+    assert calls == [1]
+    torch.testing.assert_close(shared[0], plain[0], rtol=0, atol=1e-4)
+    torch.testing.assert_close(shared[1], plain[1])
+    for a, b in zip(shared[2], plain[2]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
 def test_zero3_offloaded_reference_matches_plain_run(max_assets, tmp_path, restore_env):
     common = ("--train_batch_size", "8", "--micro_train_batch_size", "4", "--max_steps", "2", "--max_samples",
               "64")

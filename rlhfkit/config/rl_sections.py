@@ -1,0 +1,239 @@
+"""The flag sections of the RL config (`rlhfkit.config.rl.PPOConfig`): each a dataclass of OpenRLHF-named flags
+with their help text and defaults, and the rules that concern one section alone (`validate`). The rules across
+sections, and the settings the flags imply, live with `PPOConfig` in `rlhfkit.config.rl`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rlhfkit.config.base import arg
+from rlhfkit.config.names import (
+    ADVANTAGE_ESTIMATORS,
+    AGGREGATION_MODES,
+    IS_CORRECTIONS,
+    KL_ESTIMATORS,
+    POLICY_LOSS_TYPES,
+)
+from rlhfkit.errors import UserError
+
+LOSS_AGGREGATIONS = ("auto", *AGGREGATION_MODES)
+
+
+@dataclass
+class RLModelArgs:
+    reward_pretrain: str | None = arg(None, "Reward model directory (a model trained by train_rm, read at the last "
+                                            "token); or use --remote_rm_url.")
+    critic_pretrain: str | None = arg(None, "Critic initialisation for --advantage_estimator gae (default: "
+                                            "--reward_pretrain, else --pretrain).")
+    remote_rm_url: str | None = arg(None, "Reward without a reward model: a Python file defining reward_func("
+                                          "queries, prompts, labels), or comma-separated HTTP reward servers "
+                                          "(http://host:port/get_reward).")
+    value_head_prefix: str = arg("score", "Attribute name of the linear value head of the reward model / critic.")
+    critic_init_head: bool = arg(False, "Start the critic from a --critic_pretrain that has no trained value head "
+                                        "(a plain language model) with a freshly initialised head; without it "
+                                        "such a model is an error. The default critic, from --pretrain when no "
+                                        "critic or reward model is given, always starts this way.")
+    remote_rm_timeout: float = arg(60.0, "Seconds one HTTP reward request may take before it is retried.")
+    remote_rm_retries: int = arg(3, "Attempts per HTTP reward request before the run stops with an error.")
+
+
+@dataclass
+class UserCodeArgs:
+    reward_workers: int = arg(2, "Worker processes that run a --remote_rm_url reward function file (a batch is "
+                                 "scored in calls of --micro_rollout_batch_size samples spread over them), or the "
+                                 "AgentInstances of --agent_func_path episodes (per rollout engine).")
+    reward_timeout: float = arg(60.0, "Seconds one reward function call (or agent reset/step) may take; a slower "
+                                      "call is killed (its worker replaced; an agent's episode ends) and its "
+                                      "samples get --reward_fallback.")
+    reward_fallback: float = arg(0.0, "Reward (and score) of a sample whose reward function call failed: raised, "
+                                      "timed out, crashed, or returned NaN/inf or the wrong number of values (or "
+                                      "whose agent episode failed).")
+    max_reward_failure_ratio: float = arg(0.1, "Stop the run when more than this fraction of a step's samples "
+                                               "failed in the reward function or agent (0: stop at the first "
+                                               "failure).")
+
+    def validate(self) -> None:
+        if self.reward_workers < 1:
+            raise UserError(f"--reward_workers must be >= 1 (got {self.reward_workers})")
+        if not self.reward_timeout > 0:
+            raise UserError(f"--reward_timeout must be > 0 seconds (got {self.reward_timeout})")
+        if not math.isfinite(self.reward_fallback):
+            raise UserError(f"--reward_fallback must be a finite number (got {self.reward_fallback})")
+        if not 0 <= self.max_reward_failure_ratio <= 1:
+            raise UserError(f"--max_reward_failure_ratio must be in [0, 1] (got {self.max_reward_failure_ratio})")
+
+
+@dataclass
+class AgentArgs:
+    agent_func_path: str | None = arg(None, "Multi-turn agent file defining AgentExecutor and AgentInstance "
+                                            "(import their bases from rlhfkit.agents); its step rewards are the "
+                                            "reward, so no --remote_rm_url / --reward_pretrain.")
+    max_steps: int | None = arg(None, "Turns per agent episode (with --agent_func_path; default: until done or "
+                                      "--generate_max_len tokens). The RL-step cap is --max_rl_steps.")
+
+
+@dataclass
+class RLDataArgs:
+    prompt_data: str | None = arg(None, "RL prompts: comma-separated local files (json, jsonl, parquet, csv, "
+                                        "arrow) or dataset directories; @split picks a split.")
+    prompt_data_probs: str | None = arg(None, "Mixing probabilities of several --prompt_data sources, e.g. 0.3,0.7.")
+    prompt_split: str = arg("train", "Split of --prompt_data to read.")
+    eval_dataset: str | None = arg(None, "Held-out prompts (with labels) for evaluation during training.")
+    eval_split: str = arg("train", "Split of --eval_dataset to read.")
+    max_samples: int = arg(10**8, "Use at most this many prompts.")
+    input_key: str = arg("input", "Record key of the prompt (a string, or a message list with "
+                                  "--apply_chat_template).")
+    label_key: str | None = arg(None, "Record key passed to the reward function as `labels` (e.g. the answer).")
+    input_template: str | None = arg(None, "Template the prompt is put into; '{}' marks where.")
+    apply_chat_template: bool = arg(False, "Format prompts with the tokenizer's chat template.")
+    tokenizer_chat_template: str | None = arg(None, "A Jinja chat template that replaces the tokenizer's.")
+    prompt_max_len: int = arg(1024, "Prompts longer than this many tokens keep their last prompt_max_len tokens.")
+    generate_max_len: int = arg(1024, "Most tokens generated per response.")
+    packing_samples: bool = arg(False, "Pack the samples of each micro-batch into one row, without padding, for the "
+                                       "actor, critic, reference and reward-model forwards (log-probs, values, "
+                                       "rewards); samples do not attend to each other.")
+
+
+@dataclass
+class RolloutArgs:
+    n_samples_per_prompt: int = arg(1, "Responses sampled per prompt (a group, for the group estimators).")
+    rollout_batch_size: int = arg(1024, "Prompts per RL step; the step makes rollout_batch_size x "
+                                        "n_samples_per_prompt samples.")
+    micro_rollout_batch_size: int = arg(8, "Samples per forward pass when scoring (log-probs, values, rewards).")
+    num_episodes: int = arg(1, "Passes over the prompt data.")
+    max_epochs: int = arg(1, "Passes over each rollout batch when training on it.")
+    max_rl_steps: int = arg(-1, "Stop after this many RL steps (-1: every episode); learning-rate schedules still "
+                             "span the whole run, so a later --load_checkpoint continues them.")
+    temperature: float = arg(1.0, "Sampling temperature (log-probs for training use the same temperature).")
+    top_p: float = arg(1.0, "Nucleus sampling: sample from the smallest token set with this much probability.")
+    top_k: int = arg(-1, "Sample from the k most likely tokens (-1: all).")
+    eval_temperature: float = arg(0.6, "Sampling temperature of evaluation; 0 decodes greedily.")
+    eval_n_samples_per_prompt: int = arg(4, "Responses per held-out prompt (pass@1 is their mean score).")
+    vllm_num_engines: int = arg(0, "vLLM rollout engines (train_ppo_ray); 0 uses the Transformers engine.")
+    vllm_tensor_parallel_size: int = arg(1, "GPUs per vLLM engine.")
+    vllm_gpu_memory_utilization: float = arg(0.9, "Fraction of GPU memory a vLLM engine may take.")
+    vllm_sync_backend: str = arg("nccl", "How actor weights reach the vLLM engines.", choices=("nccl", "gloo"))
+    vllm_enable_sleep: bool = arg(False, "Put vLLM engines to sleep between rollouts (frees GPU memory).")
+    enforce_eager: bool = arg(False, "Disable CUDA graphs in vLLM.")
+    enable_prefix_caching: bool = arg(False, "vLLM prefix caching (shares the prompt's KV cache between the n "
+                                             "samples of a prompt).")
+
+
+@dataclass
+class AlgorithmArgs:
+    advantage_estimator: str = arg("gae", "How advantages are estimated: gae (PPO with a critic), reinforce "
+                                          "(REINFORCE++), reinforce_baseline (REINFORCE++-baseline), group_norm "
+                                          "(GRPO), dr_grpo (Dr. GRPO), rloo.", choices=ADVANTAGE_ESTIMATORS)
+    gamma: float = arg(1.0, "Discount factor.")
+    lambd: float = arg(1.0, "GAE lambda.")
+    actor_learning_rate: float = arg(1e-6, "Peak learning rate of the actor.")
+    critic_learning_rate: float = arg(9e-6, "Peak learning rate of the critic.")
+    kl_estimator: str = arg("k1", "Per-token KL estimator (Schulman 2020).", choices=KL_ESTIMATORS)
+    use_kl_loss: bool = arg(False, "KL to the reference as a loss term of the actor (GRPO) instead of a reward "
+                                   "penalty.")
+    init_kl_coef: float = arg(0.01, "KL coefficient (reward penalty, or the KL loss weight with --use_kl_loss); "
+                                    "0 with no KL loss skips the reference model.")
+    kl_target: float | None = arg(None, "Adapt the KL coefficient towards this KL (Ziegler et al. 2019).")
+    kl_horizon: float = arg(10000, "Horizon (in samples) of the adaptive KL controller.")
+    eps_clip: float = arg(0.2, "PPO clip range of the ratio.")
+    clip_eps_low: float | None = arg(None, "Lower clip range (default: --eps_clip).")
+    clip_eps_high: float | None = arg(None, "Upper clip range (default: --eps_clip; larger is DAPO's "
+                                            "clip-higher).")
+    dual_clip: float | None = arg(None, "Dual-clip constant c > 1 bounding the loss of negative advantages.")
+    value_clip: float | None = arg(0.5, "Clip range of the critic's value update (PPO value clipping).")
+    entropy_loss_coef: float = arg(0.0, "Weight of the entropy bonus in the actor loss.")
+    aux_loss_coef: float = arg(0.0, "Weight of the mixture-of-experts router load-balancing loss in the actor "
+                                    "loss (MoE policies only).")
+    reward_clip_range: list[float] | None = arg(help="Clip rewards to [low, high] (one value c means [-c, c]).",
+                                                factory=lambda: [-10.0, 10.0])
+    normalize_reward: bool = arg(False, "Normalise reward-model rewards with the mean/std stored in the reward "
+                                        "model's config.")
+    no_advantage_std_norm: bool = arg(False, "Centre advantages without dividing by their standard deviation.")
+    policy_loss_agg: str = arg("auto", "How the per-token policy loss is reduced over an optimizer step: auto "
+                                       "(token_mean; seq_mean_token_sum_norm over --generate_max_len for "
+                                       "dr_grpo).", choices=LOSS_AGGREGATIONS)
+    policy_loss_type: str = arg("ppo", "Policy loss: ppo (token-level ratio) or gspo (sequence-level ratio of "
+                                       "length-normalised log-likelihoods, Zheng et al. 2025).",
+                                choices=POLICY_LOSS_TYPES)
+    enable_vllm_is_correction: bool = arg(False, "Correct the engine/trainer mismatch: weight the policy loss by "
+                                                 "r = p_trainer / p_rollout per token, as --vllm_is_correction_type "
+                                                 "says.")
+    vllm_is_correction_type: str = arg("tis", "tis: clamp(r, LO, HI) (Yao et al. 2025); icepop: r inside [LO, HI] "
+                                              "else 0; seq-mask-tis: r, with a sequence whose geometric-mean r is "
+                                              "outside [LO, HI] masked.", choices=IS_CORRECTIONS)
+    vllm_is_truncated_threshold: list[float] = arg(help="Bounds LO HI of the importance-sampling correction; one "
+                                                        "value is the cap HI with LO = 0.",
+                                                   factory=lambda: [2.0])
+    freezing_actor_steps: int = arg(-1, "Train only the critic for this many first steps (-1: never frozen).")
+
+
+@dataclass
+class RecipeArgs:
+    overlong_buffer_len: int | None = arg(None, "DAPO's soft overlong punishment: responses longer than "
+                                                "--generate_max_len minus this many tokens lose reward linearly, "
+                                                "up to --overlong_penalty_factor at --generate_max_len.")
+    overlong_penalty_factor: float = arg(1.0, "Largest overlong penalty (with --overlong_buffer_len).")
+    stop_properly_penalty_coef: float | None = arg(None, "ProRL: rewards of truncated responses (no end of "
+                                                         "sequence within --generate_max_len) are multiplied by "
+                                                         "this coef if >= 0, replaced by it if < 0.")
+    dynamic_filtering: bool = arg(False, "DAPO's dynamic sampling: drop groups whose mean score is outside "
+                                         "--dynamic_filtering_reward_range and refill the batch from the next "
+                                         "prompts.")
+    dynamic_filtering_reward_range: list[float] = arg(help="Open interval LO HI the mean score of a kept group "
+                                                           "lies in.", factory=lambda: [0.0, 1.0])
+    dynamic_filtering_max_rounds: int = arg(8, "Most generation rounds per step to fill a batch with "
+                                               "--dynamic_filtering before the run stops.")
+
+
+@dataclass
+class AsyncArgs:
+    async_train: bool = arg(False, "train_ppo_ray: a generator actor generates and scores the next rollout batches "
+                                   "into a bounded queue while the actor trains on the previous one (samples are "
+                                   "up to --async_queue_size policy versions stale; old log-probs are recomputed "
+                                   "by the actor).")
+    async_queue_size: int = arg(1, "With --async_train: most rollout batches generated ahead of training, so the "
+                                   "most policy versions a trained sample lags the trainer.")
+    partial_rollout: bool = arg(False, "With --async_train: weight updates do not wait for in-flight generation; "
+                                       "the generator generates in chunks of --partial_rollout_chunk_len tokens and "
+                                       "takes a pending update between chunks (a response may mix policy versions; "
+                                       "needs --enable_vllm_is_correction).")
+    partial_rollout_chunk_len: int = arg(16, "With --partial_rollout: tokens generated per chunk between which a "
+                                             "weight update may land.")
+    vllm_generate_batch_size: int | None = arg(None, "With --async_train: prompts generated per engine call, a "
+                                                     "multiple of --rollout_batch_size above it and at most "
+                                                     "--async_queue_size batches (oversampling); the extra batches "
+                                                     "are queued for the next steps.")
+
+
+@dataclass
+class ResourceArgs:
+    actor_num_nodes: int = arg(1, "Nodes of the actor role (train_ppo_ray).")
+    actor_num_gpus_per_node: int = arg(1, "Devices per node of the actor role.")
+    critic_num_nodes: int = arg(1, "Nodes of the critic role.")
+    critic_num_gpus_per_node: int = arg(1, "Devices per node of the critic role.")
+    ref_num_nodes: int = arg(1, "Nodes of the reference role.")
+    ref_num_gpus_per_node: int = arg(1, "Devices per node of the reference role.")
+    reward_num_nodes: int = arg(1, "Nodes of the reward-model role.")
+    reward_num_gpus_per_node: int = arg(1, "Devices per node of the reward-model role.")
+    colocate_actor_ref: bool = arg(False, "Put actor and reference on the same devices.")
+    colocate_critic_reward: bool = arg(False, "Put critic and reward model on the same devices.")
+    colocate_all_models: bool = arg(False, "Put every role and the vLLM engines on the actor's devices "
+                                           "(hybrid engine).")
+    ref_reward_offload: bool = arg(False, "Keep reference and reward model weights on the CPU between uses.")
+    deepspeed_enable_sleep: bool = arg(False, "Offload DeepSpeed states of a role between its calls.")
+    ray_call_timeout: float = arg(1800.0, "train_ppo_ray: seconds one call to a role or rollout engine (a training "
+                                          "step, a generation, a weight sync) may take before the run stops with "
+                                          "a message naming it; a dead actor stops the run at once.")
+
+
+@dataclass
+class RLSaveArgs:
+    save_hf_ckpt: bool = arg(False, "Also save the actor as a Hugging Face model inside every checkpoint.")
+    save_value_network: bool = arg(False, "Also save the critic to <save_path>_critic at the end.")
+    enable_ema: bool = arg(False, "Keep an exponential moving average of the actor's weights; --save_path "
+                                  "exports the EMA model, and checkpoints hold it.")
+    ema_beta: float = arg(0.992, "EMA decay: ema = beta * ema + (1 - beta) * weights after each optimizer step.")
+    best_metric_key: str | None = arg(None, "Also export the policy with the best value of this eval metric "
+                                            "(higher is better, e.g. eval/pass@1) to <save_path>/best.")
