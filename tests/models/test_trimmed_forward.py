@@ -7,7 +7,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 from transformers.cache_utils import DynamicCache
 
 from rlhfkit.demo.assets import tiny_llama_config
@@ -25,7 +33,8 @@ def build(kind: str = "llama", impl: str = "sdpa") -> torch.nn.Module:
         config = tiny_llama_config(VOCAB, 1, 2, 0, num_hidden_layers=3, attn_implementation=impl)
         model = LlamaForCausalLM(config)
     else:
-        classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
+        classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+                   "mistral": (MistralConfig, MistralForCausalLM)}  # Mistral: a 4096-token window, not in effect
         config_type, model_type = classes[kind]
         model = model_type(config_type(vocab_size=VOCAB, attn_implementation=impl, **SMALL))
     return model.double().train()
@@ -90,7 +99,8 @@ def assert_same(model: torch.nn.Module, inputs: dict, keep: torch.Tensor, trims:
 SUFFIX, SCATTERED = torch.arange(9, T), torch.tensor([0, 3, 4, 8, 12, 13])
 
 
-@pytest.mark.parametrize("kind,impl", [("llama", "sdpa"), ("llama", "eager"), ("qwen2", "sdpa"), ("qwen3", "eager")])
+@pytest.mark.parametrize("kind,impl", [("llama", "sdpa"), ("llama", "eager"), ("qwen2", "sdpa"), ("qwen3", "eager"),
+                                       ("mistral", "sdpa")])
 @pytest.mark.parametrize("keep", [SUFFIX, SCATTERED, torch.arange(T)], ids=["suffix", "scattered", "all"])
 def test_right_padded_rows(kind, impl, keep):
     assert_same(build(kind, impl), batch("right"), keep)
