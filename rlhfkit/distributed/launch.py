@@ -70,6 +70,9 @@ def init_distributed(timeout_s: float | None = None) -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        if dist.get_world_size() == 1:  # a world of one joined earlier in this process (a notebook, a test run)
+            for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+                os.environ.setdefault(key, value)  # DeepSpeed's engine reads LOCAL_RANK from the environment
         return
     seconds = dist_timeout_s(timeout_s)
     ensure_single_process_env()
