@@ -93,6 +93,19 @@ _TIMED_OUT = re.compile(r"Timed out waiting \d+ms|collective operation timeout|h
                         r"Socket Timeout|[Ww]ait timeout")
 
 
+def leave_process_group() -> None:
+    """Tear the default process group down now, after a collective timed out: left to interpreter exit, gloo's
+    worker threads are destroyed unjoined and the process aborts (SIGABRT, "terminate called without an active
+    exception") instead of exiting with the run's code."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - the group is broken already; exiting is all that is left
+            pass
+
+
 def collective_timeout_message(e: BaseException) -> str | None:
     """One line for an exception that is a collective (or rendezvous) past --ddp_timeout, naming the flag; None
     for any other exception. gloo raises RuntimeError("... Timed out waiting 3000ms for recv ..."), NCCL a
