@@ -46,12 +46,13 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
             sys.stderr.write(f"{prog}: {e}\n")
         return Preempted.exit_code
     except RuntimeError as e:
-        from rlhfkit.distributed.launch import collective_timeout_message
+        from rlhfkit.distributed.launch import collective_timeout_message, leave_process_group
 
         message = collective_timeout_message(e)
         if message is None:
             raise
         sys.stderr.write(f"{prog}: error: rank {os.environ.get('RANK', '0')}: {message}\n")
+        leave_process_group()
         return ComponentFailed.exit_code
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: interrupted\n")

@@ -70,6 +70,9 @@ def init_distributed(timeout_s: float | None = None) -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        if dist.get_world_size() == 1:  # a world of one joined earlier in this process (a notebook, a test run)
+            for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+                os.environ.setdefault(key, value)  # DeepSpeed's engine reads LOCAL_RANK from the environment
         return
     seconds = dist_timeout_s(timeout_s)
     ensure_single_process_env()
@@ -88,6 +91,19 @@ def init_distributed(timeout_s: float | None = None) -> None:
 #: rendezvous store: "has timed out after 3000ms" / "Socket Timeout" / "wait timeout".
 _TIMED_OUT = re.compile(r"Timed out waiting \d+ms|collective operation timeout|has timed out after|"
                         r"Socket Timeout|[Ww]ait timeout")
+
+
+def leave_process_group() -> None:
+    """Tear the default process group down now, after a collective timed out: left to interpreter exit, gloo's
+    worker threads are destroyed unjoined and the process aborts (SIGABRT, "terminate called without an active
+    exception") instead of exiting with the run's code."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - the group is broken already; exiting is all that is left
+            pass
 
 
 def collective_timeout_message(e: BaseException) -> str | None:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
-
 import torch
 from torch import nn
 
 from rlhfkit.algorithms.sft_loss import token_logprobs
 from rlhfkit.data.packing import pack_rows
+from rlhfkit.models.trimmed_forward import base_model, keeps_logits, trimmed_forward
 
 
 def packed_attention_mask(sample_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -77,24 +75,21 @@ def from_position(batch: dict[str, torch.Tensor], start: int) -> dict[str, torch
     return {k: batch[k][:, start:] for k in ("input_ids", "loss_mask", "sample_ids") if k in batch}
 
 
-@functools.cache
-def _keeps_logits(model_type: type) -> bool:
-    return "logits_to_keep" in inspect.signature(model_type.forward).parameters
-
-
 def keep_logits_from(model: nn.Module, batch: dict[str, torch.Tensor], start: int) -> dict[str, int]:
     """Forward-pass kwargs that run the LM head from position `start` on only (Hugging Face's `logits_to_keep`),
     where the model takes it: {} otherwise. Either way `logits[:, start - T:]` are the logits from `start` on."""
-    inner = getattr(model, "module", model)
-    inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner  # PEFT
-    return {"logits_to_keep": batch["input_ids"].shape[1] - start} if start > 0 and _keeps_logits(type(inner)) else {}
+    inner = base_model(model)
+    return {"logits_to_keep": batch["input_ids"].shape[1] - start} if start > 0 and keeps_logits(type(inner)) else {}
 
 
 def forward_logits(model: nn.Module, batch: dict[str, torch.Tensor], start: int = 0) -> torch.Tensor:
-    """Logits [rows, T - start, vocab] for a padded or packed batch, from position `start` on."""
+    """Logits [rows, T - start, vocab] for a padded or packed batch, from position `start` on (with start > 0 the
+    last decoder layer and the LM head run from `start` on only: `trimmed_forward`)."""
     inputs = model_inputs(batch, attn_implementation_of(model), model_dtype(model))
-    logits = model(**inputs, **keep_logits_from(model, batch, start), use_cache=False).logits
-    return logits[:, start - batch["input_ids"].shape[1]:] if start > 0 else logits
+    if start > 0:
+        keep = torch.arange(start, batch["input_ids"].shape[1], device=batch["input_ids"].device)
+        return trimmed_forward(model, keep, **inputs, use_cache=False)
+    return model(**inputs, use_cache=False).logits
 
 
 def sequence_token_logprobs(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from rlhfkit.models.trimmed_forward import trimmed_forward
+
 # below this share of the batch's tokens saved, one plain forward is cheaper than two passes
 MIN_SAVED_FRACTION = 0.1
 
@@ -81,8 +83,9 @@ def supports_shared_prefix(model: nn.Module) -> bool:
 
 
 def logits_at(model: nn.Module, keep: torch.Tensor, **inputs: torch.Tensor | object) -> torch.Tensor:
-    """Logits [rows, len(keep), vocab] at positions `keep` of one forward pass (the LM head there only)."""
-    return model(**inputs, logits_to_keep=keep).logits
+    """Logits [rows, len(keep), vocab] at positions `keep` of one forward pass (the LM head and the last decoder
+    layer there only: `trimmed_forward`; a cache passed in still gets every position's keys and values)."""
+    return trimmed_forward(model, keep, **inputs)
 
 
 def _zero3_across_ranks(model: nn.Module) -> bool:

@@ -23,6 +23,7 @@ from rlhfkit.models.policy import (
     attn_implementation_of,
     dense_rows,
     first_target_position,
+    forward_logits,
     from_position,
     keep_logits_from,
     model_dtype,
@@ -147,19 +148,22 @@ def sequence_logps(model: nn.Module, batch: dict[str, torch.Tensor], fp32: bool 
     """(sum of response-token log-probs [n], response-token counts [n], MoE aux loss or None) of every sample of
     a padded or packed batch, from one forward pass. Log-probs are float32 (`token_logprobs`); `fp32` also runs
     the logits in float32 first. A padded batch runs as fewer, fuller rows where it can (`dense_rows`), and the LM
-    head skips the prompt columns that no row predicts from."""
+    head and the last decoder layer skip the prompt columns that no row predicts from (`forward_logits`)."""
     inner = getattr(model, "module", model)
     shared = _shared_prompt_logps(model, batch, fp32) if "sample_ids" not in batch else None
     if shared is not None:
         return (*shared, None)
     batch = dense_rows(model, batch)
-    inputs = model_inputs(batch, attn_implementation_of(inner), model_dtype(inner))
     aux_loss = aux_loss and hasattr(inner.config, "output_router_logits")  # mixture-of-experts models only
-    if aux_loss:
-        inputs["output_router_logits"] = True
     start = first_target_position(batch)  # no LM head on the prompt columns before any target
-    output = model(**inputs, **keep_logits_from(model, batch, start), use_cache=False)
-    logits = output.logits[:, start - batch["input_ids"].shape[1]:-1] if start > 0 else output.logits[:, :-1]
+    output = None
+    if aux_loss:  # the router loss is on the model's output
+        inputs = model_inputs(batch, attn_implementation_of(inner), model_dtype(inner))
+        output = model(**inputs, **keep_logits_from(model, batch, start), use_cache=False, output_router_logits=True)
+        logits = output.logits[:, start - batch["input_ids"].shape[1]:] if start > 0 else output.logits
+    else:  # with start > 0 the last decoder layer too runs from `start` on only
+        logits = forward_logits(model, batch, start)
+    logits = logits[:, :-1]
     batch = from_position(batch, start)
     if fp32:
         logits = logits.float()
@@ -167,7 +171,7 @@ def sequence_logps(model: nn.Module, batch: dict[str, torch.Tensor], fp32: bool 
     mask = shifted_target_mask(batch["loss_mask"], sample_ids)
     labels = batch["input_ids"][:, 1:].masked_fill(~mask, -100)  # token_logprobs gives 0 for a label < 0
     sums, counts = per_sample_sums(token_logprobs(logits, labels), mask, sample_ids)
-    return sums, counts, getattr(output, "aux_loss", None) if aux_loss else None
+    return sums, counts, getattr(output, "aux_loss", None) if output is not None else None
 
 
 def _shared_prompt_logps(model: nn.Module, batch: dict[str, torch.Tensor], fp32: bool

@@ -16,8 +16,9 @@ from rlhfkit.algorithms.masking import masked_mean
 from rlhfkit.config.rl import PPOConfig
 from rlhfkit.data.token_budget import plan_micro_batches
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
-from rlhfkit.models.policy import attn_implementation_of, forward_logits, model_dtype, model_inputs
+from rlhfkit.models.policy import attn_implementation_of, model_dtype, model_inputs
 from rlhfkit.models.shared_prefix import share_prefixes, shared_prefix_logits
+from rlhfkit.models.trimmed_forward import trimmed_forward
 from rlhfkit.models.value_model import sequence_rewards, token_values
 from rlhfkit.trainers.experience import Experience, gather_actions, pad_columns
 
@@ -53,8 +54,9 @@ def per_chunk(exp: Experience, cfg: PPOConfig, strategy: DeepSpeedStrategy,
 def action_logits(model: Any, exp: Experience, packed: bool = False) -> torch.Tensor:
     """Logits [B, R, V] at the positions that predict each response token.
 
-    The LM head runs only over the positions that hold actions (`logits_to_keep` with indices), not over every
-    prompt position: for a small model with a large vocabulary the head is most of the forward's work. With
+    The LM head and the last decoder layer run only from the first to the last position that holds an action
+    (`trimmed_forward`), not over every prompt position: for a small model with a large vocabulary the head is
+    most of the forward's work. With
     `packed` (`--packing_samples`) the rows go through the model as one packed row without their padding, and the
     logits come back in the padded [B, R] layout (zero where action_mask is 0). Where samples repeat a prompt
     (n samples per prompt), each prompt runs once and its KV cache is shared (`rlhfkit.models.shared_prefix`).
@@ -69,10 +71,7 @@ def action_logits(model: Any, exp: Experience, packed: bool = False) -> torch.Te
     first, last = int(positions.min()), int(positions.max())
     keep = torch.arange(first, last + 1, device=positions.device)
     inputs = model_inputs(exp.model_inputs(), attn_implementation_of(model), model_dtype(model))
-    try:
-        logits = model(**inputs, use_cache=False, logits_to_keep=keep).logits
-    except TypeError:  # a model class without logits_to_keep: compute the head everywhere
-        return gather_actions(forward_logits(model, exp.model_inputs()), positions)
+    logits = trimmed_forward(model, keep, **inputs, use_cache=False)
     return gather_actions(logits, positions - first)
 
 
@@ -81,10 +80,7 @@ def _packed_action_logits(model: Any, exp: Experience) -> torch.Tensor:
     mask = exp.action_mask.bool()
     keep = index[mask]  # increasing: rows are packed in order, actions in order within a row
     inputs = model_inputs(batch, attn_implementation_of(model), model_dtype(model))
-    try:
-        logits = model(**inputs, use_cache=False, logits_to_keep=keep).logits[0]
-    except TypeError:
-        logits = forward_logits(model, batch)[0, keep]
+    logits = trimmed_forward(model, keep, **inputs, use_cache=False)[0]
     out = logits.new_zeros(*mask.shape, logits.shape[-1])
     out[mask] = logits
     return out

@@ -77,3 +77,24 @@ def test_rank_whose_peer_never_arrives_fails_after_the_timeout(tmp_path):
                                 f"--ddp_timeout {timeout} s for a peer rank that died or is stuck"), err[-3000:]
     assert "Timed out waiting 3000ms" in lines[-1] and "Traceback" not in err
     assert timeout - 0.5 <= waited < timeout + 20, waited  # the timeout, not the 30-minute default, not a hang
+
+
+def test_a_world_of_one_joined_earlier_is_described_again():
+    """A second in-process run (a notebook, the next test module) finds the group of the first one joined but its
+    launcher variables gone: init_distributed puts RANK / LOCAL_RANK / WORLD_SIZE back, since DeepSpeed's engine
+    refuses to start without LOCAL_RANK."""
+    script = (
+        "import os\n"
+        "from rlhfkit.distributed.launch import init_distributed\n"
+        "init_distributed()\n"
+        "for key in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'):\n"
+        "    os.environ.pop(key)\n"
+        "init_distributed()\n"
+        "print([os.environ[k] for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE')])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                                            "MASTER_PORT")}
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, env={**env, "PYTHONPATH": str(REPO)},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "['0', '0', '1']"
