@@ -155,6 +155,93 @@ class StepClock:
                                  **self.extra}), flush=True)
 
 
+class TreeMonitor:
+    """This process and all its descendants (a local Ray cluster: GCS, raylet, Ray's agents, the role and engine
+    workers), sampled by a thread: the peak of their summed RSS every `interval` s and of their summed PSS
+    (proportional set size: a page shared by n processes counts 1/n in each, where RSS counts it whole in each)
+    every `pss_every` samples (reading smaps_rollup costs more); on ask, their summed CPU time less the sampler's."""
+
+    def __init__(self, interval: float = 0.5, pss_every: int = 4) -> None:
+        import threading
+
+        import psutil
+
+        self.root = psutil.Process()
+        self.interval, self.pss_every = interval, pss_every
+        self.peak_rss = self.peak_pss = self.own_cpu = 0.0
+        self.marks: list[dict[int, tuple[str, float]]] = []  # per cpu_seconds() call: pid -> (title, CPU s)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def processes(self) -> list[Any]:
+        return [self.root, *self.root.children(recursive=True)]
+
+    def _run(self) -> None:
+        import psutil
+
+        n = 0
+        while not self._stop.wait(self.interval):
+            with_pss, n = n % self.pss_every == 0, n + 1
+            rss = pss = 0.0
+            for proc in self.processes():
+                try:
+                    mem = proc.memory_full_info() if with_pss else proc.memory_info()
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+                rss, pss = rss + mem.rss, pss + getattr(mem, "pss", 0)
+            self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
+            self.own_cpu = time.thread_time()
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the live process tree, less the sampler's (a process that already exited
+        is not counted: the workers of a run live from its start to its end)."""
+        import psutil
+
+        mark = {}
+        for proc in self.processes():
+            try:
+                times, cmdline = proc.cpu_times(), proc.cmdline() or [proc.name()]
+                title = next((a for a in cmdline if a.endswith(".py")), cmdline[0])  # a Python script: its name
+            except psutil.NoSuchProcess:
+                continue
+            if proc.pid == self.root.pid:  # the sampler thread runs in the driver
+                title, times = "driver", (times.user + times.system - self.own_cpu, 0.0)
+            mark[proc.pid] = (title, times[0] + times[1])
+        self.marks.append(mark)
+        return sum(cpu for _, cpu in mark.values())
+
+    def cpu_by_process(self, first: int) -> dict[str, float]:
+        """CPU seconds of each process (by title) from the `first` cpu_seconds() call to the last."""
+        start, end = self.marks[first], self.marks[-1]
+        out: dict[str, float] = {}
+        for pid, (title, cpu) in end.items():
+            name = title.split("/")[-1][:40]
+            out[name] = out.get(name, 0.0) + cpu - start.get(pid, (title, 0.0))[1]
+        return {k: round(v, 2) for k, v in sorted(out.items(), key=lambda kv: -kv[1]) if v >= 0.01}
+
+    def workers(self) -> list[dict[str, Any]]:
+        """Each Ray worker's title, threads, OMP_NUM_THREADS and the CPUs it may run on."""
+        import psutil
+
+        out = []
+        for proc in self.processes()[1:]:
+            try:
+                title = " ".join(proc.cmdline()).strip()[:60]
+                if title.startswith("ray::"):
+                    out.append({"title": title, "threads": proc.num_threads(), "cpus": proc.cpu_affinity(),
+                                "omp": proc.environ().get("OMP_NUM_THREADS")})
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return out
+
+    def stop(self, first: int = 1) -> dict[str, Any]:
+        self._stop.set()
+        self._thread.join()
+        return {"peak_rss_mb": self.peak_rss / 2**20, "peak_pss_mb": self.peak_pss / 2**20,
+                "monitor_cpu_s": self.own_cpu, "cpu_by_process": self.cpu_by_process(first)}
+
+
 def step_times(ends: Sequence[float], warmup: int) -> list[float]:
     gaps = [b - a for a, b in zip(ends, ends[1:])]
     return gaps[warmup:] if len(gaps) > warmup else gaps[-1:]
