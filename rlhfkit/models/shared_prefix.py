@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rlhfkit.models.trimmed_forward import trimmed_forward
+from rlhfkit.models.trimmed_forward import base_model, trimmed_forward
 
 # below this share of the batch's tokens saved, one plain forward is cheaper than two passes
 MIN_SAVED_FRACTION = 0.1
@@ -66,26 +66,15 @@ def after_prefix(t: torch.Tensor, prefix_lengths: torch.Tensor, width: int) -> t
     return t.gather(1, columns.clamp(max=t.shape[1] - 1)) * inside
 
 
-def _hf_model(model: nn.Module) -> nn.Module:
-    inner = getattr(model, "module", model)  # a DeepSpeed engine
-    return inner.get_base_model() if hasattr(inner, "get_base_model") else inner  # PEFT
-
-
 def supports_shared_prefix(model: nn.Module) -> bool:
     """Whether `model` can run a prefix pass into a KV cache and continue from it with autograd: sdpa or eager
     attention (flash-attention reads packed rows), no gradient checkpointing (Transformers drops the cache under
     it), no mixture-of-experts router loss (it counts every row's tokens)."""
-    hf = _hf_model(model)
+    hf = base_model(model)
     config = getattr(hf, "config", None)
     return (config is not None and getattr(config, "_attn_implementation", "sdpa") in ("sdpa", "eager")
             and not getattr(hf, "is_gradient_checkpointing", False)
             and not hasattr(config, "output_router_logits") and not getattr(config, "is_encoder_decoder", False))
-
-
-def logits_at(model: nn.Module, keep: torch.Tensor, **inputs: torch.Tensor | object) -> torch.Tensor:
-    """Logits [rows, len(keep), vocab] at positions `keep` of one forward pass (the LM head and the last decoder
-    layer there only: `trimmed_forward`; a cache passed in still gets every position's keys and values)."""
-    return trimmed_forward(model, keep, **inputs)
 
 
 def _zero3_across_ranks(model: nn.Module) -> bool:
@@ -121,8 +110,9 @@ def shared_prefix_logits(model: nn.Module, input_ids: torch.Tensor, attention_ma
     cache = DynamicCache()
     prefix_positions = (groups.mask.cumsum(dim=-1) - 1).clamp(min=0)
     last = torch.tensor([groups.ids.shape[1] - 1], device=device)
-    first = logits_at(model, last, input_ids=groups.ids, attention_mask=groups.mask, position_ids=prefix_positions,
-                      past_key_values=cache, use_cache=True)[:, -1]
+    # the last decoder layer and the LM head at the last column only; the cache still gets every position's K/V
+    first = trimmed_forward(model, last, input_ids=groups.ids, attention_mask=groups.mask,
+                            position_ids=prefix_positions, past_key_values=cache, use_cache=True)[:, -1]
     first = first[groups.owner][:, None]
     if width == 1:
         return first
@@ -130,6 +120,6 @@ def shared_prefix_logits(model: nn.Module, input_ids: torch.Tensor, attention_ma
     starts = groups.lengths[groups.owner]
     steps = torch.arange(width - 1, device=device)
     mask = torch.cat([groups.mask[groups.owner], after_prefix(attention_mask, starts, width - 1)], dim=1)
-    rest = logits_at(model, steps, input_ids=after_prefix(input_ids, starts, width - 1), attention_mask=mask,
-                     position_ids=starts[:, None] + steps[None, :], past_key_values=cache, use_cache=False)
+    rest = trimmed_forward(model, steps, input_ids=after_prefix(input_ids, starts, width - 1), attention_mask=mask,
+                           position_ids=starts[:, None] + steps[None, :], past_key_values=cache, use_cache=False)
     return torch.cat([first, rest], dim=1)

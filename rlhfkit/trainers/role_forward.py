@@ -56,10 +56,10 @@ def action_logits(model: Any, exp: Experience, packed: bool = False) -> torch.Te
 
     The LM head and the last decoder layer run only from the first to the last position that holds an action
     (`trimmed_forward`), not over every prompt position: for a small model with a large vocabulary the head is
-    most of the forward's work. With
-    `packed` (`--packing_samples`) the rows go through the model as one packed row without their padding, and the
-    logits come back in the padded [B, R] layout (zero where action_mask is 0). Where samples repeat a prompt
-    (n samples per prompt), each prompt runs once and its KV cache is shared (`rlhfkit.models.shared_prefix`).
+    most of the forward's work. With `packed` (`--packing_samples`) the rows go through the model as one packed
+    row without their padding, and the logits come back in the padded [B, R] layout (zero where action_mask is 0).
+    Where samples repeat a prompt (n samples per prompt), each prompt runs once and its KV cache is shared
+    (`rlhfkit.models.shared_prefix`).
     """
     if packed:
         return _packed_action_logits(model, exp)
