@@ -1,12 +1,12 @@
 """The generator of asynchronous RL (`--async_train`): a Ray actor that generates and scores rollout batches into a
 bounded queue while the trainer trains on the previous ones.
 
-The generator runs the same rollout code as the synchronous loop (`RLTrainer._next_prompts` and `_rollout`:
-prompts from the seeded stream, engine generation or agent episodes, reward scoring, dynamic filtering) on its own
-`RLTrainer` whose only roles are the engine and the reward source. The trainer (`async_rl.AsyncRayRLTrainer`)
-finishes each batch (reference / critic / actor forwards, advantages) and trains on it.
+The generator owns a complete `RolloutSource` (`rlhfkit.rl.rollout_source`: prompts from the seeded stream, engine
+generation or agent episodes, reward scoring, dynamic filtering), the same one a synchronous run drives, over the
+engine seen through `VersionedEngine`. The driver's side (`rlhfkit.rl.async_driver.GeneratorQueue`) hands each
+batch to the trainer, which finishes it (reference / critic / actor forwards, advantages) and trains on it.
 
-Invariants, each checked by tests/trainers/test_async_rl.py:
+Invariants, each checked by tests/distributed/test_ray_async.py:
 - Staleness: the queue holds `--async_queue_size` *slots*; a slot is taken before a batch's prompts are drawn and
   given back when the trainer takes the batch. With one weight update per trained batch, a consumed sample is at
   most `--async_queue_size` policy versions behind the trainer.
@@ -99,9 +99,10 @@ class RolloutGenerator:
                  env: dict[str, str] | None = None):
         os.environ.update(env or {})
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        # imported once the worker's environment is set (thread counts, timeouts)
         from rlhfkit.distributed.ray_groups import set_call_timeout
         from rlhfkit.models.loading import load_tokenizer_for
-        from rlhfkit.rl.loop import RLTrainer, RoleHandles
+        from rlhfkit.rl.rollout_source import RolloutSource
         from rlhfkit.run.setup import make_text_reward
 
         set_call_timeout(cfg.resources.ray_call_timeout)
@@ -109,8 +110,9 @@ class RolloutGenerator:
         a = cfg.asynchronous
         self.text_reward = make_text_reward(cfg) if reward is None else None  # its worker pool lives here
         self.engine = VersionedEngine(engine, self, a.partial_rollout_chunk_len if a.partial_rollout else None)
-        handles = RoleHandles(actor=None, engine=self.engine, reward=reward if reward is not None else self.text_reward)
-        self.rollout = RLTrainer(cfg, handles, load_tokenizer_for(cfg.model), prompts, None, None, None)
+        self.source = RolloutSource(cfg, self.engine, reward if reward is not None else self.text_reward,
+                                    load_tokenizer_for(cfg.model), prompts)
+        self.step = 0  # the RL step (0-based) whose batch is drawn next: its sampling seed
         self.batches_per_call = (a.vllm_generate_batch_size or cfg.rollout.rollout_batch_size) \
             // cfg.rollout.rollout_batch_size
         self.lock = threading.Lock()
@@ -156,8 +158,8 @@ class RolloutGenerator:
     # -- producing --------------------------------------------------------------------------------------------
     def start(self, episode: int, batch_in_episode: int, step: int, version: int) -> int:
         """Begin producing from the stream position (episode, batch_in_episode); returns this process's pid."""
-        state = self.rollout.state
-        state.episode, state.batch_in_episode, state.global_step = episode, batch_in_episode, step
+        self.source.stream.load_state_dict({"episode": episode, "batch_in_episode": batch_in_episode})
+        self.step = step
         self.version = version
         self.thread = threading.Thread(target=self._produce, name="rollout-generator", daemon=True)
         self.thread.start()
@@ -189,26 +191,25 @@ class RolloutGenerator:
     def _produce_call(self) -> list[dict[str, Any]]:
         """One engine call's worth of batches (--vllm_generate_batch_size / --rollout_batch_size of them, each
         holding its own queue slot), or [] when the data is used up."""
-        state = self.rollout.state
+        stream = self.source.stream
         parts: list[tuple[list[int], tuple[int, int], int]] = []
         for _ in range(self.batches_per_call):
             if not self._take_slot():
                 break
-            indices = self.rollout._next_prompts()
+            indices = stream.next()
             if indices is None:
                 self.slots.release()
                 break
-            parts.append((list(indices), (state.episode, state.batch_in_episode), state.global_step))
-            state.global_step += 1
+            parts.append((list(indices), (stream.episode, stream.batch_in_episode), self.step))
+            self.step += 1
         if not parts:
             return []
-        state.global_step = parts[0][2]  # the sampling seed of the call is its first step's, as in sync training
         self.episode_versions.clear()
-        timings: dict[str, float] = {}
-        exp, texts, reward, recipe = self.rollout._rollout([i for p in parts for i in p[0]], timings)
-        state.global_step = parts[-1][2] + 1
+        # the sampling seed of the call is its first step's, as in sync training
+        rollout = self.source.rollout([i for p in parts for i in p[0]], parts[0][2])
+        exp, texts, reward = rollout.experience, rollout.texts, rollout.reward
         if len(parts) == 1:  # --dynamic_filtering may have drawn more prompts to refill the batch
-            parts[0] = (parts[0][0], (state.episode, state.batch_in_episode), parts[0][2])
+            parts[0] = (parts[0][0], (stream.episode, stream.batch_in_episode), parts[0][2])
         if "policy_version" not in exp.info:  # agent episodes: the oldest version of the batch's engine calls
             oldest = float(min(self.episode_versions, default=self.version))
             exp.info["policy_version"] = torch.full((len(exp),), oldest)
@@ -222,7 +223,8 @@ class RolloutGenerator:
                 "experience": exp.select(sl).to_dict() if len(parts) > 1 else exp.to_dict(),
                 "texts": {key: v[sl] if isinstance(v, list) else v for key, v in texts.items()},
                 "reward": {**reward, "rewards": reward["rewards"][sl], "scores": reward["scores"][sl]},
-                "recipe_metrics": recipe, "timings": dict(timings), "position": position, "step": step})
+                "recipe_metrics": rollout.recipe_metrics, "timings": dict(rollout.timings), "position": position,
+                "step": step})
         return batches
 
     # -- the trainer's side of the queue ----------------------------------------------------------------------

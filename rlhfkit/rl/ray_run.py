@@ -1,11 +1,11 @@
 """`run_ppo_ray(cfg)`: the RL run with every role a Ray actor group and the rollout engines Ray actors.
 
-Same loop as `train_ppo` (`rl_loop.RLTrainer`); only the role handles differ: `RayActorGroup`s wrapping the
-local roles of `roles.py` (one object per rank, their own torch.distributed world each) and a
-`RolloutEngineGroup` over vLLM engines (`--vllm_num_engines N`) or one Transformers engine actor (`0`,
-`rollout/hf_engine_actor.py`). The only method the Ray run replaces is `sync_weights`: weights stream from the
-actor's rank 0 straight to the engines (`RolloutEngineGroup.sync_from`) instead of passing through the driver as
-one state dict.
+Same loop as `train_ppo` (`rlhfkit.rl.loop.RLLoop` around `rlhfkit.rl.trainer.RLTrainer`); only the parts handed
+in differ: the role handles are `RayActorGroup`s wrapping the local roles of `roles.py` (one object per rank, their
+own torch.distributed world each) and a `RolloutEngineGroup` over vLLM engines (`--vllm_num_engines N`) or one
+Transformers engine actor (`0`, `rollout/hf_engine_actor.py`); the weight sync (`weight_sync.RayWeightSync`)
+streams weights from the actor's rank 0 straight to the engines instead of passing them through the driver; with
+--async_train the batch supply is the generator actor's queue and weight syncs take its lock (`async_driver`).
 
 Everything a user can get wrong is checked before Ray starts (`prepare_ray_run`): the RL config, the placement
 arithmetic (colocation, hybrid engine), the engine settings, the model paths, the prompts and the reward source.
@@ -14,8 +14,10 @@ Ray: a running cluster when RAY_ADDRESS is set (`ray job submit` sets it), else 
 
 from __future__ import annotations
 
+import functools
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +31,10 @@ from rlhfkit.config.rl import (
 )
 from rlhfkit.distributed.placement import ResourcePlan, connect_ray, role_demands, unwrap_user_error
 from rlhfkit.errors import UserError
-from rlhfkit.rl.loop import RLTrainer
+from rlhfkit.rl.loop import BatchSupply, RLLoop, RoleHandles
+from rlhfkit.rl.rollout_source import RolloutSource
+from rlhfkit.rl.trainer import RLTrainer
+from rlhfkit.rl.weight_sync import RayWeightSync, WeightSync
 from rlhfkit.rollout.vllm_engine import check_vllm_args
 
 
@@ -121,22 +126,6 @@ class DriverStrategy:
         print(*args, flush=True)
 
 
-class RayRLTrainer(RLTrainer):
-    """`RLTrainer` unchanged but for the weight sync path; `after_sync` callbacks run after every sync."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.after_sync: list[Any] = []
-        self.sync_seconds: list[float] = []
-
-    def sync_weights(self) -> None:
-        started = time.perf_counter()
-        self.roles.engine.sync_from(self.roles.actor)
-        self.sync_seconds.append(time.perf_counter() - started)
-        for callback in self.after_sync:
-            callback(self)
-
-
 @dataclass
 class RayRoles:
     """The Ray objects of a run, so they can be torn down whatever happens."""
@@ -209,9 +198,10 @@ def build_ray_roles(cfg: PPOConfig, run: RayRunPlan) -> tuple[Any, RayRoles]:
     return handles, ray_roles
 
 
-def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None, after_sync: list[Any] | None = None,
-                save: bool = True) -> RayRLTrainer:
-    """Validate, start (or join) Ray, build the role groups and engines, run the RL loop, save, tear down."""
+def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None,
+                after_sync: list[Callable[[RLLoop], None]] | None = None, save: bool = True) -> RLLoop:
+    """Validate, start (or join) Ray, build the role groups and engines, run the RL loop, save, tear down. Returns
+    the loop; `after_sync` callbacks get it after every weight sync (tests, benchmarks)."""
     from rlhfkit.run.setup import prepare_run, train_rl
 
     cpus = cpus_per_bundle or float(os.environ.get("RLHFKIT_RAY_CPUS_PER_BUNDLE", "1"))
@@ -241,13 +231,9 @@ def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None, after_s
             raise unwrap_user_error(e) from None
         strategy.print(f"train_ppo_ray: placement {run.plan.describe()}; roles and engines up in "
                        f"{time.perf_counter() - started:.1f} s; weight sync: {run.sync_backend}")
-        trainer_cls, extra = RayRLTrainer, {}
-        if cfg.asynchronous.async_train:  # generation in its own actor, overlapping training
-            from rlhfkit.rl.async_driver import with_async_training
-
-            trainer_cls, extra = with_async_training(RayRLTrainer), {"reward_handle": ray_roles.groups.get("reward")}
-        return train_rl(trainer_cls, cfg, roles, run.inputs, strategy, run_info, "ppo_ray", save=save,
-                        before_fit=lambda trainer: trainer.after_sync.extend(after_sync or []), **extra)
+        assemble = ray_loop_assembly(cfg, roles, ray_roles.groups.get("reward"), run.inputs, strategy, run_info,
+                                     after_sync or [])
+        return train_rl(cfg, strategy, "ppo_ray", assemble, save=save)
     finally:
         if ray_roles is not None:
             ray_roles.shutdown()
@@ -256,3 +242,28 @@ def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None, after_s
             import ray
 
             ray.shutdown()
+
+
+def ray_loop_assembly(cfg: PPOConfig, roles: RoleHandles, reward_group: Any, inputs: Any, strategy: Any,
+                      run_info: Any, after_sync: list[Callable[[RLLoop], None]]) -> Callable[[Any], RLLoop]:
+    """How the Ray run's loop is put together over its roles, given the metrics logger: the driver's rollout
+    source over the engine group; weights streamed by `RayWeightSync`; synchronous, the source is the batch
+    supply; with --async_train the generator actor's queue is, and weight syncs take the generator's lock."""
+
+    def assemble(logger: Any) -> RLLoop:
+        source = RolloutSource(cfg, roles.engine, roles.reward, inputs.tokenizer, inputs.prompts)
+        ray_sync = RayWeightSync(roles.actor, roles.engine)
+        supply: BatchSupply = source
+        weight_sync: WeightSync = ray_sync
+        if cfg.asynchronous.async_train:  # generation in its own actor, overlapping training
+            from rlhfkit.rl.async_driver import GeneratorQueue, LockedWeightSync
+
+            supply = GeneratorQueue(cfg, source, roles.engine, reward_group, has_reference=roles.ref is not None)
+            weight_sync = LockedWeightSync(ray_sync, supply)
+        trainer = RLTrainer(cfg, roles.actor, weight_sync, ref=roles.ref, critic=roles.critic, evaluator=source,
+                            eval_prompts=inputs.eval_prompts)
+        loop = RLLoop(cfg, trainer, source, supply, logger, strategy, run_info)
+        ray_sync.after_sync.extend(functools.partial(callback, loop) for callback in after_sync)
+        return loop
+
+    return assemble

@@ -278,23 +278,21 @@ def load_rl_inputs(cfg: PPOConfig) -> RLInputs:
     return RLInputs(tokenizer, prompts, eval_prompts, text_reward, num_update_steps(cfg, len(prompts)))
 
 
-def train_rl(trainer_cls: Callable[..., Any], cfg: PPOConfig, roles: Any, inputs: RLInputs, strategy: Any,
-             run: RunInfo, kind: str, *, save: bool = True, before_fit: Callable[[Any], None] | None = None,
-             **trainer_kwargs: Any) -> Any:
-    """Open the logger, build the RL loop (`trainer_cls`, an `rl_loop.RLTrainer`, with `trainer_kwargs`) over the
-    role handles, run `before_fit(trainer)`, train, save the final model(s); the logger is closed whatever
-    happens."""
+def train_rl(cfg: PPOConfig, strategy: Any, kind: str, assemble: Callable[[MetricsLogger], Any], *,
+             save: bool = True, before_fit: Callable[[Any], None] | None = None) -> Any:
+    """Open the logger, assemble the RL loop over it (`assemble(logger)`, an `rlhfkit.rl.loop.RLLoop` composed by
+    the runner), run `before_fit(loop)`, train, save the final model(s); the logger is closed whatever happens.
+    Returns the loop."""
     logger = make_logger(strategy, cfg.logging, cfg.checkpoint.save_path, kind, cfg)
     try:
-        trainer = trainer_cls(cfg, roles, inputs.tokenizer, inputs.prompts, inputs.eval_prompts, logger, strategy,
-                              run=run, **trainer_kwargs)
+        loop = assemble(logger)
         if before_fit is not None:
-            before_fit(trainer)
-        trainer.fit()
+            before_fit(loop)
+        loop.fit()
         if save:
-            trainer.save_final()
+            loop.trainer.save_final()
     finally:
         logger.close()
     strategy.print(f"{cfg.algo.advantage_estimator}: model saved to {cfg.checkpoint.save_path}; metrics in "
                    f"{logger.path}")
-    return trainer
+    return loop
