@@ -1,7 +1,7 @@
 """What the preference trainers (reward model, DPO, KTO) share: the loop with named, weighted metrics, sequence
 log-probs of a batch, the frozen reference model, and the assembly of a policy with its reference.
 
-`PreferenceTrainer` is the shared loop (`loop.TrainerLoop`) where a micro step returns named metrics as
+`PreferenceTrainer` is the shared loop (`offline.OfflineTrainer`) where a micro step returns named metrics as
 (sum, weight) pairs, reduced over micro batches and ranks into weighted means. So accuracies, per-label means and
 losses are all exact over the whole optimizer step, whatever the micro-batch split.
 """
@@ -30,8 +30,8 @@ from rlhfkit.models.policy import (
     model_inputs,
 )
 from rlhfkit.models.shared_prefix import after_prefix, share_prefixes, shared_prefix_logits
-from rlhfkit.run.loop import TrainerLoop
 from rlhfkit.run.setup import OfflineRun
+from rlhfkit.trainers.offline import OfflineTrainer
 
 Sums = dict[str, tuple[float, float]]  # metric name -> (sum, weight); the reported value is sum / weight
 
@@ -43,7 +43,7 @@ def add_sums(total: dict[str, list[float]], part: Sums) -> None:
         acc[1] += float(weight)
 
 
-class PreferenceTrainer(TrainerLoop):
+class PreferenceTrainer(OfflineTrainer):
     """The shared loop with named, weighted metrics. Subclasses define `loss(batch) -> (loss, Sums)` of one micro
     batch, or override `train_step` (forward, backward, step) and `eval_step` (forward only), both returning
     `Sums`."""

@@ -19,7 +19,7 @@ import torch
 
 from rlhfkit.algorithms.preference_losses import pairwise_rm_loss
 from rlhfkit.models.value_model import sequence_rewards
-from rlhfkit.run.loop import to_device
+from rlhfkit.trainers.offline import to_device
 from rlhfkit.trainers.preference import (
     PreferenceTrainer,
     Sums,

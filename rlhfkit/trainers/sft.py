@@ -18,7 +18,7 @@ from rlhfkit.algorithms.sft_loss import sft_loss
 from rlhfkit.data.tokens import as_long
 from rlhfkit.models.moe import router_aux_loss
 from rlhfkit.models.policy import dense_rows, first_target_position, forward_logits, from_position
-from rlhfkit.run.loop import Collate, TrainerLoop, to_device
+from rlhfkit.trainers.offline import Collate, OfflineTrainer, to_device
 
 
 def non_pad_tokens(batch: dict[str, torch.Tensor]) -> int:
@@ -30,7 +30,7 @@ def non_pad_tokens(batch: dict[str, torch.Tensor]) -> int:
     return int(batch["input_ids"].numel())
 
 
-class SFTTrainer(TrainerLoop):
+class SFTTrainer(OfflineTrainer):
     kind = "sft"
 
     # -- one micro-batch ------------------------------------------------------------------------------------
@@ -108,7 +108,7 @@ class SFTTrainer(TrainerLoop):
         return {"loss": metrics["loss"], "lr": metrics["lr"], "tok/s": int(metrics["tokens_per_s"])}
 
     @torch.no_grad()
-    def evaluate(self, step: int) -> float | None:
+    def evaluate(self, step: int) -> dict[str, float] | None:
         """Token-level mean loss on the eval set, sharded over ranks (`sharded_batches`: the same number of forwards
         on every rank, padding batches left out of the sums), so it equals the one-rank value."""
         if not self.eval_samples:
@@ -126,8 +126,9 @@ class SFTTrainer(TrainerLoop):
         self.engine.train()
         sums = self.strategy.all_reduce(torch.tensor([total_loss.item(), total_tokens], dtype=torch.float64), "sum")
         eval_loss = float(sums[0]) / max(float(sums[1]), 1.0)
-        self.logger.log(step, {"loss": eval_loss, "ppl": math.exp(min(eval_loss, 50))}, prefix="eval")
-        return eval_loss
+        metrics = {"loss": eval_loss, "ppl": math.exp(min(eval_loss, 50))}
+        self.logger.log(step, metrics, prefix="eval")
+        return metrics
 
 
 def load_sft_datasets(cfg: Any, tokenizer: Any) -> tuple[Any, Any]:
