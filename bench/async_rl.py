@@ -55,9 +55,9 @@ def run_mode(mode: str, sft_dir: str, prompts: Path, out: Path, steps: int, seed
     shutil.rmtree(out, ignore_errors=True)  # metrics files are appended to: start each run clean
     argv = separate_bundles(grpo_argv(sft_dir, prompts, out / "grpo", steps, seed, use_vllm)) + MODES[mode]
     started = time.perf_counter()
-    loop = run_ppo_ray(parse_config(PPOConfig, argv, "bench"))
+    trainer = run_ppo_ray(parse_config(PPOConfig, argv, "bench"))
     seconds = time.perf_counter() - started
-    records = [json.loads(line) for line in Path(loop.logger.path).read_text().splitlines()]
+    records = [json.loads(line) for line in Path(trainer.logger.path).read_text().splitlines()]
     steps_logged = [r for r in records if "train/actor/policy_loss" in r]
     train_seconds = steps_logged[-1]["time"] - steps_logged[0]["time"]
     staleness = [r.get("train/async/staleness", 0.0) for r in steps_logged]

@@ -103,8 +103,8 @@ def main() -> None:
         shutil.rmtree(run_dir, ignore_errors=True)  # metrics files are appended to: start each run clean
         argv = [*grpo_argv(sft_dir, prompts, run_dir / "grpo", args.steps, args.seed, use_vllm=False),
                 "--prompt_max_len", str(args.prompt_max_len), *flags]
-        loop = run_ppo_ray(parse_config(PPOConfig, argv, "bench"))
-        rows[name] = step_times(Path(loop.logger.path))
+        trainer = run_ppo_ray(parse_config(PPOConfig, argv, "bench"))
+        rows[name] = step_times(Path(trainer.logger.path))
         print(name, rows[name], flush=True)
     load_after = os.getloadavg()
 

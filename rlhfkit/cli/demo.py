@@ -120,8 +120,8 @@ def run_grpo_stage(sft_dir: str, prompts: Path, out: Path, steps: int, seed: int
     command.write_text(f"{shlex.quote(sys.executable)} -m rlhfkit.cli.train_ppo_ray {shlex.join(argv)}\n")
     print(f"[demo] GRPO through train_ppo_ray on a local Ray cluster, {'vLLM' if use_vllm else 'Transformers'} "
           f"engine colocated with the actor; the same run from a shell: {command}")
-    loop = run_ppo_ray(parse_config(PPOConfig, argv, "demo"))
-    return str(save), Path(loop.logger.path)
+    trainer = run_ppo_ray(parse_config(PPOConfig, argv, "demo"))
+    return str(save), Path(trainer.logger.path)
 
 
 def run_preference_stages(out: Path, seed: int) -> list[str]:

@@ -1,9 +1,9 @@
 """Asynchronous RL (`--async_train`), the driver's side: the batch supply and the weight sync of an async run.
 
-An async run is the synchronous driver (`rlhfkit.rl.loop.RLLoop`) and trainer (`rlhfkit.rl.trainer.RLTrainer`)
-composed with two different parts, nothing subclassed:
+An async run is the synchronous trainer (`rlhfkit.rl.trainer.RLTrainer`) on the same loop (`rlhfkit.rl.loop`),
+handed two different parts, nothing subclassed:
 - the batch supply `GeneratorQueue`: the next batch from the generator actor's bounded queue
-  (`async_generator.RolloutGenerator`, started after resume and the first weight sync, from the driver's stream
+  (`async_generator.RolloutGenerator`, started after resume and the first weight sync, from the loop's data
   position), adopting the data position it was drawn at;
 - the weight sync `LockedWeightSync`: the Ray weight sync under the generator's lock, bumping the policy version.
 The trainer finishes each batch as a synchronous step does. The old policy is the actor's current weights
@@ -14,7 +14,7 @@ Metrics: `async/staleness` (trainer version minus the oldest sampling version of
 --async_queue_size), `async/staleness_mean`, `async/mixed_version_samples` (partial rollout), `async/wait_s` (the
 trainer waiting for a batch), `async/queued` (batches left in the queue).
 
-Resume: checkpoints store the position of the last *consumed* batch (the driver's `PromptStream`); batches still
+Resume: checkpoints store the position of the last *consumed* batch (the loop's `LoopState`); batches still
 queued are dropped with the generator and regenerated after a resume (with the resumed policy), so no prompt is
 skipped or trained on twice.
 """
@@ -22,6 +22,7 @@ skipped or trained on twice.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from rlhfkit.config.rl import PPOConfig
@@ -30,24 +31,26 @@ from rlhfkit.distributed.ray_groups import kill_actors, ray_get, worker_env
 from rlhfkit.errors import ComponentFailed
 from rlhfkit.rl.async_generator import RolloutGenerator
 from rlhfkit.rl.experience import Experience
-from rlhfkit.rl.rollout_source import Rollout, RolloutSource
+from rlhfkit.rl.rollout_source import Rollout
 from rlhfkit.rl.trainer import reuses_old_log_probs
 from rlhfkit.rl.weight_sync import WeightSync
+from rlhfkit.run.loop import LoopState
 
 GENERATOR = "the rollout generator"
 GENERATOR_CONCURRENCY = 4  # next_batch, begin/end_weight_update, stats, stop may overlap the producer thread
 
 
 class GeneratorQueue:
-    """The batch supply of an async run. `source` is the driver's own rollout source: its stream position is the
-    consumed position (what checkpoints save) and the generator starts from it; the generator actor builds its own
-    source over the same prompts, `engine` (a Ray engine group) and `reward_handle` (a reward-model group, or None:
-    the generator builds the text reward source). `has_reference` says whether a reference role exists (for the
+    """The batch supply of an async run. The generator actor builds its own rollout source over `prompts`, `engine`
+    (a Ray engine group) and `reward_handle` (a reward-model group, or None: the generator builds the text reward
+    source); it starts at the loop's data position, and the loop adopts the position of each batch it takes (the
+    consumed position, what checkpoints save). `has_reference` says whether a reference role exists (for the
     record of where each step's old log-probs came from)."""
 
-    def __init__(self, cfg: PPOConfig, source: RolloutSource, engine: Any, reward_handle: Any, has_reference: bool):
+    def __init__(self, cfg: PPOConfig, prompts: Sequence[dict], engine: Any, reward_handle: Any,
+                 has_reference: bool):
         self.cfg = cfg
-        self.source = source
+        self.prompts = prompts
         self.engine = engine
         self.reward_handle = reward_handle
         self.has_reference = has_reference
@@ -59,16 +62,15 @@ class GeneratorQueue:
         self.trained_prompts: list[str] = []  # per sample, in training order
 
     # -- the generator ----------------------------------------------------------------------------------------
-    def _start(self, step: int) -> None:
+    def _start(self, position: LoopState) -> None:
         import ray
 
         remote = ray.remote(num_cpus=0, max_concurrency=GENERATOR_CONCURRENCY)(RolloutGenerator)
-        self.generator = remote.remote(self.cfg, ray.put(list(self.source.prompts)), self.engine,
+        self.generator = remote.remote(self.cfg, ray.put(list(self.prompts)), self.engine,
                                        self.reward_handle, worker_env())
-        stream = self.source.stream
-        self.policy_version = step
-        self.generator_pid = ray_get(self.generator.start.remote(stream.episode, stream.batch_in_episode, step,
-                                                                 self.policy_version), GENERATOR)
+        self.policy_version = position.global_step
+        self.generator_pid = ray_get(self.generator.start.remote(position.epoch, position.batch_in_epoch,
+                                                                 position.global_step, self.policy_version), GENERATOR)
 
     def close(self) -> None:
         """Stop the generator (its stats kept in `last_generator_stats`) and kill its actor."""
@@ -86,11 +88,11 @@ class GeneratorQueue:
         return ray_get(self.generator.stats.remote(), GENERATOR)
 
     # -- the supply -------------------------------------------------------------------------------------------
-    def next_rollout(self, step: int) -> Rollout | None:
-        """The oldest queued batch for RL step `step` (0-based), None when the data is used up; the generator's
-        own error (e.g. a failing reward function) is raised here."""
+    def next_rollout(self, position: LoopState) -> Rollout | None:
+        """The oldest queued batch, its data position adopted into `position`; None when the data is used up. The
+        generator's own error (e.g. a failing reward function) is raised here."""
         if self.generator is None:
-            self._start(step)
+            self._start(position)
         import ray
 
         started = time.perf_counter()
@@ -104,12 +106,12 @@ class GeneratorQueue:
         if item is None:
             return None
         wait_s = time.perf_counter() - started
-        position = item["position"]
-        self.source.stream.load_state_dict({"episode": position[0], "batch_in_episode": position[1]})
-        return self._rollout_of(item, step, wait_s)
+        position.epoch, position.batch_in_epoch = item["position"]  # only consumed batches count
+        return self._rollout_of(item, position.global_step, wait_s)
 
     def _rollout_of(self, item: dict[str, Any], step: int, wait_s: float) -> Rollout:
-        """A queued batch as a Rollout with the async metrics, recorded in `consumed` and `trained_prompts`."""
+        """A queued batch as the Rollout of step `step` + 1 with the async metrics, recorded in `consumed` and
+        `trained_prompts`."""
         exp = Experience.from_dict(item["experience"])
         sampled, newest = exp.info["policy_version"], exp.info["policy_version_max"]
         lag = self.policy_version - sampled

@@ -103,6 +103,7 @@ class RolloutGenerator:
         from rlhfkit.distributed.ray_groups import set_call_timeout
         from rlhfkit.models.loading import load_tokenizer_for
         from rlhfkit.rl.rollout_source import RolloutSource
+        from rlhfkit.run.loop import LoopState
         from rlhfkit.run.setup import make_text_reward
 
         set_call_timeout(cfg.resources.ray_call_timeout)
@@ -112,7 +113,7 @@ class RolloutGenerator:
         self.engine = VersionedEngine(engine, self, a.partial_rollout_chunk_len if a.partial_rollout else None)
         self.source = RolloutSource(cfg, self.engine, reward if reward is not None else self.text_reward,
                                     load_tokenizer_for(cfg.model), prompts)
-        self.step = 0  # the RL step (0-based) whose batch is drawn next: its sampling seed
+        self.position = LoopState()  # the stream position of the next batch drawn, and its step (sampling seed)
         self.batches_per_call = (a.vllm_generate_batch_size or cfg.rollout.rollout_batch_size) \
             // cfg.rollout.rollout_batch_size
         self.lock = threading.Lock()
@@ -158,8 +159,8 @@ class RolloutGenerator:
     # -- producing --------------------------------------------------------------------------------------------
     def start(self, episode: int, batch_in_episode: int, step: int, version: int) -> int:
         """Begin producing from the stream position (episode, batch_in_episode); returns this process's pid."""
-        self.source.stream.load_state_dict({"episode": episode, "batch_in_episode": batch_in_episode})
-        self.step = step
+        p = self.position
+        p.global_step, p.epoch, p.batch_in_epoch = step, episode, batch_in_episode
         self.version = version
         self.thread = threading.Thread(target=self._produce, name="rollout-generator", daemon=True)
         self.thread.start()
@@ -191,25 +192,26 @@ class RolloutGenerator:
     def _produce_call(self) -> list[dict[str, Any]]:
         """One engine call's worth of batches (--vllm_generate_batch_size / --rollout_batch_size of them, each
         holding its own queue slot), or [] when the data is used up."""
-        stream = self.source.stream
+        position = self.position
         parts: list[tuple[list[int], tuple[int, int], int]] = []
         for _ in range(self.batches_per_call):
             if not self._take_slot():
                 break
-            indices = stream.next()
+            indices = self.source.next_prompts(position)
             if indices is None:
                 self.slots.release()
                 break
-            parts.append((list(indices), (stream.episode, stream.batch_in_episode), self.step))
-            self.step += 1
+            parts.append((list(indices), (position.epoch, position.batch_in_epoch), position.global_step))
+            position.global_step += 1
         if not parts:
             return []
+        position.global_step = parts[0][2]  # the sampling seed of the call is its first step's, as in sync training
         self.episode_versions.clear()
-        # the sampling seed of the call is its first step's, as in sync training
-        rollout = self.source.rollout([i for p in parts for i in p[0]], parts[0][2])
+        rollout = self.source.rollout([i for p in parts for i in p[0]], position)
+        position.global_step = parts[-1][2] + 1
         exp, texts, reward = rollout.experience, rollout.texts, rollout.reward
         if len(parts) == 1:  # --dynamic_filtering may have drawn more prompts to refill the batch
-            parts[0] = (parts[0][0], (stream.episode, stream.batch_in_episode), parts[0][2])
+            parts[0] = (parts[0][0], (position.epoch, position.batch_in_epoch), parts[0][2])
         if "policy_version" not in exp.info:  # agent episodes: the oldest version of the batch's engine calls
             oldest = float(min(self.episode_versions, default=self.version))
             exp.info["policy_version"] = torch.full((len(exp),), oldest)

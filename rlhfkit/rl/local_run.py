@@ -1,6 +1,6 @@
 """`run_ppo(cfg)`: assemble the single-process RL run (every role a local object, the Transformers rollout engine)
-and train it: the synchronous loop (`rlhfkit.rl.loop.RLLoop`) whose batch supply is its own rollout source and
-whose weight sync hands the actor's state dict to the engine.
+and train it: the RL trainer whose batch supply is the run's rollout source and whose weight sync hands the actor's
+state dict to the engine, on the shared loop (`rlhfkit.rl.loop`).
 
 Order matters for failing fast: the config, the data and the reward source are checked before any model loads.
 """
@@ -13,14 +13,15 @@ import torch
 
 from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference, validate_single_process
 from rlhfkit.logging.metrics import MetricsLogger
-from rlhfkit.rl.loop import RLLoop, RoleHandles
+from rlhfkit.rl.loop import RoleHandles, rl_settings
+from rlhfkit.rl.trainer import RLTrainer
+from rlhfkit.run.loop import TrainingLoop
 
 
-def run_ppo(cfg: PPOConfig) -> RLLoop:
+def run_ppo(cfg: PPOConfig) -> RLTrainer:
     """Validate, load data, build the roles and the engine, train, and save the final model(s)."""
     from rlhfkit.models.moe import check_aux_loss_coef
     from rlhfkit.rl.rollout_source import RolloutSource
-    from rlhfkit.rl.trainer import RLTrainer
     from rlhfkit.rl.weight_sync import LocalWeightSync
     from rlhfkit.run.setup import build_strategy, load_rl_inputs, prepare_run, train_rl
 
@@ -36,13 +37,13 @@ def run_ppo(cfg: PPOConfig) -> RLLoop:
                            "generates with the Transformers engine")
         roles = local_roles(cfg, inputs, strategy)
 
-        def assemble(logger: MetricsLogger) -> RLLoop:  # synchronous: the rollout source is the batch supply
+        def assemble(logger: MetricsLogger) -> TrainingLoop:  # synchronous: the rollout source is the batch supply
             source = RolloutSource(cfg, roles.engine, roles.reward, inputs.tokenizer, inputs.prompts)
-            trainer = RLTrainer(cfg, roles.actor, LocalWeightSync(roles.actor, roles.engine), ref=roles.ref,
-                                critic=roles.critic, evaluator=source, eval_prompts=inputs.eval_prompts)
-            return RLLoop(cfg, trainer, source, source, logger, strategy, run)
+            trainer = RLTrainer(cfg, roles.actor, source, LocalWeightSync(roles.actor, roles.engine), source, logger,
+                                strategy, ref=roles.ref, critic=roles.critic, eval_prompts=inputs.eval_prompts)
+            return TrainingLoop(trainer, rl_settings(cfg), strategy, logger, run)
 
-        def describe(loop: RLLoop) -> None:
+        def describe(loop: TrainingLoop) -> None:
             text_reward = inputs.text_reward
             reward = type(text_reward).__name__ if text_reward is not None else "model" if roles.reward else "agent"
             strategy.print(f"{cfg.algo.advantage_estimator}: {len(inputs.prompts)} prompts, {loop.total_steps()} "

@@ -1,6 +1,6 @@
 """`run_ppo_ray(cfg)`: the RL run with every role a Ray actor group and the rollout engines Ray actors.
 
-Same loop as `train_ppo` (`rlhfkit.rl.loop.RLLoop` around `rlhfkit.rl.trainer.RLTrainer`); only the parts handed
+Same trainer (`rlhfkit.rl.trainer.RLTrainer`) and loop (`rlhfkit.rl.loop`) as `train_ppo`; only the parts handed
 in differ: the role handles are `RayActorGroup`s wrapping the local roles of `roles.py` (one object per rank, their
 own torch.distributed world each) and a `RolloutEngineGroup` over vLLM engines (`--vllm_num_engines N`) or one
 Transformers engine actor (`0`, `rollout/hf_engine_actor.py`); the weight sync (`weight_sync.RayWeightSync`)
@@ -31,11 +31,12 @@ from rlhfkit.config.rl import (
 )
 from rlhfkit.distributed.placement import ResourcePlan, connect_ray, role_demands, unwrap_user_error
 from rlhfkit.errors import UserError
-from rlhfkit.rl.loop import BatchSupply, RLLoop, RoleHandles
+from rlhfkit.rl.loop import RoleHandles, rl_settings
 from rlhfkit.rl.rollout_source import RolloutSource
-from rlhfkit.rl.trainer import RLTrainer
+from rlhfkit.rl.trainer import BatchSupply, RLTrainer
 from rlhfkit.rl.weight_sync import RayWeightSync, WeightSync
 from rlhfkit.rollout.vllm_engine import check_vllm_args
+from rlhfkit.run.loop import TrainingLoop
 
 
 def local_gpus() -> bool:
@@ -199,9 +200,9 @@ def build_ray_roles(cfg: PPOConfig, run: RayRunPlan) -> tuple[Any, RayRoles]:
 
 
 def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None,
-                after_sync: list[Callable[[RLLoop], None]] | None = None, save: bool = True) -> RLLoop:
+                after_sync: list[Callable[[RLTrainer], None]] | None = None, save: bool = True) -> RLTrainer:
     """Validate, start (or join) Ray, build the role groups and engines, run the RL loop, save, tear down. Returns
-    the loop; `after_sync` callbacks get it after every weight sync (tests, benchmarks)."""
+    the trainer; `after_sync` callbacks get it after every weight sync (tests, benchmarks)."""
     from rlhfkit.run.setup import prepare_run, train_rl
 
     cpus = cpus_per_bundle or float(os.environ.get("RLHFKIT_RAY_CPUS_PER_BUNDLE", "1"))
@@ -245,12 +246,12 @@ def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None,
 
 
 def ray_loop_assembly(cfg: PPOConfig, roles: RoleHandles, reward_group: Any, inputs: Any, strategy: Any,
-                      run_info: Any, after_sync: list[Callable[[RLLoop], None]]) -> Callable[[Any], RLLoop]:
-    """How the Ray run's loop is put together over its roles, given the metrics logger: the driver's rollout
+                      run_info: Any, after_sync: list[Callable[[RLTrainer], None]]) -> Callable[[Any], TrainingLoop]:
+    """How the Ray run's trainer is put together over its roles, given the metrics logger: the driver's rollout
     source over the engine group; weights streamed by `RayWeightSync`; synchronous, the source is the batch
     supply; with --async_train the generator actor's queue is, and weight syncs take the generator's lock."""
 
-    def assemble(logger: Any) -> RLLoop:
+    def assemble(logger: Any) -> TrainingLoop:
         source = RolloutSource(cfg, roles.engine, roles.reward, inputs.tokenizer, inputs.prompts)
         ray_sync = RayWeightSync(roles.actor, roles.engine)
         supply: BatchSupply = source
@@ -258,12 +259,12 @@ def ray_loop_assembly(cfg: PPOConfig, roles: RoleHandles, reward_group: Any, inp
         if cfg.asynchronous.async_train:  # generation in its own actor, overlapping training
             from rlhfkit.rl.async_driver import GeneratorQueue, LockedWeightSync
 
-            supply = GeneratorQueue(cfg, source, roles.engine, reward_group, has_reference=roles.ref is not None)
+            supply = GeneratorQueue(cfg, inputs.prompts, roles.engine, reward_group,
+                                    has_reference=roles.ref is not None)
             weight_sync = LockedWeightSync(ray_sync, supply)
-        trainer = RLTrainer(cfg, roles.actor, weight_sync, ref=roles.ref, critic=roles.critic, evaluator=source,
-                            eval_prompts=inputs.eval_prompts)
-        loop = RLLoop(cfg, trainer, source, supply, logger, strategy, run_info)
-        ray_sync.after_sync.extend(functools.partial(callback, loop) for callback in after_sync)
-        return loop
+        trainer = RLTrainer(cfg, roles.actor, supply, weight_sync, source, logger, strategy, ref=roles.ref,
+                            critic=roles.critic, eval_prompts=inputs.eval_prompts)
+        ray_sync.after_sync.extend(functools.partial(callback, trainer) for callback in after_sync)
+        return TrainingLoop(trainer, rl_settings(cfg), strategy, logger, run_info)
 
     return assemble

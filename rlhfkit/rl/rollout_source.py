@@ -1,14 +1,16 @@
 """The rollout source: the first two arrows of an RL step (DESIGN.md, "The roles of an RL step").
 
-    prompt stream (episodes of seeded batches, and the position in it)
+    prompt stream: --num_episodes passes over the prompts, each in a seeded order of --rollout_batch_size batches
     -> rollout engine: samples with per-token rollout log-probs, or agent episodes
     -> scoring with the reward source
-    -> DAPO's dynamic filtering: drop groups outside the score range, refill from the next prompts
+    -> DAPO's dynamic filtering: drop groups outside the score range, refill from the next prompts of the stream
     = one `Rollout` (experience, texts, rewards, timings)
 
-A synchronous run asks its `RolloutSource` for the next rollout itself (`next_rollout`); an asynchronous run builds
-one, complete, inside the generator actor (`rlhfkit.rl.async_generator`) and the driver keeps its own for the data
-position and evaluation. The trainer (`rlhfkit.rl.trainer`) finishes what comes out of here.
+The position in the stream is a `rlhfkit.run.loop.LoopState` (episode = its `epoch`, `batch_in_epoch`,
+`global_step` for the sampling seed): the loop's own in a synchronous run, which checkpoints save; the generator
+actor's in an asynchronous one. A synchronous run's `RolloutSource` is its batch supply (`next_rollout`); an
+asynchronous run builds one, complete, inside the generator actor (`rlhfkit.rl.async_generator`), and the driver
+keeps its own for evaluation. The trainer (`rlhfkit.rl.trainer`) finishes what comes out of here.
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ import torch
 
 from rlhfkit.agents.episodes import episodes_to_samples
 from rlhfkit.config.rl import PPOConfig
-from rlhfkit.data.sampler import global_batches
 from rlhfkit.data.tokens import encode, with_bos
 from rlhfkit.rl.experience import Experience, experience_from_samples
 from rlhfkit.rl.shaping import fill_filtered_batch
 from rlhfkit.rollout.engine import RolloutEngine
+from rlhfkit.run.loop import LoopState
 
 REPORT_ROLLOUTS_PER_STEP = 4  # rollouts of a step shown in the run report
 SEED_STRIDE = 1_000_003  # step k of a run samples with seed * SEED_STRIDE + k
@@ -59,44 +61,6 @@ class Rollout:
         return rows
 
 
-class PromptStream:
-    """The training prompts as batches of indices, --num_episodes passes in a seeded order each
-    (`global_batches`), and the position in that stream: saved in checkpoints so a resumed run continues the same
-    data order."""
-
-    def __init__(self, num_prompts: int, batch_size: int, num_episodes: int, seed: int):
-        self.num_prompts = num_prompts
-        self.batch_size = batch_size
-        self.num_episodes = num_episodes
-        self.seed = seed
-        self.episode = 0
-        self.batch_in_episode = 0
-
-    def steps_per_episode(self) -> int:
-        return self.num_prompts // self.batch_size
-
-    def episode_done(self) -> bool:
-        return self.batch_in_episode >= self.steps_per_episode()
-
-    def next(self) -> list[int] | None:
-        """The next batch of prompt indices, advancing the position, or None when every episode is used up. An
-        episode is finished lazily, so a checkpoint saved after its last batch resumes into the next one."""
-        if self.episode_done():
-            self.episode += 1
-            self.batch_in_episode = 0
-        if self.episode >= self.num_episodes:
-            return None
-        indices = global_batches(self.num_prompts, self.batch_size, self.seed, self.episode)[self.batch_in_episode]
-        self.batch_in_episode += 1
-        return indices
-
-    def state_dict(self) -> dict[str, int]:
-        return {"episode": self.episode, "batch_in_episode": self.batch_in_episode}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.episode, self.batch_in_episode = int(state["episode"]), int(state["batch_in_episode"])
-
-
 class RolloutSource:
     """Prompts -> generated, scored and filtered rollouts. `engine` is a rollout engine (local, a Ray engine group,
     or the async generator's locked view of one); `reward` scores texts (a reward function, HTTP reward servers, a
@@ -108,20 +72,28 @@ class RolloutSource:
         self.reward = reward
         self.tokenizer = tokenizer
         self.prompts = prompts
-        r = cfg.rollout
-        self.stream = PromptStream(len(prompts), r.rollout_batch_size, r.num_episodes, cfg.strategy.seed)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self._prompt_ids: dict[tuple[int, int], list[int]] = {}
 
-    # -- the batch supply of a synchronous run --------------------------------------------------------------
-    def next_rollout(self, step: int) -> Rollout | None:
-        """The rollout of RL step `step` (0-based) from the next prompts of the stream, None when the data is used
+    # -- the prompt stream -------------------------------------------------------------------------------------
+    def steps_per_episode(self) -> int:
+        return len(self.prompts) // self.cfg.rollout.rollout_batch_size
+
+    def next_prompts(self, position: LoopState) -> list[int] | None:
+        """The next batch of prompt indices of the stream, advancing `position`; None when every episode is used
         up."""
+        r = self.cfg.rollout
+        return position.next_batch(len(self.prompts), r.rollout_batch_size, self.cfg.strategy.seed, r.num_episodes)
+
+    # -- the batch supply of a synchronous run --------------------------------------------------------------
+    def next_rollout(self, position: LoopState) -> Rollout | None:
+        """The rollout of the step after `position.global_step` finished ones, from the next prompts of the
+        stream; None when the data is used up."""
         started = time.perf_counter()
-        indices = self.stream.next()
+        indices = self.next_prompts(position)
         if indices is None:
             return None
-        rollout = self.rollout(indices, step)
+        rollout = self.rollout(indices, position)
         rollout.started = started
         return rollout
 
@@ -129,19 +101,19 @@ class RolloutSource:
         """Nothing to stop: the engine and the reward source belong to the run, which closes them."""
 
     # -- one rollout -------------------------------------------------------------------------------------------
-    def rollout(self, indices: Sequence[int], step: int) -> Rollout:
-        """Generate and score the prompts `indices` with the sampling seed of step `step`; with
+    def rollout(self, indices: Sequence[int], position: LoopState) -> Rollout:
+        """Generate and score the prompts `indices` with the sampling seed of step `position.global_step`; with
         --dynamic_filtering, drop the groups whose mean score is outside the range and generate from the next
-        prompts of the stream until rollout_batch_size groups are kept (at most --dynamic_filtering_max_rounds
-        rounds)."""
+        prompts of the stream (advancing `position`) until rollout_batch_size groups are kept (at most
+        --dynamic_filtering_max_rounds rounds)."""
         timings: dict[str, float] = {}
-        seed = self.cfg.strategy.seed * SEED_STRIDE + step
+        seed = self.cfg.strategy.seed * SEED_STRIDE + position.global_step
         exp, texts, reward = self._generate_and_score(indices, seed, timings)
         if not self.cfg.recipe.dynamic_filtering:
             return Rollout(exp, texts, reward, {}, timings)
 
         def generate(round_: int) -> tuple[Experience, dict[str, Any], dict[str, Any]] | None:
-            more = self.stream.next()
+            more = self.next_prompts(position)
             return None if more is None else self._generate_and_score(more, seed + round_ * ROUND_STRIDE, timings)
 
         exp, texts, reward, recipe_metrics = fill_filtered_batch(self.cfg, exp, texts, reward, generate)

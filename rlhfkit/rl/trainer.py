@@ -1,19 +1,22 @@
 """The RL trainer: everything of an RL step after the rollout (DESIGN.md, "The roles of an RL step").
 
-    Rollout (from `rlhfkit.rl.rollout_source`)
+    Rollout (from the batch supply: the run's `rlhfkit.rl.rollout_source.RolloutSource`, or the async generator's
+    queue, `rlhfkit.rl.async_driver.GeneratorQueue`)
     -> reference / critic / old-policy forwards                       (`finish_experience`)
     -> reward shaping and clipping, per-token KL, advantages and returns (`rlhfkit.algorithms`)
     -> critic update, actor update (replay buffer of micro-batches inside each role)   (`train`)
-    -> weight sync actor -> rollout engines (the `WeightSync` handed in)
-plus evaluation on held-out prompts and what checkpoints save. The estimators differ only inside
-`compute_advantages` (and Dr. GRPO's loss aggregation, in the actor). The trainer holds role *handles* and calls
-only their methods with CPU tensors, lists and dicts: local objects, or Ray actor groups with the same methods.
+    -> weight sync actor -> rollout engines (the `WeightSync` handed in: `rlhfkit.rl.weight_sync`)
+plus evaluation on held-out prompts and what checkpoints save. `RLTrainer` is a `rlhfkit.run.loop.Trainer`: the
+shared loop skeleton (`TrainingLoop`, settings from `rlhfkit.rl.loop.rl_settings`) runs the step cadence around it.
+The estimators differ only inside `compute_advantages` (and Dr. GRPO's loss aggregation, in the actor). The trainer
+holds role *handles* and calls only their methods with CPU tensors, lists and dicts: local objects, or Ray actor
+groups with the same methods.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -21,12 +24,29 @@ from rlhfkit.algorithms.advantages import compute_advantages
 from rlhfkit.algorithms.kl import compute_approx_kl, make_kl_controller
 from rlhfkit.algorithms.masking import masked_mean
 from rlhfkit.config.rl import PPOConfig, reward_clip_bounds
+from rlhfkit.logging.metrics import MetricsLogger
 from rlhfkit.rl.experience import Experience
 from rlhfkit.rl.replay_buffer import one_optimizer_step
 from rlhfkit.rl.role_protocols import Actor, Critic, Reference
 from rlhfkit.rl.rollout_source import SEED_STRIDE, Rollout, RolloutSource
 from rlhfkit.rl.shaping import shape_rewards
 from rlhfkit.rl.weight_sync import WeightSync
+from rlhfkit.run.loop import LoopState, Trainer
+from rlhfkit.run.pause_points import pause_point
+
+
+class BatchSupply(Protocol):
+    """Where the trainer's rollouts come from: the run's `RolloutSource` (synchronous) or the async generator's
+    queue (`rlhfkit.rl.async_driver.GeneratorQueue`)."""
+
+    def next_rollout(self, position: LoopState) -> Rollout | None:
+        """The rollout of the step after `position.global_step` finished ones, advancing (or adopting) the data
+        position; None when the data is used up."""
+        ...
+
+    def close(self) -> None:
+        """Stop whatever the supply runs (the generator actor); the run is over."""
+        ...
 
 
 def _mean(t: torch.Tensor) -> float:
@@ -49,27 +69,98 @@ def reuses_old_log_probs(cfg: PPOConfig, has_reference: bool, samples: int, step
     return actor_trains and not kl_in_reward and one_step
 
 
-class RLTrainer:
-    """Finishes rollouts into training batches and trains the actor (and critic) on them. `weight_sync` moves the
-    actor's weights into the rollout engines; `evaluator` (the run's rollout source) generates and scores the
-    held-out `eval_prompts`."""
+def add_advantages(cfg: PPOConfig, exp: Experience, kl_coef: float, reuse_old: bool) -> None:
+    """Per-token KL (when the old log-probs are here) and the estimator's advantages and returns, into `exp`."""
+    a, mask = cfg.algo, exp.action_mask
+    if exp.base_action_log_probs is not None and not reuse_old:
+        exp.kl = compute_approx_kl(exp.action_log_probs, exp.base_action_log_probs, a.kl_estimator, mask)
+    exp.advantages, exp.returns = compute_advantages(
+        a.advantage_estimator, rewards=exp.rewards, action_mask=mask,
+        token_kl=exp.kl if a.init_kl_coef > 0 else None, values=exp.values,
+        n_samples_per_prompt=cfg.rollout.n_samples_per_prompt, gamma=a.gamma, lambd=a.lambd, kl_coef=kl_coef,
+        use_kl_loss=a.use_kl_loss, std_norm=not a.no_advantage_std_norm)
 
-    def __init__(self, cfg: PPOConfig, actor: Actor, weight_sync: WeightSync, *, ref: Reference | None = None,
-                 critic: Critic | None = None, evaluator: RolloutSource | None = None,
-                 eval_prompts: Any = None):
+
+def experience_metrics(exp: Experience, rollout: Rollout, kl_coef: float, reuse_old: bool) -> dict[str, float]:
+    """A finished step's metrics before training: rewards, lengths, KL, advantages, the reward source's and the
+    recipes' numbers, the rollout's timings."""
+    mask, raw, reward = exp.action_mask, rollout.reward["rewards"], rollout.reward
+    kl_per_sample = masked_mean(exp.kl, mask, dim=-1) if exp.kl is not None else torch.zeros(len(exp))
+    lengths = exp.info["response_length"]
+    return {
+        "reward": _mean(raw), "reward_std": _std(raw), "score": _mean(reward["scores"]),
+        "response_length": _mean(lengths), "response_length_max": float(lengths.max()),
+        "truncated": _mean(exp.info["truncated"]), "kl": _mean(kl_per_sample), "kl_coef": kl_coef,
+        "advantage_abs": float(masked_mean(exp.advantages.abs(), mask)),
+        "return": float(masked_mean(exp.returns, mask)),
+        **({} if reuse_old else {"rollout_logprob_diff": float(
+            masked_mean((exp.action_log_probs - exp.rollout_log_probs).abs(), mask))}),
+        **{f"reward_extra/{k}": float(v) for k, v in reward["extra_logs"].items()}, **reward["metrics"],
+        **rollout.recipe_metrics, **rollout.timings,
+    }
+
+
+class RLTrainer(Trainer):
+    """Finishes the rollouts of `supply` into training batches and trains the actor (and critic) on them;
+    `weight_sync` moves the actor's weights into the rollout engines; `source` (the run's rollout source) generates
+    and scores the held-out `eval_prompts` and sets the length of an episode; `logger` takes the evaluations."""
+
+    def __init__(self, cfg: PPOConfig, actor: Actor, supply: BatchSupply, weight_sync: WeightSync,
+                 source: RolloutSource, logger: MetricsLogger, strategy: Any, *, ref: Reference | None = None,
+                 critic: Critic | None = None, eval_prompts: Any = None):
         self.cfg = cfg
         self.actor, self.ref, self.critic = actor, ref, critic
+        self.supply = supply
         self.weight_sync = weight_sync
-        self.evaluator = evaluator
+        self.source = source
+        self.logger = logger
+        self.strategy = strategy
         self.eval_prompts = eval_prompts
         a = cfg.algo
         self.kl_ctl = make_kl_controller(a.init_kl_coef, a.kl_target, a.kl_horizon)
+        self._last_rollouts: list[dict[str, Any]] = []
+
+    # -- the loop's side (rlhfkit.run.loop.Trainer) ----------------------------------------------------------
+    def steps_per_epoch(self) -> int:
+        return self.source.steps_per_episode()
+
+    def start(self, state: LoopState) -> None:
+        self.weight_sync.sync()  # the engines start from the actor's weights (also a resumed actor's)
+
+    def next_work(self, state: LoopState) -> Rollout | None:
+        return self.supply.next_rollout(state)
+
+    def step(self, work: Rollout, state: LoopState) -> dict[str, float]:
+        """Finish the rollout, train on it, sync the weights: RL step `state.global_step + 1`."""
+        step = state.global_step
+        exp, metrics = self.finish_experience(work, step)
+        metrics.update(work.extra_metrics)
+        self._last_rollouts = work.report_rows()
+        pause_point("mid", step + 1)
+        return self.train(exp, metrics, step, work.started)
+
+    def progress_fields(self, metrics: dict[str, float]) -> dict[str, float]:
+        return {"reward": metrics["reward"], "len": metrics["response_length"], "kl": metrics["kl"],
+                "pg": metrics.get("actor/policy_loss", 0.0)}
+
+    def report_rows(self) -> list[dict[str, Any]]:
+        return self._last_rollouts
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"kl_coef": self.kl_ctl.value}
+
+    def load_extra_state(self, saved: dict[str, Any]) -> None:
+        self.kl_ctl.value = saved["kl_coef"]
+
+    def close(self) -> None:
+        self.supply.close()
 
     # -- experience ------------------------------------------------------------------------------------------
     def finish_experience(self, rollout: Rollout, step: int) -> tuple[Experience, dict[str, float]]:
         """A generated and scored batch -> reference / critic / old-policy forwards, shaped rewards, advantages
-        and returns, and the step's metrics. The old policy is the actor as it is now, also for a batch an older
-        policy sampled (async): the sampling policy's log-probs are the rollout log-probs, for the IS correction."""
+        and returns, and the step's metrics (`step`: finished steps). The old policy is the actor as it is now, also
+        for a batch an older policy sampled (async): the sampling policy's log-probs are the rollout log-probs, for
+        the IS correction."""
         exp, timings = rollout.experience, rollout.timings
         started = time.perf_counter()
         batch = exp.to_dict()
@@ -84,35 +175,8 @@ class RLTrainer:
         bounds = reward_clip_bounds(self.cfg)
         exp.rewards = shaped.clamp(*bounds) if bounds else shaped.clone()
         exp.info.update(reward=raw, score=rollout.reward["scores"])
-        self._advantages(exp, reuse_old)
-        return exp, self._experience_metrics(exp, rollout, reuse_old)
-
-    def _advantages(self, exp: Experience, reuse_old: bool) -> None:
-        """Per-token KL (when the old log-probs are here) and the estimator's advantages and returns."""
-        a, mask = self.cfg.algo, exp.action_mask
-        if exp.base_action_log_probs is not None and not reuse_old:
-            exp.kl = compute_approx_kl(exp.action_log_probs, exp.base_action_log_probs, a.kl_estimator, mask)
-        exp.advantages, exp.returns = compute_advantages(
-            a.advantage_estimator, rewards=exp.rewards, action_mask=mask,
-            token_kl=exp.kl if a.init_kl_coef > 0 else None, values=exp.values,
-            n_samples_per_prompt=self.cfg.rollout.n_samples_per_prompt, gamma=a.gamma, lambd=a.lambd,
-            kl_coef=self.kl_ctl.value, use_kl_loss=a.use_kl_loss, std_norm=not a.no_advantage_std_norm)
-
-    def _experience_metrics(self, exp: Experience, rollout: Rollout, reuse_old: bool) -> dict[str, float]:
-        mask, raw, reward = exp.action_mask, rollout.reward["rewards"], rollout.reward
-        kl_per_sample = masked_mean(exp.kl, mask, dim=-1) if exp.kl is not None else torch.zeros(len(exp))
-        lengths = exp.info["response_length"]
-        return {
-            "reward": _mean(raw), "reward_std": _std(raw), "score": _mean(reward["scores"]),
-            "response_length": _mean(lengths), "response_length_max": float(lengths.max()),
-            "truncated": _mean(exp.info["truncated"]), "kl": _mean(kl_per_sample), "kl_coef": self.kl_ctl.value,
-            "advantage_abs": float(masked_mean(exp.advantages.abs(), mask)),
-            "return": float(masked_mean(exp.returns, mask)),
-            **({} if reuse_old else {"rollout_logprob_diff": float(
-                masked_mean((exp.action_log_probs - exp.rollout_log_probs).abs(), mask))}),
-            **{f"reward_extra/{k}": float(v) for k, v in reward["extra_logs"].items()}, **reward["metrics"],
-            **rollout.recipe_metrics, **rollout.timings,
-        }
+        add_advantages(self.cfg, exp, self.kl_ctl.value, reuse_old)
+        return exp, experience_metrics(exp, rollout, self.kl_ctl.value, reuse_old)
 
     # -- updates ---------------------------------------------------------------------------------------------
     def train(self, exp: Experience, metrics: dict[str, float], step: int, started: float) -> dict[str, float]:
@@ -146,22 +210,24 @@ class RLTrainer:
 
     # -- evaluation ------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def evaluate(self) -> dict[str, float] | None:
-        """Mean reward and pass@1 (mean score, in [0, 1] for 0/1 rewards) on the held-out prompts; None without
-        them."""
-        if not self.eval_prompts or self.evaluator is None:
+    def evaluate(self, step: int) -> dict[str, float] | None:
+        """Mean reward and pass@1 (mean score, in [0, 1] for 0/1 rewards) on the held-out prompts, logged under
+        eval/; None without them."""
+        if not self.eval_prompts:
             return None
         r = self.cfg.rollout
         n = 1 if r.eval_temperature == 0 else r.eval_n_samples_per_prompt
         started = time.perf_counter()
-        exp, texts = self.evaluator.sample(self.eval_prompts, range(len(self.eval_prompts)), n, r.eval_temperature,
-                                           seed=self.cfg.strategy.seed, key=1)
-        reward = self.evaluator.score(exp, texts)
+        exp, texts = self.source.sample(self.eval_prompts, range(len(self.eval_prompts)), n, r.eval_temperature,
+                                        seed=self.cfg.strategy.seed, key=1)
+        reward = self.source.score(exp, texts)
         scores = reward["scores"]
         metrics = {"reward": _mean(reward["rewards"]), "pass@1": _mean(scores.clamp(0, 1)),
                    "response_length": _mean(exp.info["response_length"]), "time_s": time.perf_counter() - started}
         if n > 1:
             metrics[f"pass@{n}"] = _mean(scores.clamp(0, 1).reshape(-1, n).amax(dim=1))
+        self.logger.log(step, metrics, prefix="eval")
+        self.strategy.print(f"eval @ step {step}: reward {metrics['reward']:.4f}, pass@1 {metrics['pass@1']:.4f}")
         return metrics
 
     # -- what is saved -------------------------------------------------------------------------------------------
@@ -172,8 +238,8 @@ class RLTrainer:
             targets["critic"] = self.critic
         return targets
 
-    def save_policy(self, path: str) -> None:
-        """The policy as a Transformers model (e.g. the best one so far, --best_metric_key)."""
+    def save_best(self, path: str) -> None:
+        """The policy as it is now, as a Transformers model (--best_metric_key)."""
         self.actor.save_hf_model(path)
 
     def save_final(self) -> None:

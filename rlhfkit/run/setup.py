@@ -30,6 +30,7 @@ from rlhfkit.models.loading import (
 )
 from rlhfkit.models.lora import apply_lora
 from rlhfkit.run.checkpoint import latest_checkpoint
+from rlhfkit.run.loop import TrainingLoop
 from rlhfkit.run.runs import RunInfo, check_compatible, claim_ckpt_dir
 
 
@@ -278,21 +279,26 @@ def load_rl_inputs(cfg: PPOConfig) -> RLInputs:
     return RLInputs(tokenizer, prompts, eval_prompts, text_reward, num_update_steps(cfg, len(prompts)))
 
 
-def train_rl(cfg: PPOConfig, strategy: Any, kind: str, assemble: Callable[[MetricsLogger], Any], *,
-             save: bool = True, before_fit: Callable[[Any], None] | None = None) -> Any:
-    """Open the logger, assemble the RL loop over it (`assemble(logger)`, an `rlhfkit.rl.loop.RLLoop` composed by
-    the runner), run `before_fit(loop)`, train, save the final model(s); the logger is closed whatever happens.
-    Returns the loop."""
+def train_rl(cfg: PPOConfig, strategy: Any, kind: str, assemble: Callable[[MetricsLogger], TrainingLoop], *,
+             save: bool = True, before_fit: Callable[[TrainingLoop], None] | None = None) -> Any:
+    """Open the logger, assemble the RL run over it (`assemble(logger)`: the shared `TrainingLoop` around an
+    `rlhfkit.rl.trainer.RLTrainer` the runner composed), run `before_fit(loop)`, train, close the trainer's batch
+    supply (the async generator), save the final model(s); the logger is closed whatever happens. Returns the
+    trainer."""
     logger = make_logger(strategy, cfg.logging, cfg.checkpoint.save_path, kind, cfg)
     try:
         loop = assemble(logger)
+        trainer: Any = loop.trainer
         if before_fit is not None:
             before_fit(loop)
-        loop.fit()
+        try:
+            loop.fit()
+        finally:
+            trainer.close()
         if save:
-            loop.trainer.save_final()
+            trainer.save_final()
     finally:
         logger.close()
     strategy.print(f"{cfg.algo.advantage_estimator}: model saved to {cfg.checkpoint.save_path}; metrics in "
                    f"{logger.path}")
-    return loop
+    return trainer

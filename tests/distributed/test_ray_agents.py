@@ -36,11 +36,11 @@ def test_agents_train_two_steps_through_ray(ray_cluster, demo_assets, tmp_path, 
     argv = ppo_argv(demo_assets, tmp_path, "--agent_func_path", str(path), "--max_steps", "3",
                     "--advantage_estimator", "reinforce", "--vllm_num_engines", "1" if engine == "vllm" else "0",
                     "--colocate_all_models", "--init_kl_coef", "0.01", "--generate_max_len", str(budget))
-    loop = run_ppo_ray(parse_config(PPOConfig, argv, "test"))
+    trainer = run_ppo_ray(parse_config(PPOConfig, argv, "test"))
     rows = rows_of(tmp_path / "final" / "metrics.jsonl")
     steps = [r for r in rows if "train/actor/policy_loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
-    assert loop.source.reward is None  # the agent's step rewards are the reward
+    assert trainer.source.reward is None  # the agent's step rewards are the reward
     for row in steps:
         assert 1 <= row["train/agent/turns"] <= 3 and 0 <= row["train/agent/truncated"] <= 1
         assert "train/agent/feedback_tokens" in row and row["train/response_length_max"] <= budget

@@ -89,9 +89,9 @@ def test_killed_generator_stops_the_run_naming_it(ray_cluster, demo_assets, tmp_
 
     killed: list[float] = []
 
-    def kill_generator(loop):
-        if loop.supply.generator is not None and not killed:  # after step 1's update, mid-run
-            os.kill(loop.supply.generator_pid, signal.SIGKILL)
+    def kill_generator(trainer):
+        if trainer.supply.generator is not None and not killed:  # after step 1's update, mid-run
+            os.kill(trainer.supply.generator_pid, signal.SIGKILL)
             killed.append(time.monotonic())
 
     argv = grpo_argv(demo_assets, tmp_path, "--num_episodes", "3")
@@ -115,7 +115,7 @@ def test_resume_continues_at_the_consumed_position(ray_cluster, demo_assets, tmp
     assert [c["step"] for c in resumed.consumed] == [3, 4]
     # the prompts the resumed steps trained on are batches 2 and 3 of episode 0 in the seeded order
     batches = global_batches(8, 2, resumed.cfg.strategy.seed, 0)
-    prompts = [resumed.source.prompts[i]["prompt"] for b in batches[2:] for i in b for _ in range(2)]
+    prompts = [resumed.prompts[i]["prompt"] for b in batches[2:] for i in b for _ in range(2)]
     assert resumed.trained_prompts == prompts
 
 
@@ -133,7 +133,7 @@ def test_oversampling_queues_the_extra_batches(ray_cluster, demo_assets, tmp_pat
     assert len(supply.last_generator_stats["intervals"]["generate"]) == 2  # two engine calls for four steps
     assert_no_overlap(supply.last_generator_stats)
     batches = global_batches(8, 2, supply.cfg.strategy.seed, 0)
-    assert supply.trained_prompts == [supply.source.prompts[i]["prompt"] for b in batches for i in b for _ in range(2)]
+    assert supply.trained_prompts == [supply.prompts[i]["prompt"] for b in batches for i in b for _ in range(2)]
 
 
 @pytest.mark.limit(300)

@@ -48,10 +48,10 @@ def greedy_check(model_dir, prompt_ids, tie_tolerance: float = 0.0):
 
     With `tie_tolerance` > 0 (engines computing in bf16, the reference in fp32 on the same weights) each engine
     token must instead be within that many logits of the reference's top logit: bf16 rounding may flip near-ties."""
-    def check(loop):
-        state = loop.trainer.actor.state_dict()
+    def check(trainer):
+        state = trainer.actor.state_dict()
         reference = load_with_state(model_dir, state)
-        got = [loop.source.engine.generate([p], max_new_tokens=CHECK_NEW, temperature=0.0)[0].response_ids
+        got = [trainer.source.engine.generate([p], max_new_tokens=CHECK_NEW, temperature=0.0)[0].response_ids
                for p in prompt_ids]
         if tie_tolerance == 0:
             assert got == hf_greedy(reference, prompt_ids, CHECK_NEW, 2), f"sync {len(check.outputs)}"
@@ -61,8 +61,8 @@ def greedy_check(model_dir, prompt_ids, tie_tolerance: float = 0.0):
             assert len(gaps) >= len(prompt_ids) and max(gaps) <= tie_tolerance, (len(check.outputs), gaps)
         check.outputs.append(got)
         check.weight_sums.append(float(sum(t.double().abs().sum() for t in state.values())))
-        check.sleep_stats.append(loop.trainer.actor.run_on_ranks(sleep_stats))
-        check.engines = loop.source.engine.info()
+        check.sleep_stats.append(trainer.actor.run_on_ranks(sleep_stats))
+        check.engines = trainer.source.engine.info()
     check.outputs, check.sleep_stats, check.weight_sums, check.max_gap = [], [], [], 0.0
     return check
 
@@ -76,7 +76,7 @@ def run_argv(assets, tmp_path, argv: list[str], tie_tolerance: float = 0.0, logp
 
     cfg = parse_config(PPOConfig, argv, "test")
     check = greedy_check(assets.model_dir, demo_prompt_ids(assets.model_dir, 3), tie_tolerance)
-    loop = run_ppo_ray(cfg, after_sync=[check])
+    trainer = run_ppo_ray(cfg, after_sync=[check])
     rows = [json.loads(line) for line in (tmp_path / "final" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/actor/policy_loss" in r]
     assert len(steps) == 2 and len(check.outputs) == 3  # initial sync + one per step
@@ -84,17 +84,17 @@ def run_argv(assets, tmp_path, argv: list[str], tie_tolerance: float = 0.0, logp
     # Step 2 sampled with the weights synced after step 1: the engine's log-probs are the updated actor's.
     assert steps[1]["train/rollout_logprob_diff"] < logprob_tolerance, steps[1]["train/rollout_logprob_diff"]
     assert (tmp_path / "final" / "model.safetensors").is_file()
-    return loop, steps, check
+    return trainer, steps, check
 
 
 @needs_vllm
 @pytest.mark.limit(300)
 def test_gae_with_critic_and_reward_model_on_vllm(ray_cluster, demo_assets, demo_reward_model, tmp_path):
     """Separate placement groups (critic and reward model sharing one), weights through the object store."""
-    loop, steps, _ = run(demo_assets, tmp_path, "--advantage_estimator", "gae", "--reward_pretrain",
+    trainer, steps, _ = run(demo_assets, tmp_path, "--advantage_estimator", "gae", "--reward_pretrain",
                             str(demo_reward_model), "--vllm_num_engines", "1", "--colocate_critic_reward",
                             "--vllm_sync_backend", "nccl", "--init_kl_coef", "0.01")
-    assert all("train/critic/value_loss" in s for s in steps) and loop.source.engine.sync_backend == "object"
+    assert all("train/critic/value_loss" in s for s in steps) and trainer.source.engine.sync_backend == "object"
 
 
 @needs_vllm
@@ -102,7 +102,7 @@ def test_gae_with_critic_and_reward_model_on_vllm(ray_cluster, demo_assets, demo
 def test_group_norm_hybrid_engine_zero3_two_rank_actor_on_vllm(ray_cluster, demo_assets, tmp_path):
     """Hybrid engine: a 2-rank ZeRO-3 actor, the reference and 2 vLLM engines share 2 bundles; both sleep modes;
     weights gathered one parameter at a time and broadcast over gloo."""
-    loop, steps, check = run(
+    trainer, steps, check = run(
         demo_assets, tmp_path, "--advantage_estimator", "group_norm", "--remote_rm_url", REWARD,
         "--actor_num_gpus_per_node", "2", "--zero_stage", "3", "--vllm_num_engines", "2", "--colocate_all_models",
         "--vllm_enable_sleep", "--deepspeed_enable_sleep", "--vllm_sync_backend", "gloo", "--use_kl_loss",
