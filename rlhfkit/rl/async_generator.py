@@ -6,7 +6,7 @@ generation or agent episodes, reward scoring, dynamic filtering), the same one a
 engine seen through `VersionedEngine`. The driver's side (`rlhfkit.rl.async_driver.GeneratorQueue`) hands each
 batch to the trainer, which finishes it (reference / critic / actor forwards, advantages) and trains on it.
 
-Invariants, each checked by tests/distributed/test_ray_async.py:
+Invariants, checked by tests/distributed/test_ray_async.py (chunked generation by tests/rl/test_async_generator.py):
 - Staleness: the queue holds `--async_queue_size` *slots*; a slot is taken before a batch's prompts are drawn and
   given back when the trainer takes the batch. With one weight update per trained batch, a consumed sample is at
   most `--async_queue_size` policy versions behind the trainer.

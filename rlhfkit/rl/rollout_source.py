@@ -1,4 +1,4 @@
-"""The rollout source: the first two arrows of an RL step (DESIGN.md, "The roles of an RL step").
+"""The rollout source: the first arrows of an RL step (docs/architecture.md, "One RL step through the folders").
 
     prompt stream: --num_episodes passes over the prompts, each in a seeded order of --rollout_batch_size batches
     -> rollout engine: samples with per-token rollout log-probs, or agent episodes

@@ -1,4 +1,4 @@
-"""The RL trainer: everything of an RL step after the rollout (DESIGN.md, "The roles of an RL step").
+"""The RL trainer: an RL step after the rollout (docs/architecture.md, "One RL step through the folders").
 
     Rollout (from the batch supply: the run's `rlhfkit.rl.rollout_source.RolloutSource`, or the async generator's
     queue, `rlhfkit.rl.async_driver.GeneratorQueue`)
