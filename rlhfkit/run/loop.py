@@ -111,6 +111,7 @@ class Trainer(Protocol):
 
     def start(self, state: LoopState) -> None:
         """Called once before the first step, after any resume (RL: the first weight sync)."""
+        return None
 
     def report_rows(self) -> list[dict[str, Any]]:
         """A few samples of the latest step for the run report (RL: prompt, response, reward)."""
@@ -118,7 +119,7 @@ class Trainer(Protocol):
 
     def save_best(self, path: str) -> None:
         """Export the model as it is now to `path` (--best_metric_key)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot export a best model")
+        raise TypeError(f"{type(self).__name__} cannot export a best model (--best_metric_key)")
 
     def extra_state(self) -> dict[str, Any]:
         """The trainer's own resumable state, saved next to `LoopState` (RL: {"kl_coef": ...})."""
@@ -126,6 +127,7 @@ class Trainer(Protocol):
 
     def load_extra_state(self, saved: dict[str, Any]) -> None:
         """Restore what `extra_state` saved (`saved` is the whole state.json)."""
+        return None
 
 
 @dataclass
