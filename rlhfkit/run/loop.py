@@ -38,7 +38,7 @@ REPORT_SAMPLE_STEPS = 5  # the run report shows samples of the first and last st
 
 @lru_cache(maxsize=2)
 def _pass_batches(num_items: int, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
-    """One pass's shuffled global batches (cached: a step draws one of them; nobody mutates them)."""
+    """One pass's shuffled global batches (cached: each step draws one of them)."""
     return global_batches(num_items, batch_size, seed, epoch)
 
 
@@ -60,7 +60,7 @@ class LoopState:
             self.batch_in_epoch = 0
         if self.epoch >= max_epochs:
             return None
-        batch = _pass_batches(num_items, batch_size, seed, self.epoch)[self.batch_in_epoch]
+        batch = list(_pass_batches(num_items, batch_size, seed, self.epoch)[self.batch_in_epoch])  # the caller's
         self.batch_in_epoch += 1
         return batch
 
