@@ -38,7 +38,7 @@ REPORT_SAMPLE_STEPS = 5  # the run report shows samples of the first and last st
 
 @lru_cache(maxsize=2)
 def _pass_batches(num_items: int, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
-    """One pass's shuffled global batches (cached: a step draws one of them; nobody mutates them)."""
+    """One pass's shuffled global batches (cached: each step draws one of them)."""
     return global_batches(num_items, batch_size, seed, epoch)
 
 
@@ -60,7 +60,7 @@ class LoopState:
             self.batch_in_epoch = 0
         if self.epoch >= max_epochs:
             return None
-        batch = _pass_batches(num_items, batch_size, seed, self.epoch)[self.batch_in_epoch]
+        batch = list(_pass_batches(num_items, batch_size, seed, self.epoch)[self.batch_in_epoch])  # the caller's
         self.batch_in_epoch += 1
         return batch
 
@@ -111,6 +111,7 @@ class Trainer(Protocol):
 
     def start(self, state: LoopState) -> None:
         """Called once before the first step, after any resume (RL: the first weight sync)."""
+        return None
 
     def report_rows(self) -> list[dict[str, Any]]:
         """A few samples of the latest step for the run report (RL: prompt, response, reward)."""
@@ -118,7 +119,7 @@ class Trainer(Protocol):
 
     def save_best(self, path: str) -> None:
         """Export the model as it is now to `path` (--best_metric_key)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot export a best model")
+        raise TypeError(f"{type(self).__name__} cannot export a best model (--best_metric_key)")
 
     def extra_state(self) -> dict[str, Any]:
         """The trainer's own resumable state, saved next to `LoopState` (RL: {"kl_coef": ...})."""
@@ -126,6 +127,7 @@ class Trainer(Protocol):
 
     def load_extra_state(self, saved: dict[str, Any]) -> None:
         """Restore what `extra_state` saved (`saved` is the whole state.json)."""
+        return None
 
 
 @dataclass

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from rlhfkit.algorithms.preference_losses import kto_kl_reference_point, kto_loss
+from rlhfkit.config.preference import KTOConfig
 from rlhfkit.trainers.offline import to_device
 from rlhfkit.trainers.preference import (
     FrozenReference,
@@ -69,7 +70,7 @@ class KTOTrainer(PreferenceTrainer):
         return loss, sums
 
 
-def load_unpaired_datasets(cfg: Any, tokenizer: Any) -> tuple[Any, Any]:
+def load_unpaired_datasets(cfg: KTOConfig, tokenizer: Any) -> tuple[Any, Any]:
     """Tokenised (train, eval or None) UnpairedDatasets from --dataset / --eval_dataset and the KTO keys."""
     from rlhfkit.data.preference_dataset import UnpairedDataset
     from rlhfkit.data.readers import load_mixture
@@ -88,7 +89,7 @@ def load_unpaired_datasets(cfg: Any, tokenizer: Any) -> tuple[Any, Any]:
     return train, evalset
 
 
-def run_kto(cfg: Any) -> KTOTrainer:
+def run_kto(cfg: KTOConfig) -> KTOTrainer:
     """Assemble and run KTO from a `KTOConfig`; saves the policy as a Hugging Face model."""
     from functools import partial
 

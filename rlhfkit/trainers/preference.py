@@ -12,12 +12,13 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
 from rlhfkit.algorithms.sft_loss import shifted_target_mask, token_logprobs
+from rlhfkit.config.preference import DPOConfig, KTOConfig, RMConfig
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
 from rlhfkit.models.policy import (
     attn_implementation_of,
@@ -33,6 +34,7 @@ from rlhfkit.models.shared_prefix import after_prefix, share_prefixes, shared_pr
 from rlhfkit.run.setup import OfflineRun
 from rlhfkit.trainers.offline import OfflineTrainer
 
+PolicyConfig = TypeVar("PolicyConfig", bound=DPOConfig | KTOConfig)  # a run trained against a frozen reference
 Sums = dict[str, tuple[float, float]]  # metric name -> (sum, weight); the reported value is sum / weight
 
 
@@ -251,7 +253,7 @@ def zero3_offloaded_eval(strategy: DeepSpeedStrategy, model: nn.Module) -> nn.Mo
     return engine
 
 
-def load_reference(cfg: Any, strategy: DeepSpeedStrategy, attn: str) -> FrozenReference:
+def load_reference(cfg: DPOConfig | KTOConfig, strategy: DeepSpeedStrategy, attn: str) -> FrozenReference:
     """The reference model of DPO/KTO: --ref_pretrain, else --pretrain."""
     from rlhfkit.models.loading import check_model_path, load_causal_lm
 
@@ -261,7 +263,8 @@ def load_reference(cfg: Any, strategy: DeepSpeedStrategy, attn: str) -> FrozenRe
     return FrozenReference(strategy, model, cfg.reference.ref_offload, cfg.train.compute_fp32_loss)
 
 
-def prepare_policy_and_reference(cfg: Any, kind: str, load_datasets: Callable[[Any, Any], tuple[Any, Any]]
+def prepare_policy_and_reference(cfg: PolicyConfig, kind: str,
+                                 load_datasets: Callable[[PolicyConfig, Any], tuple[Any, Any]]
                                  ) -> tuple[OfflineRun, FrozenReference]:
     """DPO and KTO: the run (`setup.assemble_offline`, --ref_pretrain checked with the other inputs before any
     process group starts) and its frozen reference."""
@@ -275,7 +278,7 @@ def prepare_policy_and_reference(cfg: Any, kind: str, load_datasets: Callable[[A
         raise
 
 
-def load_pair_datasets(cfg: Any, tokenizer: Any, need_margin: bool = False) -> tuple[Any, Any]:
+def load_pair_datasets(cfg: RMConfig | DPOConfig, tokenizer: Any, need_margin: bool = False) -> tuple[Any, Any]:
     """Tokenised (train, eval or None) PreferenceDatasets from the data and pair sections of `cfg`."""
     from rlhfkit.data.preference_dataset import PreferenceDataset
     from rlhfkit.data.readers import load_mixture

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from rlhfkit.algorithms.sft_loss import sft_loss
+from rlhfkit.config.sft import SFTConfig
 from rlhfkit.data.tokens import as_long
 from rlhfkit.models.moe import router_aux_loss
 from rlhfkit.models.policy import dense_rows, first_target_position, forward_logits, from_position
@@ -131,7 +132,7 @@ class SFTTrainer(OfflineTrainer):
         return metrics
 
 
-def load_sft_datasets(cfg: Any, tokenizer: Any) -> tuple[Any, Any]:
+def load_sft_datasets(cfg: SFTConfig, tokenizer: Any) -> tuple[Any, Any]:
     """Tokenised (train, eval or None) SFTDatasets from --dataset / --eval_dataset."""
     from rlhfkit.data.readers import load_mixture
     from rlhfkit.data.sft_dataset import SFTDataset
@@ -147,7 +148,7 @@ def load_sft_datasets(cfg: Any, tokenizer: Any) -> tuple[Any, Any]:
     return train, evalset
 
 
-def run_sft(cfg: Any) -> SFTTrainer:
+def run_sft(cfg: SFTConfig) -> SFTTrainer:
     """Assemble (`setup.assemble_offline`) and run SFT from an `SFTConfig`; saves the model."""
     from rlhfkit.data.collate import make_collate
     from rlhfkit.models.moe import check_aux_loss_coef
