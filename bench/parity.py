@@ -10,10 +10,11 @@ process, and writes `OUT_DIR/<workload>/model/` (metrics.jsonl and the final saf
 baseline's assets when comparing, so that both sides train on byte-identical inputs; their hashes go into
 `OUT_DIR/parity_run.json` and `compare` checks them).
 
-`compare` matches metrics.jsonl rows by position and, in each pair of rows, every numeric key the two share (timing,
-throughput and memory keys left out); it matches every tensor of every safetensors file by name. It prints the
-largest absolute difference per workload and exits 1 when one exceeds --tol, a row count or a tensor set differs,
-or a file is missing. Keys in one side only are listed (and fail with --strict_keys); --rename maps a metric renamed
+`compare` matches the rows of metrics.jsonl (and of the RL runs' samples.jsonl) by position and, in each pair of
+rows, every numeric key the two share (timing, throughput and memory keys left out; text such as a sampled response
+must be equal); it matches every tensor of every safetensors file by name. It prints the largest absolute
+difference per workload and exits 1 when one exceeds --tol, a text, a row count or a tensor set differs, or a file
+is missing. Keys in one side only are listed (and fail with --strict_keys); --rename maps a metric renamed
 by the change (the base side's name to the new one).
 """
 
