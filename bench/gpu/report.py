@@ -104,7 +104,7 @@ def notes(results: dict) -> list[str]:
 def report(results: dict, sizes: Any, work: dict, header: str) -> list[str]:
     peak = results.get("peak", {})
     lines = [header, f"Sizes: {json.dumps(asdict(sizes))}; {work['matmul_params'] / 1e6:.1f}M matmul parameters.",
-             f"Measured matmul peak: {peak.get("tflops", float("nan")):.3g} TFLOP/s ({peak.get('shape')} "
+             f"Measured matmul peak: {peak.get('tflops', float('nan')):.3g} TFLOP/s ({peak.get('shape')} "
              f"{peak.get('dtype')}), the denominator of MFU (PaLM's model FLOPs, bench/gpu/flops.py).",
              f"Stage wall times (s): {json.dumps({k: round(v, 1) for k, v in results['stages'].items()})}.",
              "", "| check | passed | numbers |", "| --- | --- | --- |"]
