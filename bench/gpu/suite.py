@@ -253,6 +253,17 @@ def child(system: str, sizes: Sizes, model: Path, paths: dict, out: Path) -> Non
         print(common.MARK + json.dumps(result), flush=True)
 
 
+class Stopped(Exception):
+    """SIGTERM reached the driver (bench/gpu/run.sh's overall timeout): kill the child, save, stop."""
+
+
+STOPPED = [False]
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise Stopped
+
+
 def trl_available() -> bool:
     return (common.TRL_DIR / "trl").is_dir()
 
@@ -271,13 +282,16 @@ def run_child(stage: str, args: argparse.Namespace, paths: dict, timeout: float,
     log = Path(args.workdir) / "logs" / f"{stage}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as sink:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=sink, text=True, cwd=common.ROOT,
-                                start_new_session=True)
+        # same process group as this one: an outer `timeout` (bench/gpu/run.sh) kills the child with it
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=sink, text=True, cwd=common.ROOT)
         try:
             stdout, error = proc.communicate(timeout=max(timeout, 1) if timeout < 1e9 else None)[0], ""
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            stdout, error = proc.communicate()[0], f"killed at its time limit ({timeout:.0f} s)"
+        except (subprocess.TimeoutExpired, Stopped) as exc:
+            proc.kill()
+            stdout = proc.communicate()[0]
+            STOPPED[0] = isinstance(exc, Stopped)
+            error = ("stopped by SIGTERM (the overall budget)" if STOPPED[0]
+                     else f"killed at its limit ({timeout:.0f} s)")
         sink.write("\n--- stdout ---\n" + stdout)
     if not error and proc.returncode != 0:
         error = f"exit {proc.returncode} (see logs/{stage}.log)"
@@ -319,6 +333,8 @@ def run_stages(args: argparse.Namespace, paths: dict, gpu: bool, save) -> dict:
         if error:
             results["notes"].append(f"{stage}: {error}")
         save(results)
+        if STOPPED[0]:
+            break
     return results
 
 
@@ -359,6 +375,7 @@ def main() -> None:
                        + "\n".join(lines) + "\n")
         (workdir / "gpu_results.json").write_text(json.dumps(results, indent=1))
 
+    signal.signal(signal.SIGTERM, _stop)
     results = run_stages(args, paths, gpu, save)
     print("\n".join(report(results, sizes, work, header)))
     print(f"results: {out}")
