@@ -115,7 +115,7 @@ def report(results: dict, sizes: Any, work: dict, header: str) -> list[str]:
               "of a step; DPO MFU counts the frozen reference forward. Step time: median gap between optimizer-step "
               "ends after the warm-up steps, over every timed step of every run.", ""]
     lines += notes(results)
-    if "trl" not in results:
+    if "trl" not in results and not any("trl-" in note for note in results["notes"]):
         lines += ["", "TRL was not run: bench/.trl holds no TRL (install it with `pip install --no-deps --target "
                   "bench/.trl trl==1.16.0`)."]
     return lines

@@ -86,7 +86,7 @@ for f in "$WORK"/logs/*.log; do [ -f "$f" ] && { echo "##### $f"; tail -c 200000
 if [ "$SMOKE" = 1 ] && [ -f "$WORK/imports.txt" ]; then
   echo "top-level modules imported by the suite and its children (the GPU machine must have each):"
   sort -u "$WORK/imports.txt" | tr '\n' ' '; echo
-  grep -qxE 'ray|vllm' "$WORK/imports.txt" && echo "!!! ray or vllm was imported" || echo "no ray, no vllm imported"
+  grep -qxE "ray|vllm|wandb" "$WORK/imports.txt" && echo "!!! ray, vllm or wandb was imported" || echo "no ray, vllm or wandb imported"
 fi
 ls -la "$OUT"
 mark "done in ${SECONDS} s"

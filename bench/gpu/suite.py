@@ -42,7 +42,7 @@ sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
-import flops  # noqa: E402
+from checks import child_checks  # noqa: E402
 from report import WORKLOADS, environment, per_step, report  # noqa: E402
 
 
@@ -134,76 +134,6 @@ def write_data(workdir: Path, sizes: Sizes, model: Path) -> tuple[dict[str, str]
     return paths, lengths
 
 
-# -- checks --------------------------------------------------------------------------------------------------------
-def check_bf16_vs_fp32(model: Path, steps: int) -> dict:
-    import torch
-
-    from rlhfkit.config.common import StrategyArgs
-    from rlhfkit.distributed.strategy import DeepSpeedStrategy
-    from rlhfkit.models.loading import load_causal_lm
-
-    g = torch.Generator().manual_seed(0)
-    batches = [torch.randint(3, 200, (4, 32), generator=g) for _ in range(steps)]
-    losses = {}
-    for name, bf16 in (("fp32", False), ("bf16", True)):
-        args = StrategyArgs(zero_stage=0 if not bf16 else 2, train_batch_size=4, micro_train_batch_size=4,
-                            learning_rate=1e-4, lr_warmup_ratio=0.0)
-        strategy = DeepSpeedStrategy(args, bf16=bf16)
-        strategy.setup_distributed()
-        engine = strategy.prepare_train(load_causal_lm(str(model), dtype=torch.float32), 1e-4, steps)
-        losses[name] = []
-        for ids in batches:
-            ids = ids.to(strategy.device)
-            loss = engine(input_ids=ids, labels=ids).loss
-            engine.backward(loss)
-            engine.step()
-            losses[name].append(float(loss))
-        del engine
-    worst = max(abs(a - b) / abs(a) for a, b in zip(losses["fp32"], losses["bf16"]))
-    return {"passed": worst < 0.05, "max_rel_diff": worst, **losses}
-
-
-def check_engine_logprobs(model: Path, bf16: bool) -> dict:
-    import torch
-    from transformers import AutoTokenizer
-
-    from rlhfkit.models.loading import load_causal_lm
-    from rlhfkit.rollout.hf_engine import HFRolloutEngine
-    from rlhfkit.trainers.experience import experience_from_samples
-    from rlhfkit.trainers.role_forward import action_log_probs
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    tok = AutoTokenizer.from_pretrained(model)
-    lm = load_causal_lm(str(model), dtype=torch.bfloat16 if bf16 else torch.float32)
-    engine = HFRolloutEngine(lm, tok, device=device)
-    prompts = [[tok.bos_token_id] + tok(f"What is {i}+{i * 3}?").input_ids for i in range(8)]
-    samples = engine.generate(prompts, max_new_tokens=16, temperature=1.0, top_p=1.0, top_k=-1, seed=0)
-    exp = experience_from_samples(samples, tok.pad_token_id)
-    with torch.no_grad():
-        trainer = action_log_probs(engine.model, exp.to(device), 1.0).float().cpu()
-    mask = exp.action_mask.bool()
-    diff = (trainer - exp.rollout_log_probs)[mask].abs()
-    worst, mean = float(diff.max()), float(diff.mean())
-    passed = worst < 1e-4 if not bf16 else (worst < 0.1 and mean < 0.02)
-    return {"passed": passed, "max_abs_diff": worst, "mean_abs_diff": mean, "tokens": int(mask.sum())}
-
-
-def child_checks(sizes: Sizes, model: Path) -> None:
-    """The peak and both checks in this process; one result line after each (a later failure keeps the earlier)."""
-    import traceback
-
-    result: dict = {}
-    steps = (("peak", lambda: flops.matmul_peak()), ("bf16_vs_fp32", lambda: check_bf16_vs_fp32(model, 3)),
-             ("engine_logprobs", lambda: check_engine_logprobs(model, sizes.bf16)))
-    for name, run in steps:
-        try:
-            result[name] = run()
-        except Exception as exc:  # noqa: BLE001 -- recorded and reported; the next check still runs
-            traceback.print_exc()
-            result[name] = {"passed": False, "error": f"{type(exc).__name__}: {exc}"[:400]}
-        print(common.MARK + json.dumps(result), flush=True)
-
-
 # -- comparisons ---------------------------------------------------------------------------------------------------
 def run_workload(system: str, workload: str, sizes: Sizes, model: Path, data: Path, out: Path) -> dict:
     """One workload of one system in this process: {workload: step times, workload_extra: the child's extra
@@ -269,8 +199,8 @@ def trl_available() -> bool:
 
 
 def run_child(stage: str, args: argparse.Namespace, paths: dict, timeout: float, gpu: bool) -> tuple[dict, str]:
-    """Run one stage as a child in its own process group, killed with everything it started at `timeout`; its
-    output goes to <workdir>/logs/<stage>.log. Returns its last result line (possibly partial) and an error ('')."""
+    """Run one stage as a child, killed at `timeout` or when this driver gets SIGTERM; its stderr and stdout go to
+    <workdir>/logs/<stage>.log. Returns its last result line (possibly partial) and an error ('' if none)."""
     system = stage.split("-")[0]
     cmd = [sys.executable, str(Path(__file__)), "--child", system, "--workdir", args.workdir,
            "--paths", json.dumps(paths)] + (["--smoke"] if args.smoke else [])
@@ -315,26 +245,35 @@ def run_stages(args: argparse.Namespace, paths: dict, gpu: bool, save) -> dict:
     deadline = time.monotonic() + args.budget_s if args.budget_s else float("inf")
     results: dict = {"checks": {}, "notes": [], "stages": {}}
     longest = 0.0
-    for stage in plan(args):
-        left = deadline - time.monotonic() - 10  # 10 s to write the report
-        if stage != "checks" and left < longest:
-            results["notes"].append(f"{stage} not run: {left:.0f} s of the budget left, the longest child took "
-                                    f"{longest:.0f} s")
-            continue
-        started = time.monotonic()
-        result, error = run_child(stage, args, paths, min(left, 180.0) if stage == "checks" else left, gpu)
-        results["stages"][stage] = time.monotonic() - started
-        if stage == "checks":
-            results["peak"] = result.pop("peak", {})
-            results["checks"] = result
-        else:
-            longest = max(longest, results["stages"][stage])
-            results.setdefault(stage.split("-")[0], []).append(result)
-        if error:
-            results["notes"].append(f"{stage}: {error}")
-        save(results)
-        if STOPPED[0]:
-            break
+    stages = plan(args)
+    try:
+        for stage in stages:
+            left = deadline - time.monotonic() - 10  # 10 s to write the report
+            if stage != "checks" and left < longest:
+                results["notes"].append(f"{stage} not run: {left:.0f} s of the budget left, the longest child took "
+                                        f"{longest:.0f} s")
+                continue
+            started = time.monotonic()
+            result, error = run_child(stage, args, paths, min(left, 180.0) if stage == "checks" else left, gpu)
+            results["stages"][stage] = time.monotonic() - started
+            if stage == "checks":
+                results["peak"] = result.pop("peak", {})
+                results["checks"] = result
+            else:
+                longest = max(longest, results["stages"][stage])
+                results.setdefault(stage.split("-")[0], []).append(result)
+            if error:
+                results["notes"].append(f"{stage}: {error}")
+            save(results)
+            if STOPPED[0]:
+                break
+    except Stopped:  # SIGTERM between two children: keep what is done
+        results["notes"].append("stopped by SIGTERM (the overall budget) between stages")
+    never = [s for s in stages if s not in results["stages"] and not any(n.startswith(f"{s} ") for n in
+                                                                         results["notes"])]
+    if never:
+        results["notes"].append(f"not run (stopped): {', '.join(never)}")
+    save(results)
     return results
 
 

@@ -1,6 +1,7 @@
 """Make this CPU machine look like the GPU machine to Python (bench/gpu/run.sh puts this folder first on PYTHONPATH
-in SMOKE mode): `ray` and `vllm` are absent there, so importing them fails here too, and every top-level module a
-process imported is appended to $RLHFKIT_IMPORT_LOG at exit, for run.sh to list what the device must provide."""
+in SMOKE mode): `ray`, `vllm` and `wandb` are absent there, so importing them fails here too, and every top-level
+module a process imported is appended to $RLHFKIT_IMPORT_LOG at exit, for run.sh to list what the device must
+provide."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import atexit
 import os
 import sys
 
-ABSENT = ("ray", "vllm")
+ABSENT = ("ray", "vllm", "wandb")  # wandb: absent there too; TRL and rlhfkit import it only if installed
 
 
 class _Hide:
