@@ -43,7 +43,7 @@ fi
 mark "stage machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.max.sm --format=csv 2>&1 || echo "no nvidia-smi"
 nproc; free -g | head -2
-$PY - <<'PY' || echo "!!! version check FAILED (continuing)"
+timeout 120 "$PY" - <<'PY' || echo "!!! version check FAILED (continuing)"
 import importlib, sys
 print("python", sys.version.split()[0], sys.executable)
 for name in ("torch", "transformers", "accelerate", "peft", "deepspeed", "datasets", "pydantic", "rlhfkit"):
@@ -67,11 +67,12 @@ for mod in ("rlhfkit.trainers.sft", "rlhfkit.trainers.dpo", "rlhfkit.trainers.rl
         print(f"  {mod} IMPORT FAILED: {type(exc).__name__}: {exc}")
 print("  ray/vllm imported:", sorted(m for m in sys.modules if m.split(".")[0] in ("ray", "vllm")) or "no")
 PY
-PYTHONPATH=$PYTHONPATH:$ROOT/bench/.trl $PY -c "import trl; print('  trl', trl.__version__, trl.__file__)" \
+PYTHONPATH=$PYTHONPATH:$ROOT/bench/.trl timeout 90 "$PY" -c "import trl; print('  trl', trl.__version__, trl.__file__)" \
   || echo "!!! trl import FAILED (the suite skips TRL only if bench/.trl/trl is missing)"
 
 mark "stage suite"
 left=$((TOTAL_S - SECONDS - 25))  # 25 s: kill grace and the copy below
+[ "$left" -lt 120 ] && left=120   # a slow install must not leave the suite nothing
 args=(--workdir "$WORK" --budget_s $((left - 15)))
 [ "$SMOKE" = 1 ] && args+=(--smoke --threads 1)
 timeout -k 10 "$left" "$PY" bench/gpu/suite.py "${args[@]}"
@@ -90,3 +91,4 @@ if [ "$SMOKE" = 1 ] && [ -f "$WORK/imports.txt" ]; then
 fi
 ls -la "$OUT"
 mark "done in ${SECONDS} s"
+sleep 1  # let tee finish run.log
