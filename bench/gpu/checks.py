@@ -41,7 +41,7 @@ def check_bf16_vs_fp32(model: Path, steps: int) -> dict:
 
 def check_engine_logprobs(model: Path, bf16: bool) -> dict:
     import torch
-    from rlhfkit.trainers.role_forward import action_log_probs
+    from rlhfkit.rl.role_forward import action_log_probs
     from transformers import AutoTokenizer
 
     from rlhfkit.models.loading import load_causal_lm
