@@ -9,7 +9,7 @@ from transformers import PreTrainedModel
 
 
 def apply_lora(model: PreTrainedModel, rank: int, alpha: int, dropout: float,
-               target_modules: list[str] | None, *, head: str | None = None) -> PreTrainedModel:
+               target_modules: list[str] | None, *, head: str | None = None) -> PeftModel:
     """Wrap `model` so only LoRA matrices train; every linear layer is adapted unless names are given.
 
     `head`: a reward/critic model's value head (e.g. "score"), freshly initialised, so it trains in full
