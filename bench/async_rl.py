@@ -50,7 +50,7 @@ def run_mode(mode: str, sft_dir: str, prompts: Path, out: Path, steps: int, seed
     from rlhfkit.cli.demo import grpo_argv
     from rlhfkit.config.base import parse_config
     from rlhfkit.config.rl import PPOConfig
-    from rlhfkit.trainers.ray_run import run_ppo_ray
+    from rlhfkit.rl.ray_run import run_ppo_ray
 
     shutil.rmtree(out, ignore_errors=True)  # metrics files are appended to: start each run clean
     argv = separate_bundles(grpo_argv(sft_dir, prompts, out / "grpo", steps, seed, use_vllm)) + MODES[mode]

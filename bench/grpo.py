@@ -83,7 +83,7 @@ def child_rlhfkit(model: Path, prompts: Path, out: Path, steps: int, ray: bool =
 
     from rlhfkit.config.base import parse_config
     from rlhfkit.config.rl import PPOConfig
-    from rlhfkit.trainers.rl_loop import RLTrainer
+    from rlhfkit.rl.loop import RLTrainer
 
     clock = StepClock()
     monitor = TreeMonitor() if ray else None
@@ -106,7 +106,7 @@ def child_rlhfkit(model: Path, prompts: Path, out: Path, steps: int, ray: bool =
     RLTrainer.train_step = timed
     cfg = parse_config(PPOConfig, rlhfkit_argv(model, prompts, out, steps) + (RAY_ARGV if ray else []), "bench")
     if ray:
-        from rlhfkit.trainers.ray_run import run_ppo_ray
+        from rlhfkit.rl.ray_run import run_ppo_ray
 
         # the actor and the engine take turns on one bundle of all the child's cores (README: Ray role threads)
         os.environ["RLHFKIT_RAY_CPUS_PER_BUNDLE"] = os.environ.get("OMP_NUM_THREADS", "1")
@@ -114,7 +114,7 @@ def child_rlhfkit(model: Path, prompts: Path, out: Path, steps: int, ray: bool =
         run_ppo_ray(cfg)
         clock.extra.update(monitor.stop())
     else:
-        from rlhfkit.trainers.rl_run import run_ppo
+        from rlhfkit.rl.local_run import run_ppo
 
         run_ppo(cfg)
     clock.extra["response_length"] = statistics.mean(lengths[1:] or lengths)

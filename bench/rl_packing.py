@@ -83,7 +83,7 @@ def main() -> None:
     from rlhfkit.config.rl import PPOConfig
     from rlhfkit.demo.assets import build_demo_assets
     from rlhfkit.models.loading import load_tokenizer
-    from rlhfkit.trainers.ray_run import run_ppo_ray
+    from rlhfkit.rl.ray_run import run_ppo_ray
 
     out = Path(args.out).resolve()
     assets = build_demo_assets(out / "assets", seed=args.seed)

@@ -75,3 +75,7 @@ def demo_reward_model(demo_assets, tmp_path_factory):
     AutoTokenizer.from_pretrained(demo_assets.model_dir).save_pretrained(out)
     return out
 
+
+
+# Session fixtures shared by tests/trainers, tests/rl and tests/inference (an SFT model of the demo addition task).
+from tests.sft_fixtures import max_assets, restore_env, sft_model_dir  # noqa: E402,F401

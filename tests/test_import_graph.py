@@ -1,21 +1,17 @@
 """rlhfkit's import graph, read statically (AST, every `import` including the ones inside functions): no cycle,
-the layer order of DESIGN.md / docs/CONVENTIONS.md, and no trainer module importing a sibling trainer module.
+the layer order of docs/architecture.md, and no entry-point module importing another.
 
-Layers, first to last (a module imports only from its own layer or earlier ones):
-  config -> algorithms -> data (+ demo, the embedded demo data) -> models -> distributed -> rollout
-  -> checkpoint, logging -> trainers -> cli
-Allowed everywhere: `rlhfkit` itself (the version) and `rlhfkit.errors` (UserError); `rlhfkit.config` is the first
-layer, so every layer may import it anyway.
-Explicit deviation from DESIGN.md's list, which names checkpoint/logging after trainers: they are services the
-trainers call (save/resume, metrics sinks) and import nothing from trainers, so they sit right before trainers.
+Layers, first to last, one per folder (a module imports only from its own folder or earlier ones): the fenced
+`layers` block of docs/architecture.md, read here, so the list is stated once.
+Allowed everywhere: `rlhfkit` itself (the version) and `rlhfkit.errors` (UserError).
 
-Trainer modules (TRAINERS): the modules of `rlhfkit/trainers` whose `run_*` entry point a CLI calls (run_sft,
-run_rm, run_dpo, run_kto, run_ppo, run_ppo_ray); every trainers module the CLI imports must be one. The rest of
-`rlhfkit/trainers` is shared machinery (the loop, the preference trainer base, roles, experience, run assembly)
-that trainers import; it imports no trainer. A CLI names its trainer as a "module:function" string that
-`rlhfkit.cli.common.run_config` imports when it runs; such a string counts as an import of that module here.
+Entry-point modules (ENTRY_POINTS): the modules whose `run_*` function a CLI calls (run_sft, run_rm, run_dpo,
+run_kto in trainers/, run_ppo and run_ppo_ray in rl/, run_batch_inference in inference/); every such module the CLI
+imports must be one. The rest of trainers/, rl/ and inference/ is shared machinery that imports no entry point. A
+CLI names its entry point as a "module:function" string that `rlhfkit.cli.common.run_config` imports when it runs;
+such a string counts as an import of that module here.
 
-Run assembly (strategy, tokenizer, datasets, model, logger) is written once, in `rlhfkit/trainers/setup.py`: no
+Run assembly (strategy, tokenizer, datasets, model, logger) is written once, in `rlhfkit/run/setup.py`: no
 other module builds a strategy or a metrics logger itself.
 """
 
@@ -26,14 +22,26 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "rlhfkit"
+ARCHITECTURE = ROOT.parent / "docs" / "architecture.md"
 
-LAYERS: list[tuple[str, ...]] = [
-    ("config",), ("algorithms",), ("data", "demo"), ("models",), ("distributed",), ("rollout", "agents"),
-    ("checkpoint", "logging"), ("trainers",), ("cli",),
-]
+
+def layers_from_docs() -> list[tuple[str, ...]]:
+    """The layer list of docs/architecture.md: its fenced `layers` block, one folder per line, first layer first."""
+    blocks = re.findall(r"```layers\n(.*?)```", ARCHITECTURE.read_text(encoding="utf-8"), re.S)
+    assert len(blocks) == 1, f"{ARCHITECTURE} needs exactly one ```layers block (found {len(blocks)})"
+    return [(name,) for name in blocks[0].split()]
+
+
+LAYERS: list[tuple[str, ...]] = layers_from_docs()
 EVERYWHERE = {"rlhfkit", "rlhfkit.errors"}
 RUNNER = re.compile(r"(rlhfkit(?:\.\w+)+):\w+")  # "rlhfkit.trainers.sft:run_sft", as given to run_config
-TRAINERS = {f"rlhfkit.trainers.{m}" for m in ("sft", "reward", "dpo", "kto", "rl_run", "ray_run", "batch_inference")}
+ENTRY_POINTS = {f"rlhfkit.trainers.{m}" for m in ("sft", "reward", "dpo", "kto")} | {
+    "rlhfkit.rl.local_run", "rlhfkit.rl.ray_run", "rlhfkit.inference.batch"}
+ENTRY_FOLDERS = ("rlhfkit.trainers.", "rlhfkit.rl.", "rlhfkit.inference.")
+CHAT = "rlhfkit.inference.chat"  # the interactive chat session, driven by the chat CLI's own loop
+# Layer breaks still to be removed (issue 19: engines are to be handed an episode runner instead of importing agents).
+KNOWN_BREAKS = {("rlhfkit.rollout.hf_engine", "rlhfkit.agents.episodes"),
+                ("rlhfkit.rollout.vllm_engine", "rlhfkit.agents.episodes")}
 
 
 def module_name(path: Path) -> str:
@@ -75,7 +83,7 @@ def layer_of(module: str) -> int | None:
     for i, names in enumerate(LAYERS):
         if package in names:
             return i
-    raise AssertionError(f"{module}: package {package!r} has no layer; add it to LAYERS (and to DESIGN.md)")
+    raise AssertionError(f"{module}: package {package!r} has no layer; add it to docs/architecture.md's layers block")
 
 
 def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
@@ -123,32 +131,32 @@ def test_layers_import_only_earlier_layers():
         mine = layer_of(module)
         for target in targets:
             theirs = layer_of(target)
-            if mine is not None and theirs is not None and theirs > mine:
+            if mine is not None and theirs is not None and theirs > mine and (module, target) not in KNOWN_BREAKS:
                 wrong.append(f"{module} ({LAYERS[mine][0]}) imports {target} ({LAYERS[theirs][0]})")
     assert not wrong, "layer order broken:\n" + "\n".join(sorted(wrong))
 
 
-def test_no_trainer_imports_a_sibling_trainer():
+def test_no_entry_point_imports_another():
     edges = graph()
     modules = all_modules()
-    for name in TRAINERS:
+    for name in ENTRY_POINTS:
         tree = ast.parse(modules[name].read_text())
         assert any(isinstance(n, ast.FunctionDef) and n.name.startswith("run_") for n in tree.body), name
     called_by_cli = {t for m, targets in edges.items() if m.startswith("rlhfkit.cli") for t in targets
-                     if t.startswith("rlhfkit.trainers.")}
-    assert called_by_cli and called_by_cli <= TRAINERS, f"the CLI calls into {sorted(called_by_cli - TRAINERS)}"
-    trainers = TRAINERS
-    wrong = [f"{m} imports {t}" for m in sorted(n for n in edges if n.startswith("rlhfkit.trainers"))
-             for t in sorted(edges[m] & trainers)]
-    assert not wrong, ("trainer modules are imported only by the CLI; move what they share into a module of its "
+                     if t.startswith(ENTRY_FOLDERS)}
+    stray = called_by_cli - ENTRY_POINTS - {CHAT}
+    assert called_by_cli and not stray, f"the CLI calls into {sorted(stray)}"
+    wrong = [f"{m} imports {t}" for m in sorted(n for n in edges if n.startswith(ENTRY_FOLDERS))
+             for t in sorted(edges[m] & ENTRY_POINTS)]
+    assert not wrong, ("entry-point modules are imported only by the CLI; move what they share into a module of its "
                        "own:\n" + "\n".join(wrong))
 
 
-ASSEMBLY = {"make_strategy": "rlhfkit.trainers.setup", "make_logger": "rlhfkit.trainers.setup"}
+ASSEMBLY = {"make_strategy": "rlhfkit.run.setup", "make_logger": "rlhfkit.run.setup"}
 
 
 def test_run_assembly_is_written_once():
-    """Every trainer and both RL runners get their strategy and logger from `trainers/setup.py` (`assemble_offline`,
+    """Every trainer and both RL runners get their strategy and logger from `run/setup.py` (`assemble_offline`,
     `build_strategy`, `train_rl`); a module that calls `make_strategy` or `make_logger` itself is a copied assembly
     block. Likewise the CLI entry points parse and run through `cli.common.cli_main`."""
     wrong = []
@@ -157,7 +165,7 @@ def test_run_assembly_is_written_once():
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ASSEMBLY \
                     and name != ASSEMBLY[node.func.id]:
                 wrong.append(f"{name}:{node.lineno} calls {node.func.id}")
-    assert not wrong, "run assembly outside trainers/setup.py:\n" + "\n".join(wrong)
+    assert not wrong, "run assembly outside run/setup.py:\n" + "\n".join(wrong)
     for path in sorted((ROOT / "cli").glob("train_*.py")) + [ROOT / "cli" / "batch_inference.py"]:
         calls = {n.func.id for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)
                  and isinstance(n.func, ast.Name)}

@@ -140,9 +140,9 @@ def check_engine_logprobs(model: Path, bf16: bool) -> dict:
     from transformers import AutoTokenizer
 
     from rlhfkit.models.loading import load_causal_lm
+    from rlhfkit.rl.experience import experience_from_samples
+    from rlhfkit.rl.role_forward import action_log_probs
     from rlhfkit.rollout.hf_engine import HFRolloutEngine
-    from rlhfkit.trainers.experience import experience_from_samples
-    from rlhfkit.trainers.role_forward import action_log_probs
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tok = AutoTokenizer.from_pretrained(model)

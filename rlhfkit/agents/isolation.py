@@ -1,7 +1,7 @@
 """Agent instances in worker processes: the executor runs in the engine, each episode's AgentInstance in a worker.
 
 `isolate(executor, agent_path, workers, timeout)` swaps the executor's `agent_instance_cls` for a stand-in whose
-`__init__`, `reset` and `step` run the file's real class in one of `workers` processes (rlhfkit.rollout.user_code
+`__init__`, `reset` and `step` run the file's real class in one of `workers` processes (rlhfkit.rewards.user_code
 .PinnedWorkers, an episode pinned to one worker because its instance keeps state there). An exception, a call past
 `timeout` seconds (the worker is killed and replaced) or a crash of the worker (os._exit, a segfault) raises
 AgentFailure in the episode, which ends it as failed; a worker killed or crashed takes the other episodes pinned to
@@ -23,7 +23,7 @@ _WORKERS: dict[tuple[str, int, float], Any] = {}
 
 def agent_workers(path: str, workers: int, timeout: float) -> Any:
     """The worker processes of an agent file in this process (started once, reused by every step)."""
-    from rlhfkit.rollout.user_code import PinnedWorkers, UserCodeLoadError
+    from rlhfkit.rewards.user_code import PinnedWorkers, UserCodeLoadError
 
     key = (path, workers, timeout)
     if key not in _WORKERS:

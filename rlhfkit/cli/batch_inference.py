@@ -21,7 +21,7 @@ from rlhfkit.config.batch_inference import BatchInferenceConfig
 
 PROG = "rlhfkit.cli.batch_inference"
 
-main = cli_main(BatchInferenceConfig, PROG, __doc__, "rlhfkit.trainers.batch_inference:run_batch_inference")
+main = cli_main(BatchInferenceConfig, PROG, __doc__, "rlhfkit.inference.batch:run_batch_inference")
 
 
 if __name__ == "__main__":

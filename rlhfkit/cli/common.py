@@ -63,8 +63,8 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
 def _devices(plan_args: Any, trainer: str) -> tuple[Any, int]:
     """What --dry_run plans against: --dry_run_gpu_memory_gb GPUs, else the local GPUs, else the host's memory
     (MemAvailable of /proc/meminfo). Returns (Devices, data-parallel world size of the launcher-run trainers)."""
-    from rlhfkit.config.memory import GIB
-    from rlhfkit.distributed.memory_plan import Devices
+    from rlhfkit.planner.memory import GIB
+    from rlhfkit.planner.plan import Devices
 
     world = plan_args.dry_run_num_gpus or int(os.environ.get("WORLD_SIZE", "1"))
     if plan_args.dry_run_gpu_memory_gb is not None:
@@ -92,7 +92,7 @@ def dry_run(cfg: Any, trainer: str, prog: str) -> bool:
     plan_args = cfg.plan
     if not plan_args.dry_run:
         return False
-    from rlhfkit.distributed.memory_advice import plan_with_advice, render
+    from rlhfkit.planner.advice import plan_with_advice, render
 
     devices, world = _devices(plan_args, trainer)
     if os.environ.get("RANK", "0") == "0":

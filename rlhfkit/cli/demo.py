@@ -26,7 +26,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default="runs/demo", help="output directory for assets, models, metrics, report")
     p.add_argument("--seed", type=int, default=0, help="seed for assets and training")
     # 600 addition-only SFT steps leave the model part-way (measured ~0.6-0.7 held-out exact-match), so GRPO has
-    # room to show; 800 reach ~0.9 and 450 only ~0.26 (tests/trainers/conftest.py has the measurements).
+    # room to show; 800 reach ~0.9 and 450 only ~0.26 (tests/sft_fixtures.py has the measurements).
     p.add_argument("--sft_steps", type=int, default=600, help="SFT optimizer steps")
     p.add_argument("--grpo_steps", type=int, default=100, help="GRPO optimizer steps (0 skips the stage)")
     p.add_argument("--engine", choices=["auto", "vllm", "transformers"], default="auto",
@@ -109,8 +109,8 @@ def run_grpo_stage(sft_dir: str, prompts: Path, out: Path, steps: int, seed: int
     """GRPO through `train_ppo_ray` on a local Ray cluster; returns the policy directory and its metrics file."""
     from rlhfkit.config.base import parse_config
     from rlhfkit.config.rl import PPOConfig
+    from rlhfkit.rl.ray_run import run_ppo_ray
     from rlhfkit.rollout.vllm_engine import vllm_available
-    from rlhfkit.trainers.ray_run import run_ppo_ray
 
     use_vllm = engine == "vllm" or (engine == "auto" and vllm_available())
     save = out / "grpo"

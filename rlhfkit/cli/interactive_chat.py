@@ -24,8 +24,8 @@ RESET, EXIT = ("/reset", "/clear"), ("/exit", "/quit")
 def build_session(cfg: ChatConfig):  # -> ChatSession
     import torch
 
+    from rlhfkit.inference.chat import ChatSession
     from rlhfkit.models.loading import check_model_path, load_causal_lm, load_tokenizer, resolve_attn_implementation
-    from rlhfkit.rollout.chat import ChatSession
 
     path = check_model_path(cfg.pretrain)
     system = ""

@@ -24,7 +24,7 @@ def validate(cfg: PPOConfig) -> None:
     cfg.check_inputs()
 
 
-main = cli_main(PPOConfig, PROG, __doc__, "rlhfkit.trainers.rl_run:run_ppo", plan_as="ppo", validate=validate,
+main = cli_main(PPOConfig, PROG, __doc__, "rlhfkit.rl.local_run:run_ppo", plan_as="ppo", validate=validate,
                 validate_always=True)
 
 

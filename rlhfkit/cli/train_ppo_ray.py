@@ -21,7 +21,7 @@ from rlhfkit.config.rl import PPOConfig
 
 PROG = "rlhfkit.cli.train_ppo_ray"
 
-main = cli_main(PPOConfig, PROG, __doc__, "rlhfkit.trainers.ray_run:run_ppo_ray",
+main = cli_main(PPOConfig, PROG, __doc__, "rlhfkit.rl.ray_run:run_ppo_ray",
                plan_as="ppo_ray", validate=PPOConfig.check_inputs)  # parsing validates the flags
 
 

@@ -3,7 +3,7 @@
 `RayActorGroup(factory, slots, plan)` starts one Ray actor per rank, pinned to its placement-group bundle. The
 ranks form their own torch.distributed world (gloo on CPU, NCCL on GPUs): rank 0 picks its node address and a
 free port, every rank sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT and joins the group before
-`factory()` builds the local role object (a role from `rlhfkit.trainers.roles`, whose DeepSpeed strategy then
+`factory()` builds the local role object (a role from `rlhfkit.rl.roles`, whose DeepSpeed strategy then
 finds the group already made). Calling a method on the group calls it on the ranks:
 
 - "split": the first positional argument (a list, a tensor, or a dict/tuple of them) is cut into world-size
@@ -12,7 +12,7 @@ finds the group already made). Calling a method on the group calls it on the ran
 - "broadcast" (the default): every rank gets the same arguments (collectives such as a ZeRO-3 gather or an
   optimizer step need all ranks) and rank 0's result is returned.
 
-A role declares a method's mode next to the method with `@dispatch("split")` (`rlhfkit.trainers.roles`); an
+A role declares a method's mode next to the method with `@dispatch("split")` (`rlhfkit.rl.roles`); an
 undecorated method broadcasts. So the RL loop cannot tell a group from the local object. With
 `offload_between_calls` (`--deepspeed_enable_sleep`) every rank reloads its DeepSpeed states before a call and
 offloads them after it, so a role holds accelerator memory only while one of its methods runs (see

@@ -32,7 +32,7 @@ class SampledSequence:
     finish_reason: str  # FINISH_STOP or FINISH_LENGTH
     # Agent episodes (rlhfkit.agents): 1 for tokens the policy sampled, 0 for environment feedback; None: all 1.
     action_mask: list[int] | None = None
-    # Async training (rlhfkit.trainers.async_generator): the policy version that sampled each response token.
+    # Async training (rlhfkit.rl.async_generator): the policy version that sampled each response token.
     versions: list[int] | None = None
 
 

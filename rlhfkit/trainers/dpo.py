@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from rlhfkit.algorithms.preference_losses import dpo_loss, nll_loss
-from rlhfkit.trainers.loop import to_device
+from rlhfkit.run.loop import to_device
 from rlhfkit.trainers.preference import (
     FrozenReference,
     PreferenceTrainer,

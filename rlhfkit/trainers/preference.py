@@ -30,8 +30,8 @@ from rlhfkit.models.policy import (
     model_inputs,
 )
 from rlhfkit.models.shared_prefix import after_prefix, share_prefixes, shared_prefix_logits
-from rlhfkit.trainers.loop import TrainerLoop
-from rlhfkit.trainers.setup import OfflineRun
+from rlhfkit.run.loop import TrainerLoop
+from rlhfkit.run.setup import OfflineRun
 
 Sums = dict[str, tuple[float, float]]  # metric name -> (sum, weight); the reported value is sum / weight
 
@@ -265,7 +265,7 @@ def prepare_policy_and_reference(cfg: Any, kind: str, load_datasets: Callable[[A
                                  ) -> tuple[OfflineRun, FrozenReference]:
     """DPO and KTO: the run (`setup.assemble_offline`, --ref_pretrain checked with the other inputs before any
     process group starts) and its frozen reference."""
-    from rlhfkit.trainers.setup import assemble_offline
+    from rlhfkit.run.setup import assemble_offline
 
     run = assemble_offline(cfg, kind, load_datasets, model_paths=[(cfg.reference.ref_pretrain, "--ref_pretrain")])
     try:

@@ -19,7 +19,7 @@ import torch
 
 from rlhfkit.algorithms.preference_losses import pairwise_rm_loss
 from rlhfkit.models.value_model import sequence_rewards
-from rlhfkit.trainers.loop import to_device
+from rlhfkit.run.loop import to_device
 from rlhfkit.trainers.preference import (
     PreferenceTrainer,
     Sums,
@@ -82,7 +82,7 @@ def run_rm(cfg: Any) -> RewardModelTrainer:
     from functools import partial
 
     from rlhfkit.data.collate import pair_collate
-    from rlhfkit.trainers.setup import assemble_offline
+    from rlhfkit.run.setup import assemble_offline
 
     cfg.check_inputs()  # the flags were validated when parsed
     t, use_margin = cfg.train, cfg.pairs.margin_key is not None

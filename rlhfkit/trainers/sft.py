@@ -18,7 +18,7 @@ from rlhfkit.algorithms.sft_loss import sft_loss
 from rlhfkit.data.tokens import as_long
 from rlhfkit.models.moe import router_aux_loss
 from rlhfkit.models.policy import dense_rows, first_target_position, forward_logits, from_position
-from rlhfkit.trainers.loop import Collate, TrainerLoop, to_device
+from rlhfkit.run.loop import Collate, TrainerLoop, to_device
 
 
 def non_pad_tokens(batch: dict[str, torch.Tensor]) -> int:
@@ -150,7 +150,7 @@ def run_sft(cfg: Any) -> SFTTrainer:
     """Assemble (`setup.assemble_offline`) and run SFT from an `SFTConfig`; saves the model."""
     from rlhfkit.data.collate import make_collate
     from rlhfkit.models.moe import check_aux_loss_coef
-    from rlhfkit.trainers.setup import assemble_offline
+    from rlhfkit.run.setup import assemble_offline
 
     cfg.check_inputs()  # the flags were validated when parsed
     d, t = cfg.data, cfg.train

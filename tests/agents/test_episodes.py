@@ -12,8 +12,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rlhfkit.agents.episodes import episodes_to_samples, run_episodes
 from rlhfkit.algorithms.kl import compute_approx_kl
 from rlhfkit.algorithms.policy_loss import policy_loss
+from rlhfkit.rl.experience import experience_from_samples
 from rlhfkit.rollout.hf_engine import HFRolloutEngine
-from rlhfkit.trainers.experience import experience_from_samples
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 FEEDBACK = "\nUser: not yet, try 12+30 again\nAssistant: "

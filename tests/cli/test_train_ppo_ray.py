@@ -58,7 +58,7 @@ MISCONFIGURATIONS = {
 
 @pytest.mark.parametrize("case", sorted(MISCONFIGURATIONS))
 def test_misconfiguration_fails_before_ray_with_one_line(case, demo_assets, tmp_path, capsys, monkeypatch):
-    import rlhfkit.trainers.ray_run as ray_run
+    import rlhfkit.rl.ray_run as ray_run
 
     def no_ray(*args, **kwargs):
         raise AssertionError("Ray was started for a misconfigured run")

@@ -164,7 +164,7 @@ def test_gpu_only_flag_says_why_on_cpu(flag, demo_assets, tmp_path, capsys, worl
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(err) == 1 and message in err[0], err
     else:
-        from rlhfkit.trainers.ray_run import check_ray_config
+        from rlhfkit.rl.ray_run import check_ray_config
 
         notes = check_ray_config(parse_config(PPOConfig, argv, command), use_gpu=False).notes
         assert any(message in n for n in notes), notes

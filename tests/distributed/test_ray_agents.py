@@ -13,8 +13,8 @@ import pytest
 
 from rlhfkit.config.base import parse_config
 from rlhfkit.config.rl import PPOConfig
+from rlhfkit.rl.ray_run import run_ppo_ray
 from rlhfkit.rollout.vllm_engine import vllm_available
-from rlhfkit.trainers.ray_run import run_ppo_ray
 from tests.distributed.test_ray_ppo import ppo_argv
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -1,6 +1,6 @@
 """Asynchronous RL (--async_train) through Ray: a generator actor fills a bounded queue while the actor trains.
 
-Instrumented runs check the two invariants of rlhfkit/trainers/async_generator.py: no generate call overlaps a
+Instrumented runs check the two invariants of rlhfkit/rl/async_generator.py: no generate call overlaps a
 weight update (the generator records the lock intervals of both), and every consumed batch is at most
 --async_queue_size policy versions behind the trainer. Also: agents train asynchronously, a killed generator stops
 the run within 60 s naming it, and a resumed async run continues at the consumed data position.
@@ -15,7 +15,7 @@ import pytest
 
 from rlhfkit.config.base import parse_config
 from rlhfkit.config.rl import PPOConfig
-from rlhfkit.trainers.ray_run import run_ppo_ray
+from rlhfkit.rl.ray_run import run_ppo_ray
 from tests.distributed.test_ray_ppo import ppo_argv
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -17,8 +17,8 @@ import pytest
 
 from rlhfkit.config.base import parse_config
 from rlhfkit.config.rl import PPOConfig
+from rlhfkit.rl.ray_run import run_ppo_ray
 from rlhfkit.rollout.vllm_engine import vllm_available
-from rlhfkit.trainers.ray_run import run_ppo_ray
 from tests.distributed.hf_reference import greedy_gaps, hf_greedy, load_with_state
 
 REWARD = str(Path(__file__).with_name("reward_exact_match.py"))

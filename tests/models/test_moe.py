@@ -150,8 +150,8 @@ def test_dpo_loss_adds_coef_times_router_loss(moe_dir):
 
 def test_rl_actor_loss_adds_coef_times_router_loss(moe_dir, world_of_one):
     from rlhfkit.config.rl import PPOConfig
-    from rlhfkit.trainers.experience import Experience
-    from rlhfkit.trainers.roles import ActorRole
+    from rlhfkit.rl.experience import Experience
+    from rlhfkit.rl.roles import ActorRole
 
     batch = padded_batch(rows(2, 2, [10, 7]), prompt_len=4)
     exp = Experience(sequences=batch["input_ids"], attention_mask=batch["attention_mask"],

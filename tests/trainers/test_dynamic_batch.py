@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from rlhfkit.config.common import CheckpointArgs, LoggingArgs, StrategyArgs
+from rlhfkit.rl.experience import experience_from_samples
 from rlhfkit.rollout.engine import SampledSequence
-from rlhfkit.trainers.experience import experience_from_samples
 
 TOL = {"atol": 1e-5, "rtol": 0.0}
 LENGTHS = [(4, 2), (30, 28), (3, 6), (2, 2), (25, 20), (8, 4), (3, 2), (20, 10)]  # (prompt, response): skewed
@@ -136,7 +136,7 @@ def rl_config(demo_assets, micro: int, budget: int | None, packing: bool, agg: s
 
 
 def rl_step_grads(demo_assets, exp, micro: int, budget: int | None, packing: bool, agg: str):
-    from rlhfkit.trainers.roles import ActorRole, CriticRole
+    from rlhfkit.rl.roles import ActorRole, CriticRole
 
     cfg = rl_config(demo_assets, micro, budget, packing, agg)
     out = {}

@@ -1,1 +1,0 @@
-"""Atomic, resumable checkpoints."""

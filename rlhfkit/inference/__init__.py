@@ -1,0 +1,1 @@
+"""Batch inference and interactive chat on the rollout engines."""

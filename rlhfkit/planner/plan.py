@@ -1,0 +1,340 @@
+"""The memory planner behind `--dry_run`: per-device memory of every role of a run, before anything is allocated.
+
+`build_plan(cfg, trainer, devices)` reads the model's config.json (no weights), the placement and the flags, and
+returns a `Plan`: one `Pool` per group of devices that roles share (the placement of `rlhfkit/distributed/
+placement.py`; a single-process trainer is one pool), each with rows (role, component, phase, bytes per device).
+The byte counts come from `rlhfkit/planner/memory.py` (ZeRO arithmetic, activations, KV cache).
+
+Phases, for roles that take turns on shared devices (the hybrid engine):
+- resident: held the whole run;
+- generate: only while the vLLM engines generate (`--vllm_enable_sleep` frees them otherwise);
+- train: only while the DeepSpeed roles score and train (`--deepspeed_enable_sleep` offloads them during
+  generation; it also offloads each role while another one runs, so one role's states are on the device at once).
+A pool's peak is resident + max(generate, train); in the train phase activations are transient (one micro-batch
+of one role at a time), so they add as a maximum, not a sum.
+
+On a machine without GPUs (and no `--dry_run_gpu_memory_gb`) the device is the host: each process also holds the
+Python + torch + transformers baseline (`CPU_PROCESS_BASELINE`), and the run's processes share the host's memory.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference, role_needed, role_ranks
+from rlhfkit.distributed.placement import plan_pools, role_demands
+from rlhfkit.errors import UserError
+from rlhfkit.planner import memory as mem
+
+# Resident set of one trainer process on CPU before its models count: the interpreter, torch, transformers,
+# datasets, tokenizers and DeepSpeed imported, the tokenizer and the data loaded. Measured 2026-11-25 on the CPU dev
+# machine (torch 2.13.0+cpu, transformers 5.19): the peak RSS (getrusage RUSAGE_CHILDREN ru_maxrss) of train_sft,
+# train_dpo and train_ppo on the 1M-parameter demo model was 535, 549 and 538 MiB; minus this planner's model
+# terms for those runs (16-32 MiB) that leaves 510-520 MiB. tests/planner/test_plan_measured.py checks
+# the whole estimate against the demo model and a 27M-parameter Llama.
+CPU_PROCESS_BASELINE = 515 * mem.MIB
+# The local Ray cluster of a train_ppo_ray run on one machine (GCS, raylet, dashboard, workers' core): about 0.5 GB
+# after ray.init (Ray 2.60, measured on the CPU dev machine 2026-11-22).
+RAY_LOCAL_CLUSTER = 512 * mem.MIB
+# Below this share of a device left free the plan still fits but says so: allocator fragmentation and the CUDA
+# context (about 0.5-1 GiB per process on a GPU) are not in the rows.
+TIGHT_FRACTION = 0.9
+
+
+@dataclass(frozen=True)
+class Devices:
+    """What the plan is measured against: `count` devices of `memory` bytes each (GPUs) or the host (CPU)."""
+
+    kind: str  # "gpu" or "cpu"
+    memory: float
+    count: int
+    source: str  # where the numbers come from, for the header line
+
+
+@dataclass
+class Row:
+    role: str
+    component: str
+    phase: str  # resident | generate | train
+    bytes: float
+    transient: bool = False  # activations: one role's micro-batch at a time
+    note: str = ""
+
+
+@dataclass
+class Pool:
+    name: str
+    devices: int
+    members: list[str]
+    rows: list[Row] = field(default_factory=list)
+    turns: bool = False  # --deepspeed_enable_sleep: roles take turns in the train phase
+    checks: list[str] = field(default_factory=list)  # failed hard conditions (vLLM cannot start ...)
+    largest_process: float = 0.0  # CPU plans: the peak of the pool's largest process (baseline included)
+
+    def phase_bytes(self, phase: str) -> float:
+        rows = [r for r in self.rows if r.phase == phase]
+        if phase != "train" or not self.turns:
+            fixed = sum(r.bytes for r in rows if not r.transient)
+            return fixed + max((r.bytes for r in rows if r.transient), default=0.0)
+        per_role: dict[str, float] = {}
+        for r in rows:
+            per_role[r.role] = per_role.get(r.role, 0.0) + r.bytes
+        return max(per_role.values(), default=0.0)
+
+    @property
+    def peak(self) -> float:
+        return self.phase_bytes("resident") + max(self.phase_bytes("generate"), self.phase_bytes("train"))
+
+
+@dataclass
+class Plan:
+    trainer: str
+    header: list[str]
+    pools: list[Pool]
+    devices: Devices
+    capacity: float  # bytes the peak is compared with, per device (CPU: the host's memory for all processes)
+    advice: list[str] = field(default_factory=list)
+
+    def worst(self) -> Pool:
+        return max(self.pools, key=lambda p: p.peak)
+
+    def total(self) -> float:
+        """CPU: every process shares the host, so the pools add up; GPU: each pool has its own devices."""
+        return sum(p.peak for p in self.pools) if self.devices.kind == "cpu" else self.worst().peak
+
+    @property
+    def fits(self) -> bool:
+        return self.total() <= self.capacity and not any(p.checks for p in self.pools)
+
+
+def _shape(path: str | None, flag: str) -> mem.ModelShape:
+    if not path:
+        raise UserError(f"--dry_run needs {flag}: a local model directory with a config.json")
+    return mem.read_model_shape(path, flag)
+
+
+def _trained_rows(role: str, shape: mem.ModelShape, cfg: Any, ranks: int, phase: str, *, lm_head: bool = True,
+                  lora_rank: int = 0) -> list[Row]:
+    m, s = cfg.model, cfg.strategy
+    params = shape.params(lm_head)
+    trainable = shape.lora_params(lora_rank) + (0 if lm_head else shape.hidden_size + 1) if lora_rank else params
+    st = mem.trained_states(params, trainable, m.bf16, s.zero_stage, ranks, s.adam_offload)
+    weights_note = f"{params / 1e9:.3f}B x {'2 (bf16)' if m.bf16 else '4'}"
+    if m.load_in_4bit and lora_rank:  # QLoRA: NF4 base weights, not partitioned
+        st = replace(st, weights=mem.qlora_weights(params, trainable))
+        weights_note = f"{params / 1e9:.3f}B in NF4 (--load_in_4bit) + LoRA in bf16"
+    what = f"ZeRO-{s.zero_stage} over {ranks}" if ranks > 1 else f"ZeRO-{s.zero_stage}"
+    rows = [Row(role, "weights", phase, st.weights,
+                note=weights_note + (f", {what}" if s.zero_stage >= 3 and not m.load_in_4bit else "")),
+            Row(role, "gradients", phase, st.gradients, note=("LoRA only, " if lora_rank else "") + what),
+            Row(role, "optimizer states", phase, st.optimizer,
+                note=f"Adam {'12' if m.bf16 else '8'} B/param, {what}" + (", offloaded" if s.adam_offload else ""))]
+    if st.optimizer_host:
+        rows.append(Row(role, "optimizer states (host RAM)", "host", st.optimizer_host, note="--adam_offload"))
+    return rows
+
+
+def _frozen_row(role: str, shape: mem.ModelShape, cfg: Any, ranks: int, phase: str, *, lm_head: bool = True,
+                offload: bool = False) -> Row:
+    w = mem.frozen_weights(shape.params(lm_head), cfg.model.bf16, cfg.strategy.zero_stage, ranks)
+    if offload:
+        return Row(role, "weights (offloaded)", "host", w, note="kept on the host between uses")
+    return Row(role, "weights", phase, w, note="frozen" + (f", ZeRO-3 over {ranks}" if cfg.strategy.zero_stage >= 3
+                                                             and ranks > 1 else ""))
+
+
+def _act_row(role: str, shape: mem.ModelShape, cfg: Any, rows: int, seq: int, *, train: bool,
+             lm_head: bool = True) -> Row:
+    m = cfg.model
+    eager = m.attn_implementation == "eager" and not m.flash_attn
+    if train:
+        b = mem.train_activations(shape, rows, seq, m.bf16, m.gradient_checkpointing, eager, lm_head)
+        note = f"{rows} x {seq} tokens" + (", checkpointed" if m.gradient_checkpointing else "")
+    else:
+        b = mem.forward_activations(shape, rows, seq, m.bf16, lm_head)
+        note = f"forward, {rows} x {seq} tokens"
+    return Row(role, "activations", "train", b, transient=True, note=note)
+
+
+def _plan_preference(cfg: Any, trainer: str, ranks: int) -> list[Pool]:
+    """sft, rm, dpo, kto: one process per device, data parallel over `ranks`."""
+    shape = _shape(cfg.model.pretrain, "--pretrain")
+    micro, seq = cfg.strategy.micro_train_batch_size, cfg.data.max_len
+    reward_model = trainer == "rm"
+    rows = _trained_rows("model", shape, cfg, ranks, "resident", lm_head=not reward_model,
+                         lora_rank=cfg.model.lora_rank)
+    pair_rows = micro if trainer == "sft" else 2 * micro  # chosen + rejected (KTO: samples + KL pairs)
+    rows.append(_act_row("model", shape, cfg, pair_rows, seq, train=True, lm_head=not reward_model))
+    if trainer in ("dpo", "kto"):
+        ref_path = cfg.reference.ref_pretrain or cfg.model.pretrain
+        ref = _shape(ref_path, "--ref_pretrain") if cfg.reference.ref_pretrain else shape
+        rows.append(_frozen_row("reference", ref, cfg, ranks, "resident", offload=cfg.reference.ref_offload))
+        rows.append(_act_row("reference", ref, cfg, pair_rows, seq, train=False))
+    if cfg.model.lora_rank:
+        rows[0].note += f" (frozen base; LoRA rank {cfg.model.lora_rank})"
+    return [Pool(trainer, ranks, ["model"], rows)]
+
+
+def _rl_role_rows(cfg: PPOConfig, role: str, ranks: int, shapes: dict[str, mem.ModelShape], turns: bool) -> list[Row]:
+    """Rows of one RL role on one device of its pool."""
+    d, r = cfg.data, cfg.rollout
+    seq = d.prompt_max_len + d.generate_max_len
+    phase = "train" if turns else "resident"
+    offload = cfg.resources.ref_reward_offload
+    if role == "actor":
+        return _trained_rows("actor", shapes["actor"], cfg, ranks, phase, lora_rank=cfg.model.lora_rank) + [
+            _act_row("actor", shapes["actor"], cfg, cfg.strategy.micro_train_batch_size, seq, train=True)]
+    if role == "critic":
+        return _trained_rows("critic", shapes["critic"], cfg, ranks, phase, lm_head=False) + [
+            _act_row("critic", shapes["critic"], cfg, cfg.strategy.micro_train_batch_size, seq, train=True,
+                     lm_head=False)]
+    lm_head = role == "ref"
+    return [_frozen_row(role, shapes[role], cfg, ranks, phase, lm_head=lm_head, offload=offload),
+            _act_row(role, shapes[role], cfg, r.micro_rollout_batch_size, seq, train=False, lm_head=lm_head)]
+
+
+def _engine_rows(cfg: PPOConfig, shape: mem.ModelShape, devices: Devices, name: str, pool: Pool) -> list[Row]:
+    d, r = cfg.data, cfg.rollout
+    max_len = d.prompt_max_len + d.generate_max_len + 1
+    if shape.max_position_embeddings:
+        max_len = min(max_len, int(shape.max_position_embeddings))
+    if name == "hf_engine" or devices.kind == "cpu":
+        # The Transformers engine (and vLLM on CPU) holds its own copy of the policy's weights plus a KV cache.
+        bf16 = cfg.model.bf16
+        rows_ = min(r.rollout_batch_size * r.n_samples_per_prompt, max(r.micro_rollout_batch_size, 256))
+        if name == "vllm":
+            space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")  # rlhfkit's default (rollout/vllm_engine.py)
+            kv = float(space) * mem.GIB
+            kv_note = f"VLLM_CPU_KVCACHE_SPACE={space} GiB"
+        else:
+            kv = mem.kv_bytes_per_token(shape, bf16) * rows_ * max_len
+            kv_note = f"{rows_} x {max_len} tokens"
+        return [Row(name, "weights", "resident", shape.params() * (2 if bf16 else 4), note="own copy of the policy"),
+                Row(name, "KV cache", "generate", kv, note=kv_note)]
+    tp = r.vllm_tensor_parallel_size
+    budget = mem.vllm_budget(shape, devices.memory, r.vllm_gpu_memory_utilization, tp, max_len)
+    phase = "generate" if r.vllm_enable_sleep else "resident"
+    if budget.sequences < 1:
+        need = max_len * mem.kv_bytes_per_token(shape, True, tp)
+        pool.checks.append(f"vLLM: {mem.gib(budget.kv_cache)} of KV cache per device holds {budget.tokens} tokens, "
+                           f"less than one {max_len}-token sequence ({mem.gib(need)}); vLLM will not start")
+    return [Row("vllm", "weights", phase, budget.weights, note=f"bf16 / TP {tp}"),
+            Row("vllm", "KV cache + workspace", phase, budget.reserved - budget.weights,
+                note=f"{budget.blocks} blocks of {mem.VLLM_BLOCK_SIZE} = {budget.tokens} tokens, "
+                     f"{budget.sequences} x {max_len}-token sequences")]
+
+
+def _rl_shapes(cfg: PPOConfig) -> dict[str, mem.ModelShape]:
+    actor = _shape(cfg.model.pretrain, "--pretrain")
+    m = cfg.rl_model
+    shapes = {"actor": actor, "ref": actor}
+    if role_needed(cfg, "reward"):
+        shapes["reward"] = _shape(m.reward_pretrain, "--reward_pretrain")
+    if needs_critic(cfg):
+        path = m.critic_pretrain or m.reward_pretrain
+        shapes["critic"] = _shape(path, "--critic_pretrain") if path else actor
+    return shapes
+
+
+def _plan_rl(cfg: PPOConfig, trainer: str, devices: Devices) -> list[Pool]:
+    shapes = _rl_shapes(cfg)
+    res = cfg.resources
+    if trainer == "ppo":  # one process: every role, and the Transformers engine, on one device
+        pool = Pool("ppo", 1, [])
+        roles = ["actor"] + [x for x, on in (("critic", needs_critic(cfg)), ("ref", needs_reference(cfg)),
+                                              ("reward", role_needed(cfg, "reward"))) if on]
+        for role in roles:
+            pool.members.append(role)
+            pool.rows += _rl_role_rows(cfg, role, 1, shapes, False)
+        pool.members.append("hf_engine")
+        pool.rows += _engine_rows(cfg, shapes["actor"], devices, "hf_engine", pool)
+        return [pool]
+    demands = role_demands(cfg)
+    ranks = {d.name: d.ranks for d in demands}
+    pools = []
+    for p in plan_pools(demands, colocate_all=res.colocate_all_models, colocate_actor_ref=res.colocate_actor_ref,
+                        colocate_critic_reward=res.colocate_critic_reward):
+        pool = Pool(p.name, p.bundles, list(p.members), turns=res.deepspeed_enable_sleep and len(p.members) > 1)
+        for member in p.members:
+            if member in ("vllm", "hf_engine"):
+                pool.rows += _engine_rows(cfg, shapes["actor"], devices, member, pool)
+            else:
+                pool.rows += _rl_role_rows(cfg, member, ranks[member], shapes, pool.turns)
+        pools.append(pool)
+    return pools
+
+
+def _ranks_of(cfg: Any, trainer: str, role: str, world_size: int) -> int:
+    """Processes holding a role's rows: its ranks (train_ppo_ray), the launcher's world size, or 1 (train_ppo)."""
+    if trainer == "ppo":
+        return 1
+    if trainer != "ppo_ray":
+        return world_size
+    if role == "vllm":
+        return cfg.rollout.vllm_num_engines
+    return 1 if role == "hf_engine" else role_ranks(cfg, role)
+
+
+def _to_host(pools: list[Pool], cfg: Any, trainer: str, world_size: int) -> None:
+    """On the host every process (rank) holds the baseline and its own rows, sleeping and offloaded states
+    included (they move to host memory, not away)."""
+    for pool in pools:
+        procs = sum(_ranks_of(cfg, trainer, m, world_size) for m in pool.members) if trainer == "ppo_ray" \
+            else _ranks_of(cfg, trainer, "model", world_size)
+        for row in pool.rows:
+            row.phase = "train" if row.transient else "resident"
+        if trainer == "ppo_ray":  # a process per rank of each role: the largest role's rank
+            per_role: dict[str, float] = {}
+            for row in pool.rows:
+                per_role[row.role] = per_role.get(row.role, 0.0) + row.bytes
+            pool.largest_process = CPU_PROCESS_BASELINE + max(per_role.values(), default=0.0)
+        else:  # every rank holds all rows
+            pool.largest_process = CPU_PROCESS_BASELINE + pool.peak
+        for row in pool.rows:
+            row.bytes *= _ranks_of(cfg, trainer, row.role, world_size) if trainer == "ppo_ray" else procs
+        pool.rows.insert(0, Row("process", "Python + torch + transformers", "resident", CPU_PROCESS_BASELINE * procs,
+                                note=f"{procs} process{'es' if procs > 1 else ''} x measured baseline"))
+        pool.turns = False
+    if trainer == "ppo_ray" and pools:
+        pools[0].rows.insert(1, Row("ray", "local Ray cluster", "resident", RAY_LOCAL_CLUSTER, note="measured"))
+
+
+def plan_pools_for(cfg: Any, trainer: str, devices: Devices, world_size: int = 1) -> list[Pool]:
+    """The pools and their rows (see the module docstring)."""
+    if trainer in ("ppo", "ppo_ray"):
+        pools = _plan_rl(cfg, trainer, devices)
+    else:
+        pools = _plan_preference(cfg, trainer, world_size)
+    if devices.kind == "cpu":
+        _to_host(pools, cfg, trainer, world_size)
+    else:
+        for pool in pools:
+            for row in pool.rows:
+                if row.phase == "host":
+                    row.phase = "host RAM"  # listed, not counted against the device
+    return pools
+
+
+def build_plan(cfg: Any, trainer: str, devices: Devices, world_size: int = 1) -> Plan:
+    """The plan of `trainer` (sft, rm, dpo, kto, ppo, ppo_ray) for `cfg` on `devices`; `world_size` is the
+    data-parallel size of the launcher-run trainers (sft, rm, dpo, kto). Advice for a plan that does not fit:
+    rlhfkit/planner/advice.py."""
+    pools = plan_pools_for(cfg, trainer, devices, world_size)
+    m = cfg.model
+    shape = _shape(m.pretrain, "--pretrain")
+    header = [f"model {m.pretrain}: {shape.params() / 1e9:.3f}B parameters ({shape.num_layers} layers, hidden "
+              f"{shape.hidden_size}, vocab {shape.vocab_size}); {'bf16' if m.bf16 else 'fp32'}, "
+              f"ZeRO-{cfg.strategy.zero_stage}{', --adam_offload' if cfg.strategy.adam_offload else ''}"
+              f"{', --gradient_checkpointing' if m.gradient_checkpointing else ''}"
+              f"{f', LoRA rank {m.lora_rank}' if m.lora_rank else ''}"]
+    return Plan(trainer, header, pools, devices, devices.memory)
+
+
+def replan(cfg: Any, trainer: str, devices: Devices, world_size: int, change: Any) -> Plan:
+    """The plan of a copy of `cfg` changed by `change(cfg_copy)` (for advice)."""
+    changed = copy.deepcopy(cfg)
+    change(changed)
+    return build_plan(changed, trainer, devices, world_size)

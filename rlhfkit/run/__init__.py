@@ -1,0 +1,1 @@
+"""Run assembly, the loop skeleton every trainer shares, and the pause points tests use."""
