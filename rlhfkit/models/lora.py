@@ -31,7 +31,7 @@ def apply_lora(model: PreTrainedModel, rank: int, alpha: int, dropout: float,
     return get_peft_model(model, config)
 
 
-def merged_for_saving(model: PreTrainedModel) -> PreTrainedModel:
+def merged_for_saving(model: PreTrainedModel | PeftModel) -> PreTrainedModel:
     """A plain Transformers model with the LoRA weights merged in (loads without PEFT)."""
     if isinstance(model, PeftModel):
         return model.merge_and_unload()
