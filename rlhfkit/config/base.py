@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 # A config class: parse_config and _construct build dataclasses only.
 T = TypeVar("T", bound="DataclassInstance")
+V = TypeVar("V")
 
 
 def arg(default: Any = None, help: str = "", *, choices: Sequence[Any] | None = None,
@@ -269,6 +270,14 @@ def parse_config(cls: type[T], argv: Sequence[str] | None, prog: str, descriptio
     cfg = _construct(cls, {**file_values, **ns})
     validate(cfg)
     return cfg
+
+
+def required(value: V | None, flag: str) -> V:
+    """The value of a flag that the config's checks (`validate`, `check_inputs`) require, typed without None.
+    None here means those checks were skipped: a UserError naming the flag."""
+    if value is None:
+        raise UserError(f"--{flag} is required")
+    return value
 
 
 def validate(cfg: Any) -> None:
