@@ -179,6 +179,8 @@ class AgentExecutorBase:
         tokenizer = hf_tokenizer or self.hf_tokenizer
         engine = llm_engine or self.llm_engine
         budget = self._budget(max_length)
+        if self.agent_instance_cls is None:
+            raise TypeError("AgentExecutorBase needs the AgentInstance class: super().__init__(AgentInstance, ...)")
         episode = Episode(prompt_ids=self._prompt_ids(str(prompt), prompt))
         try:
             return await self._episode(episode, prompt, label, sampling_params, tokenizer, engine, budget)
@@ -188,8 +190,6 @@ class AgentExecutorBase:
 
     async def _episode(self, episode: Episode, prompt: Any, label: Any, sampling_params: Any, tokenizer: Any,
                        engine: Any, budget: int) -> Episode:
-        if self.agent_instance_cls is None:
-            raise TypeError("AgentExecutorBase needs the AgentInstance class: super().__init__(AgentInstance, ...)")
         agent = await self._user("AgentInstance()", create_instance(self.agent_instance_cls))
         first = await self._user("reset", agent.reset({"observation": str(prompt), "label": label}))
         observation = str((first or {}).get("observation", prompt))
