@@ -65,7 +65,7 @@ class GeneratorQueue:
     def _start(self, position: LoopState) -> None:
         import ray
 
-        remote = ray.remote(num_cpus=0, max_concurrency=GENERATOR_CONCURRENCY)(RolloutGenerator)
+        remote = ray.remote(RolloutGenerator).options(num_cpus=0, max_concurrency=GENERATOR_CONCURRENCY)
         self.generator = remote.remote(self.cfg, ray.put(list(self.prompts)), self.engine,
                                        self.reward_handle, worker_env())
         self.policy_version = position.global_step

@@ -219,13 +219,13 @@ class RolloutGenerator:
                                                                               default=self.version)))
         rows = len(exp) // len(parts)
         batches = []
-        for k, (_, position, step) in enumerate(parts):
+        for k, (_, at, step) in enumerate(parts):
             sl = slice(k * rows, (k + 1) * rows)
             batches.append({
                 "experience": exp.select(sl).to_dict() if len(parts) > 1 else exp.to_dict(),
                 "texts": {key: v[sl] if isinstance(v, list) else v for key, v in texts.items()},
                 "reward": {**reward, "rewards": reward["rewards"][sl], "scores": reward["scores"][sl]},
-                "recipe_metrics": rollout.recipe_metrics, "timings": dict(rollout.timings), "position": position,
+                "recipe_metrics": rollout.recipe_metrics, "timings": dict(rollout.timings), "position": at,
                 "step": step})
         return batches
 
@@ -253,6 +253,7 @@ class RolloutGenerator:
         self.stopping.set()
         if self.thread is not None:
             self.thread.join(timeout=30)
-        if hasattr(self.text_reward, "close"):
-            self.text_reward.close()
+        close = getattr(self.text_reward, "close", None)  # a reward function's worker pool
+        if close is not None:
+            close()
 

@@ -14,12 +14,22 @@ on Ray. What varies between runs is only what the runner hands the trainer (`RLT
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from rlhfkit.config.rl import PPOConfig
 from rlhfkit.rl.role_protocols import Actor, Critic, Reference, Reward
 from rlhfkit.rollout.engine import RolloutEngine
 from rlhfkit.run.loop import LoopSettings
+
+
+class EpisodeEngine(RolloutEngine, Protocol):
+    """A runner's rollout engine: a `RolloutEngine` that also runs agent episodes (--agent_func_path), as the
+    rollout source needs (`rollout_source.SamplingEngine`)."""
+
+    def generate_episodes(self, requests: Sequence[dict[str, Any]], agent_path: str,
+                          **kwargs: Any) -> list[dict[str, Any]]: ...
 
 
 @dataclass
@@ -29,7 +39,7 @@ class RoleHandles:
     rewards."""
 
     actor: Actor
-    engine: RolloutEngine
+    engine: EpisodeEngine
     reward: Reward | None
     ref: Reference | None = None
     critic: Critic | None = None

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -27,7 +27,7 @@ from rlhfkit.config.rl import PPOConfig
 from rlhfkit.data.tokens import encode, with_bos
 from rlhfkit.rl.experience import Experience, experience_from_samples
 from rlhfkit.rl.shaping import fill_filtered_batch
-from rlhfkit.rollout.engine import RolloutEngine
+from rlhfkit.rollout.engine import SampledSequence
 from rlhfkit.run.loop import LoopState
 
 REPORT_ROLLOUTS_PER_STEP = 4  # rollouts of a step shown in the run report
@@ -61,12 +61,27 @@ class Rollout:
         return rows
 
 
+class SamplingEngine(Protocol):
+    """What the rollout source needs from an engine (`rlhfkit.rollout.engine.RolloutEngine`, a Ray engine group, or
+    the async generator's `VersionedEngine`): generation, agent episodes (--agent_func_path), sleep / wake."""
+
+    def generate(self, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float = 1.0,
+                 top_p: float = 1.0, top_k: int = -1, seed: int | None = None) -> list[SampledSequence]: ...
+
+    def generate_episodes(self, requests: Sequence[dict[str, Any]], agent_path: str,
+                          **kwargs: Any) -> list[dict[str, Any]]: ...
+
+    def sleep(self) -> None: ...
+
+    def wake(self) -> None: ...
+
+
 class RolloutSource:
     """Prompts -> generated, scored and filtered rollouts. `engine` is a rollout engine (local, a Ray engine group,
     or the async generator's locked view of one); `reward` scores texts (a reward function, HTTP reward servers, a
     reward-model role or group) or is None when agent episodes bring their rewards."""
 
-    def __init__(self, cfg: PPOConfig, engine: RolloutEngine, reward: Any, tokenizer: Any, prompts: Sequence[dict]):
+    def __init__(self, cfg: PPOConfig, engine: SamplingEngine, reward: Any, tokenizer: Any, prompts: Sequence[dict]):
         self.cfg = cfg
         self.engine = engine
         self.reward = reward
@@ -167,16 +182,17 @@ class RolloutSource:
         """(samples, the agent episodes' reward dict or None): plain generation, or with --agent_func_path
         multi-turn episodes run inside the engine(s), whose step rewards are the reward."""
         r, agent = self.cfg.rollout, self.cfg.agent.agent_func_path
-        sampling = dict(temperature=temperature, top_p=r.top_p if temperature > 0 else 1.0,
-                        top_k=r.top_k if temperature > 0 else -1, seed=seed)
+        top_p, top_k = (r.top_p, r.top_k) if temperature > 0 else (1.0, -1)
         if not agent:
-            return self.engine.generate(ids, max_new_tokens=self.cfg.data.generate_max_len, **sampling), None
+            return self.engine.generate(ids, max_new_tokens=self.cfg.data.generate_max_len, temperature=temperature,
+                                        top_p=top_p, top_k=top_k, seed=seed), None
         requests = [{"prompt": p, "prompt_ids": i, "label": lab} for p, i, lab in zip(prompts, ids, labels)]
         code = self.cfg.user_code
         episodes = self.engine.generate_episodes(requests, agent, max_steps=self.cfg.agent.max_steps,
                                                  max_length=self.cfg.data.generate_max_len,
                                                  step_timeout=code.reward_timeout,
-                                                 agent_workers=code.reward_workers, **sampling)
+                                                 agent_workers=code.reward_workers, temperature=temperature,
+                                                 top_p=top_p, top_k=top_k, seed=seed)
         return episodes_to_samples(episodes, code.reward_fallback, code.max_reward_failure_ratio, f"agent {agent}",
                                    prompts)
 

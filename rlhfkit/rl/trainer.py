@@ -69,32 +69,37 @@ def reuses_old_log_probs(cfg: PPOConfig, has_reference: bool, samples: int, step
     return actor_trains and not kl_in_reward and one_step
 
 
-def add_advantages(cfg: PPOConfig, exp: Experience, kl_coef: float, reuse_old: bool) -> None:
-    """Per-token KL (when the old log-probs are here) and the estimator's advantages and returns, into `exp`."""
-    a, mask = cfg.algo, exp.action_mask
-    if exp.base_action_log_probs is not None and not reuse_old:
-        exp.kl = compute_approx_kl(exp.action_log_probs, exp.base_action_log_probs, a.kl_estimator, mask)
+def add_advantages(cfg: PPOConfig, exp: Experience, rewards: torch.Tensor, old_log_probs: torch.Tensor | None,
+                   kl_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token KL (when the old and the reference log-probs are here) and the estimator's advantages and returns,
+    set into `exp` and returned."""
+    a, mask, ref_log_probs = cfg.algo, exp.action_mask, exp.base_action_log_probs
+    if ref_log_probs is not None and old_log_probs is not None:
+        exp.kl = compute_approx_kl(old_log_probs, ref_log_probs, a.kl_estimator, mask)
     exp.advantages, exp.returns = compute_advantages(
-        a.advantage_estimator, rewards=exp.rewards, action_mask=mask,
+        a.advantage_estimator, rewards=rewards, action_mask=mask,
         token_kl=exp.kl if a.init_kl_coef > 0 else None, values=exp.values,
         n_samples_per_prompt=cfg.rollout.n_samples_per_prompt, gamma=a.gamma, lambd=a.lambd, kl_coef=kl_coef,
         use_kl_loss=a.use_kl_loss, std_norm=not a.no_advantage_std_norm)
+    return exp.advantages, exp.returns
 
 
-def experience_metrics(exp: Experience, rollout: Rollout, kl_coef: float, reuse_old: bool) -> dict[str, float]:
+def experience_metrics(exp: Experience, rollout: Rollout, advantages: torch.Tensor, returns: torch.Tensor,
+                       old_log_probs: torch.Tensor | None, kl_coef: float) -> dict[str, float]:
     """A finished step's metrics before training: rewards, lengths, KL, advantages, the reward source's and the
-    recipes' numbers, the rollout's timings."""
+    recipes' numbers, the rollout's timings. Without `old_log_probs` (left to the actor's training forward) the
+    rollout-vs-actor log-prob gap comes from the actor's training instead."""
     mask, raw, reward = exp.action_mask, rollout.reward["rewards"], rollout.reward
     kl_per_sample = masked_mean(exp.kl, mask, dim=-1) if exp.kl is not None else torch.zeros(len(exp))
-    lengths = exp.info["response_length"]
+    lengths, rollout_log_probs = exp.info["response_length"], exp.rollout_log_probs
     return {
         "reward": _mean(raw), "reward_std": _std(raw), "score": _mean(reward["scores"]),
         "response_length": _mean(lengths), "response_length_max": float(lengths.max()),
         "truncated": _mean(exp.info["truncated"]), "kl": _mean(kl_per_sample), "kl_coef": kl_coef,
-        "advantage_abs": float(masked_mean(exp.advantages.abs(), mask)),
-        "return": float(masked_mean(exp.returns, mask)),
-        **({} if reuse_old else {"rollout_logprob_diff": float(
-            masked_mean((exp.action_log_probs - exp.rollout_log_probs).abs(), mask))}),
+        "advantage_abs": float(masked_mean(advantages.abs(), mask)),
+        "return": float(masked_mean(returns, mask)),
+        **({} if old_log_probs is None or rollout_log_probs is None else {"rollout_logprob_diff": float(
+            masked_mean((old_log_probs - rollout_log_probs).abs(), mask))}),
         **{f"reward_extra/{k}": float(v) for k, v in reward["extra_logs"].items()}, **reward["metrics"],
         **rollout.recipe_metrics, **rollout.timings,
     }
@@ -167,16 +172,16 @@ class RLTrainer(Trainer):
         exp.base_action_log_probs = self.ref.log_probs(batch) if self.ref is not None else None
         exp.values = self.critic.values(batch) if self.critic is not None else None
         reuse_old = reuses_old_log_probs(self.cfg, self.ref is not None, len(exp), step)
-        exp.action_log_probs = None if reuse_old else self.actor.log_probs(batch)
+        old_log_probs = exp.action_log_probs = None if reuse_old else self.actor.log_probs(batch)
         timings["time/score_s"] = timings.get("time/score_s", 0.0) + time.perf_counter() - started
         raw = rollout.reward["rewards"]
         shaped, shaping_metrics = shape_rewards(self.cfg, raw, exp.info["response_length"], exp.info["truncated"])
         rollout.recipe_metrics.update(shaping_metrics)
         bounds = reward_clip_bounds(self.cfg)
-        exp.rewards = shaped.clamp(*bounds) if bounds else shaped.clone()
+        rewards = exp.rewards = shaped.clamp(*bounds) if bounds else shaped.clone()
         exp.info.update(reward=raw, score=rollout.reward["scores"])
-        add_advantages(self.cfg, exp, self.kl_ctl.value, reuse_old)
-        return exp, experience_metrics(exp, rollout, self.kl_ctl.value, reuse_old)
+        advantages, returns = add_advantages(self.cfg, exp, rewards, old_log_probs, self.kl_ctl.value)
+        return exp, experience_metrics(exp, rollout, advantages, returns, old_log_probs, self.kl_ctl.value)
 
     # -- updates ---------------------------------------------------------------------------------------------
     def train(self, exp: Experience, metrics: dict[str, float], step: int, started: float) -> dict[str, float]:

@@ -31,7 +31,10 @@ class LocalWeightSync:
         self.engine = engine
 
     def sync(self) -> None:
-        self.engine.update_weights(self.actor.state_dict())
+        state = self.actor.state_dict()
+        if state is None:  # only ranks other than 0 have none, and a local actor is rank 0
+            raise RuntimeError("the local actor returned no state dict")
+        self.engine.update_weights(state)
 
 
 class RayWeightSync:
