@@ -44,6 +44,7 @@ class OfflineTrainer(Trainer):
     define `train_batch`, `evaluate` and `progress_fields`; `fit` runs the loop (`self.loop`)."""
 
     kind = "loop"
+    nonfinite: NonFiniteGuard  # skipped non-finite updates of the current fit (made by `start`)
 
     def __init__(self, strategy: DeepSpeedStrategy, engine: Any, tokenizer: Any, train_samples: Sequence[Any],
                  eval_samples: Sequence[Any] | None, collate: Collate, *, max_epochs: int, max_steps: int,
@@ -61,7 +62,6 @@ class OfflineTrainer(Trainer):
         self.packing = packing  # the collate packs: a token budget counts tokens, not rows x longest row
         self.args = strategy.args
         self.micro_scale = 1.0  # weight of the current micro-batch's loss in its optimizer step (set per micro)
-        self.nonfinite = NonFiniteGuard(self.args.max_nonfinite_steps, self.kind)  # renewed by each fit (start)
         settings = LoopSettings(name=self.kind, max_epochs=max_epochs, max_steps=max_steps, logging=logging_args,
                                 checkpoint=ckpt_args)
         # `run`: the identity written into (and checked against) the checkpoints
