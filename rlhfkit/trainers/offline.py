@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from rlhfkit.config.base import required
 from rlhfkit.config.common import CheckpointArgs, LoggingArgs
 from rlhfkit.data.sampler import micro_batches_for_rank
 from rlhfkit.data.token_budget import plan_micro_batches
@@ -125,10 +126,8 @@ class OfflineTrainer(Trainer):
         rank, world = self.strategy.rank, self.strategy.world_size
         if not self.args.use_dynamic_batch:
             return micro_batches_for_rank(list(global_batch), self.args.micro_train_batch_size, rank, world)
-        budget = self.args.max_tokens_per_gpu
-        assert budget is not None  # the flags rule: --use_dynamic_batch needs --max_tokens_per_gpu
         lengths, widths = zip(*(self.sample_size(self.train_samples[i]) for i in global_batch))
-        plan = plan_micro_batches(lengths, budget, world,
+        plan = plan_micro_batches(lengths, required(self.args.max_tokens_per_gpu, "max_tokens_per_gpu"), world,
                                   widths=None if self.packing else widths, rows_per_sample=self.rows_per_sample)
         return [[global_batch[j] for j in micro] for micro in plan[rank]]
 
