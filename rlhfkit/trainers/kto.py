@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from rlhfkit.algorithms.preference_losses import kto_kl_reference_point, kto_loss
+from rlhfkit.config.base import required
 from rlhfkit.config.preference import KTOConfig
 from rlhfkit.trainers.offline import to_device
 from rlhfkit.trainers.preference import (
@@ -85,7 +86,7 @@ def load_unpaired_datasets(cfg: KTOConfig, tokenizer: Any) -> tuple[Any, Any]:
                                input_template=d.input_template, apply_chat_template=d.apply_chat_template,
                                tokenizer_chat_template=d.tokenizer_chat_template)
 
-    train = build(d.dataset, d.dataset_probs, d.dataset_split, d.max_samples, "--dataset")
+    train = build(required(d.dataset, "dataset"), d.dataset_probs, d.dataset_split, d.max_samples, "--dataset")
     evalset = build(d.eval_dataset, None, d.eval_split, None, "--eval_dataset") if d.eval_dataset else None
     return train, evalset
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from rlhfkit.config.base import required
 from rlhfkit.config.common import CheckpointArgs, LoggingArgs
 from rlhfkit.data.sampler import micro_batches_for_rank
 from rlhfkit.data.token_budget import plan_micro_batches
@@ -44,6 +45,7 @@ class OfflineTrainer(Trainer):
     define `train_batch`, `evaluate` and `progress_fields`; `fit` runs the loop (`self.loop`)."""
 
     kind = "loop"
+    nonfinite: NonFiniteGuard  # skipped non-finite updates of the current fit (made by `start`)
 
     def __init__(self, strategy: DeepSpeedStrategy, engine: Any, tokenizer: Any, train_samples: Sequence[Any],
                  eval_samples: Sequence[Any] | None, collate: Collate, *, max_epochs: int, max_steps: int,
@@ -61,7 +63,6 @@ class OfflineTrainer(Trainer):
         self.packing = packing  # the collate packs: a token budget counts tokens, not rows x longest row
         self.args = strategy.args
         self.micro_scale = 1.0  # weight of the current micro-batch's loss in its optimizer step (set per micro)
-        self.nonfinite = NonFiniteGuard(self.args.max_nonfinite_steps, self.kind)  # renewed by each fit (start)
         settings = LoopSettings(name=self.kind, max_epochs=max_epochs, max_steps=max_steps, logging=logging_args,
                                 checkpoint=ckpt_args)
         # `run`: the identity written into (and checked against) the checkpoints
@@ -125,10 +126,8 @@ class OfflineTrainer(Trainer):
         rank, world = self.strategy.rank, self.strategy.world_size
         if not self.args.use_dynamic_batch:
             return micro_batches_for_rank(list(global_batch), self.args.micro_train_batch_size, rank, world)
-        budget = self.args.max_tokens_per_gpu
-        assert budget is not None  # the flags rule: --use_dynamic_batch needs --max_tokens_per_gpu
         lengths, widths = zip(*(self.sample_size(self.train_samples[i]) for i in global_batch))
-        plan = plan_micro_batches(lengths, budget, world,
+        plan = plan_micro_batches(lengths, required(self.args.max_tokens_per_gpu, "max_tokens_per_gpu"), world,
                                   widths=None if self.packing else widths, rows_per_sample=self.rows_per_sample)
         return [[global_batch[j] for j in micro] for micro in plan[rank]]
 

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from rlhfkit.algorithms.sft_loss import shifted_target_mask, token_logprobs
+from rlhfkit.config.base import required
 from rlhfkit.config.preference import DPOConfig, KTOConfig, RMConfig
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
 from rlhfkit.models.policy import (
@@ -299,6 +300,6 @@ def load_pair_datasets(cfg: RMConfig | DPOConfig, tokenizer: Any, need_margin: b
                                  input_template=d.input_template, apply_chat_template=d.apply_chat_template,
                                  tokenizer_chat_template=d.tokenizer_chat_template)
 
-    train = build(d.dataset, d.dataset_probs, d.dataset_split, d.max_samples, "--dataset")
+    train = build(required(d.dataset, "dataset"), d.dataset_probs, d.dataset_split, d.max_samples, "--dataset")
     evalset = build(d.eval_dataset, None, d.eval_split, None, "--eval_dataset") if d.eval_dataset else None
     return train, evalset

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from rlhfkit.algorithms.sft_loss import sft_loss
+from rlhfkit.config.base import required
 from rlhfkit.config.sft import SFTConfig
 from rlhfkit.data.tokens import as_long
 from rlhfkit.models.moe import router_aux_loss
@@ -143,7 +144,7 @@ def load_sft_datasets(cfg: SFTConfig, tokenizer: Any) -> tuple[Any, Any]:
         records = load_mixture(spec, probs, split, max_samples, cfg.strategy.seed, arg_name=flag)
         return SFTDataset.from_args(records, tokenizer, d)
 
-    train = tokenised(d.dataset, d.dataset_probs, d.dataset_split, d.max_samples, "--dataset")
+    train = tokenised(required(d.dataset, "dataset"), d.dataset_probs, d.dataset_split, d.max_samples, "--dataset")
     evalset = tokenised(d.eval_dataset, None, d.eval_split, 10**9, "--eval_dataset") if d.eval_dataset else None
     return train, evalset
 
