@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from rlhfkit.rollout.engine import FINISH_LENGTH, FINISH_STOP, SampledSequence
+from rlhfkit.config.specs import EngineSpec
+from rlhfkit.rollout.engine import FINISH_LENGTH, FINISH_STOP, EpisodeRunner, SampledSequence, run_agent_episodes
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
@@ -65,7 +66,7 @@ class HFRolloutEngine:
     """`RolloutEngine` over a Transformers causal LM held by this object (its own copy of the policy)."""
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 256,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, episode_runner: EpisodeRunner | None = None):
         self.model = model.eval().requires_grad_(False)
         if device is not None:
             self.model.to(device)
@@ -74,6 +75,7 @@ class HFRolloutEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = _eos_ids(model, tokenizer)
         self.max_batch_size = max_batch_size
+        self.episode_runner = episode_runner
 
     @classmethod
     def from_pretrained(cls, path: str, tokenizer: Any, *, dtype: torch.dtype = torch.float32,
@@ -83,12 +85,23 @@ class HFRolloutEngine:
         model = load_causal_lm(path, attn_implementation=attn_implementation, dtype=dtype, flag=flag)
         return cls(model, tokenizer, **kwargs)
 
+    @classmethod
+    def from_spec(cls, spec: EngineSpec, tokenizer: Any = None, *, device: torch.device | str | None = None,
+                  episode_runner: EpisodeRunner | None = None) -> HFRolloutEngine:
+        """The engine an `EngineSpec` describes (its tokenizer loaded from the spec's model unless given)."""
+        from rlhfkit.models.loading import check_model_path, load_tokenizer, resolve_attn_implementation
+
+        path = check_model_path(spec.model)
+        if tokenizer is None:
+            tokenizer = load_tokenizer(path, use_fast=spec.use_fast_tokenizer)
+        return cls.from_pretrained(path, tokenizer, dtype=torch.bfloat16 if spec.bf16 else torch.float32,
+                                   attn_implementation=resolve_attn_implementation(spec.attn_implementation, False),
+                                   max_batch_size=spec.max_batch_size, device=device, episode_runner=episode_runner)
+
     # -- generation -----------------------------------------------------------------------------------------
     def generate_episodes(self, requests: Sequence[dict[str, Any]], agent_path: str, **kwargs: Any) -> list[dict]:
         """Agent episodes (rlhfkit.agents) run here, all at once, their generations batched on this engine."""
-        from rlhfkit.agents.episodes import run_episodes
-
-        return run_episodes(self.generate, self.tokenizer, agent_path, requests, **kwargs)
+        return run_agent_episodes(self.episode_runner, self.generate, self.tokenizer, agent_path, requests, **kwargs)
 
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float = 1.0,
