@@ -5,13 +5,22 @@ checked when the run starts (`rlhfkit.rl.ray_run.check_ray_config`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from rlhfkit.config.common import check_batch_split
+from rlhfkit.config.common import StrategyArgs, check_batch_split
+from rlhfkit.config.rl_sections import AlgorithmArgs, ResourceArgs, RLModelArgs, RolloutArgs
 from rlhfkit.errors import UserError
 
-if TYPE_CHECKING:
-    from rlhfkit.config.rl import PPOConfig
+
+class RLFlags(Protocol):
+    """The sections of `rlhfkit.config.rl.PPOConfig` these rules read (a Protocol, so that `config.rl`, which runs
+    the rules, is not imported back here)."""
+
+    algo: AlgorithmArgs
+    rl_model: RLModelArgs
+    resources: ResourceArgs
+    rollout: RolloutArgs
+    strategy: StrategyArgs
 
 
 def check_positive(values: dict[str, float]) -> None:
@@ -20,26 +29,26 @@ def check_positive(values: dict[str, float]) -> None:
             raise UserError(f"--{flag} must be positive (got {value})")
 
 
-def needs_reference(cfg: PPOConfig) -> bool:
+def needs_reference(cfg: RLFlags) -> bool:
     """A reference model is needed for a KL penalty or a KL loss."""
     return cfg.algo.init_kl_coef > 0 or cfg.algo.use_kl_loss
 
 
-def needs_critic(cfg: PPOConfig) -> bool:
+def needs_critic(cfg: RLFlags) -> bool:
     return cfg.algo.advantage_estimator == "gae"
 
 
 ROLES = ("actor", "critic", "ref", "reward")
 
 
-def role_needed(cfg: PPOConfig, role: str) -> bool:
+def role_needed(cfg: RLFlags, role: str) -> bool:
     """Whether this run has the role: no critic for a group estimator, no reward model with --remote_rm_url, no
     reference without KL."""
     return {"actor": True, "critic": needs_critic(cfg), "ref": needs_reference(cfg),
             "reward": bool(cfg.rl_model.reward_pretrain)}[role]
 
 
-def _colocated_host(cfg: PPOConfig, role: str) -> str | None:
+def _colocated_host(cfg: RLFlags, role: str) -> str | None:
     """The role whose devices `role` shares (actor for the hybrid engine and --colocate_actor_ref; critic for
     --colocate_critic_reward), or None."""
     res = cfg.resources
@@ -52,7 +61,7 @@ def _colocated_host(cfg: PPOConfig, role: str) -> str | None:
     return None
 
 
-def role_ranks(cfg: PPOConfig, role: str) -> int:
+def role_ranks(cfg: RLFlags, role: str) -> int:
     """Processes (one device each) of a role: --{role}_num_nodes x --{role}_num_gpus_per_node.
 
     OpenRLHF's hybrid-engine commands give colocated roles 0 nodes / 0 GPUs ("they live on the actor's devices"):
@@ -65,7 +74,7 @@ def role_ranks(cfg: PPOConfig, role: str) -> int:
     return ranks
 
 
-def validate_resources(cfg: PPOConfig) -> None:
+def validate_resources(cfg: RLFlags) -> None:
     res, r = cfg.resources, cfg.rollout
     if not res.ray_call_timeout > 0:
         raise UserError(f"--ray_call_timeout must be a positive number of seconds (got {res.ray_call_timeout})")
@@ -97,7 +106,7 @@ def validate_resources(cfg: PPOConfig) -> None:
                             f"--vllm_tensor_parallel_size (= {engines})")
 
 
-def _role_devices(cfg: PPOConfig) -> dict[str, int]:
+def _role_devices(cfg: RLFlags) -> dict[str, int]:
     """Devices of each role the run has, and of the rollout engines when they are vLLM ("vllm")."""
     devices = {role: role_ranks(cfg, role) for role in ROLES if role_needed(cfg, role)}
     if cfg.rollout.vllm_num_engines > 0:
@@ -105,7 +114,7 @@ def _role_devices(cfg: PPOConfig) -> dict[str, int]:
     return devices
 
 
-def validate_placement(cfg: PPOConfig) -> None:
+def validate_placement(cfg: RLFlags) -> None:
     """The placement's flag rules (after the batch rules): a colocated role fits on its host's devices, and every
     role splits a step's samples and the train batch evenly over its own ranks (each role's DeepSpeed config splits
     the train batch over its ranks)."""
