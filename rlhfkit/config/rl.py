@@ -45,6 +45,7 @@ from rlhfkit.config.rl_sections import (
     RolloutArgs,
     UserCodeArgs,
 )
+from rlhfkit.config.specs import CRITIC_HEAD_HINT as CRITIC_HEAD_HINT
 from rlhfkit.errors import UserError
 
 
@@ -96,7 +97,6 @@ def critic_path(cfg: PPOConfig) -> str | None:
     return cfg.rl_model.critic_pretrain or cfg.rl_model.reward_pretrain or cfg.model.pretrain
 
 
-CRITIC_HEAD_HINT = ", or add --critic_init_head to start the critic's head from scratch on purpose"
 
 
 def critic_needs_head(cfg: PPOConfig) -> bool:

@@ -77,10 +77,11 @@ def reward_spec(cfg: PPOConfig) -> RewardSpec:
                       value_head_prefix=cfg.rl_model.value_head_prefix, normalize=cfg.algo.normalize_reward)
 
 
-def engine_spec(cfg: PPOConfig) -> EngineSpec:
-    """The rollout engines: vLLM with --vllm_num_engines N > 0, else one Transformers engine."""
+def engine_spec(cfg: PPOConfig, single_process: bool = False) -> EngineSpec:
+    """The rollout engines: vLLM with --vllm_num_engines N > 0 (train_ppo_ray), else one Transformers engine (always
+    in the single-process train_ppo)."""
     m, r, d = cfg.model, cfg.rollout, cfg.data
-    vllm = r.vllm_num_engines > 0
+    vllm = r.vllm_num_engines > 0 and not single_process
     return EngineSpec(backend="vllm" if vllm else "transformers", model=m.pretrain,
                       use_fast_tokenizer=not m.disable_fast_tokenizer, bf16=m.bf16,
                       attn_implementation="flash_attention_2" if m.flash_attn else m.attn_implementation,
@@ -102,13 +103,13 @@ def placement_spec(cfg: PPOConfig) -> PlacementSpec:
                          engine_devices_per_rank=engine.devices_per_engine, colocate_all=res.colocate_all_models,
                          colocate_actor_ref=res.colocate_actor_ref, colocate_critic_reward=res.colocate_critic_reward,
                          offload_between_calls=tuple(role for role, _ in roles if offload[role]),
-                         sync_backend=cfg.rollout.vllm_sync_backend, ddp_timeout=cfg.strategy.ddp_timeout,
-                         call_timeout=res.ray_call_timeout)
+                         sync_backend=cfg.rollout.vllm_sync_backend, ddp_timeout=cfg.strategy.ddp_timeout)
 
 
-def rl_specs(cfg: PPOConfig) -> RLSpecs:
-    """Every spec of the run (a role the run does not have is None)."""
+def rl_specs(cfg: PPOConfig, single_process: bool = False) -> RLSpecs:
+    """Every spec of the run (a role the run does not have is None); `single_process`: train_ppo's run, every role
+    in one process with the Transformers engine."""
     return RLSpecs(actor=actor_spec(cfg), critic=critic_spec(cfg) if needs_critic(cfg) else None,
                    ref=reference_spec(cfg) if needs_reference(cfg) else None,
                    reward=reward_spec(cfg) if cfg.rl_model.reward_pretrain else None,
-                   engine=engine_spec(cfg), placement=placement_spec(cfg))
+                   engine=engine_spec(cfg, single_process), placement=placement_spec(cfg))

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from rlhfkit.config.common import ModelArgs, StrategyArgs
 
 ENGINE_BACKENDS = ("transformers", "vllm")
+#: Added to the message about a critic initialisation without a trained value head.
+CRITIC_HEAD_HINT = ", or add --critic_init_head to start the critic's head from scratch on purpose"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,7 +138,6 @@ class PlacementSpec:
     offload_between_calls: tuple[str, ...] = ()  # roles whose states leave the device between calls
     sync_backend: str = "nccl"  # --vllm_sync_backend (nccl falls back to the object store without GPUs)
     ddp_timeout: float = 1800.0  # seconds a collective of a role group (or the weight-sync group) waits
-    call_timeout: float = 1800.0  # seconds one Ray call to a role or an engine may take
 
 
 @dataclass(frozen=True, kw_only=True)

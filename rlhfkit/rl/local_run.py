@@ -8,18 +8,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
-from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference, validate_single_process
+from rlhfkit.config.rl import PPOConfig, validate_single_process
+from rlhfkit.config.rl_specs import rl_specs
 
 
 def run_ppo(cfg: PPOConfig) -> Any:
     """Validate, load data, build the roles and the engine, train, and save the final model(s)."""
-    from rlhfkit.models.loading import resolve_attn_implementation
+    from rlhfkit.agents.episodes import run_episodes
     from rlhfkit.models.moe import check_aux_loss_coef
     from rlhfkit.rl.loop import RLTrainer, RoleHandles
     from rlhfkit.rl.roles import ActorRole, CriticRole, ReferenceRole, RewardModelRole
-    from rlhfkit.rollout.hf_engine import HFRolloutEngine
+    from rlhfkit.rollout.factory import local_engine
     from rlhfkit.run.setup import build_strategy, load_rl_inputs, prepare_run, train_rl
 
     cfg.check_inputs()  # the flags were validated when parsed
@@ -32,17 +31,15 @@ def run_ppo(cfg: PPOConfig) -> Any:
         if cfg.rollout.vllm_num_engines > 0:
             strategy.print("train_ppo: --vllm_num_engines applies to train_ppo_ray; this single-process run "
                            "generates with the Transformers engine")
-        steps, text_reward = inputs.num_update_steps, inputs.text_reward
+        steps, text_reward, specs = inputs.num_update_steps, inputs.text_reward, rl_specs(cfg, single_process=True)
         roles = RoleHandles(
-            actor=ActorRole(cfg, steps),
-            engine=HFRolloutEngine.from_pretrained(
-                cfg.model.pretrain, inputs.tokenizer, dtype=torch.bfloat16 if cfg.model.bf16 else torch.float32,
-                attn_implementation=resolve_attn_implementation(cfg.model.attn_implementation, cfg.model.flash_attn),
-                max_batch_size=max(cfg.rollout.micro_rollout_batch_size, 256), device=strategy.device),
-            reward=text_reward if text_reward is not None else RewardModelRole(cfg) if cfg.rl_model.reward_pretrain
+            actor=ActorRole(specs.actor, steps),
+            engine=local_engine(specs.engine, use_gpu=False, tokenizer=inputs.tokenizer, device=strategy.device,
+                                episode_runner=run_episodes),
+            reward=text_reward if text_reward is not None else RewardModelRole(specs.reward) if specs.reward
             else None,  # None: agent episodes bring their rewards
-            ref=ReferenceRole(cfg) if needs_reference(cfg) else None,
-            critic=CriticRole(cfg, steps) if needs_critic(cfg) else None,
+            ref=ReferenceRole(specs.ref) if specs.ref else None,
+            critic=CriticRole(specs.critic, steps) if specs.critic else None,
         )
 
         def describe(trainer: RLTrainer) -> None:
