@@ -176,10 +176,10 @@ class ActorRole(_TrainedRole):
     """The policy being trained: old log-probs for the rollout, PPO updates, weights for the engines."""
 
     name = "actor"
+    spec: ActorSpec
 
     def __init__(self, spec: ActorSpec, num_update_steps: int):
         super().__init__(spec)
-        self.spec: ActorSpec = spec
         model = load_trainable_lm(spec.model)
         self.engine = self.strategy.prepare_train(model, spec.learning_rate, num_update_steps)
         self.temperature = spec.temperature
@@ -302,10 +302,10 @@ class CriticRole(_TrainedRole):
     """The value model of PPO (`--advantage_estimator gae`): values for GAE, regression on the returns."""
 
     name = "critic"
+    spec: CriticSpec
 
     def __init__(self, spec: CriticSpec, num_update_steps: int):
         super().__init__(spec)
-        self.spec: CriticSpec = spec
         path = check_model_path(spec.path, "--critic_pretrain")
         model = load_value_model(path, value_head_prefix=spec.value_head_prefix,
                                  attn_implementation=_attn(spec), dtype=torch.float32, flag="--critic_pretrain",
@@ -347,6 +347,7 @@ class ReferenceRole(_Role):
     """The frozen initial policy: reference log-probs for the KL penalty or KL loss."""
 
     name = "ref"
+    spec: ReferenceSpec
 
     def __init__(self, spec: ReferenceSpec):
         super().__init__(spec)
@@ -366,6 +367,7 @@ class RewardModelRole(_Role):
     """A trained reward model (`--reward_pretrain`): the value head at each sample's last token."""
 
     name = "reward"
+    spec: RewardSpec
 
     def __init__(self, spec: RewardSpec):
         super().__init__(spec)
