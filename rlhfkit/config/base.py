@@ -7,8 +7,8 @@ defaults (flat keys, nested by section, or dotted), and flags on the command lin
 
 OpenRLHF's other spellings (`--actor.model_name_or_path`, `--eps_clip_low_high LO HI`, ...; the table is
 `rlhfkit.config.openrlhf_names`) are accepted everywhere a flag is: as aliases on the command line (listed in
-`--help`), as keys of a `--config` file, and in the README's flag tables. Their flags without an rlhfkit
-equivalent fail with "not supported yet" (one line, exit code 2).
+`--help`), as keys of a `--config` file, and in the flag tables of the docs site's command pages. Their flags
+without an rlhfkit equivalent fail with "not supported yet" (one line, exit code 2).
 
 `parse_config` ends with the config's `validate()`: each flag's checks live there, once (checks that need the
 inputs themselves, such as required paths and files, are the config's `check_inputs()`, run by the trainer).
@@ -287,7 +287,7 @@ def validate_sections(cfg: Any) -> None:
 
 
 def flag_table(cls: type) -> str:
-    """A Markdown table of every flag of `cls`, with OpenRLHF's spellings (used to write and check the README)."""
+    """A Markdown table of every flag of `cls`, with OpenRLHF's spellings (the docs site's command pages)."""
     fields = field_names(cls)
     rows = ["| flag | default | meaning |", "| --- | --- | --- |"]
     for _, name, f, _ in iter_fields(cls):

@@ -195,7 +195,7 @@ def generate_samples(cfg: BatchInferenceConfig, prompts: list[Prompt], tokenizer
 def score(cfg: BatchInferenceConfig, queries: list[str], prompts: list[str], labels: list[Any]) -> list[float]:
     """One reward per query from the reward model or --remote_rm_url, in chunks with a progress bar."""
     from rlhfkit.models.loading import resolve_attn_implementation
-    from rlhfkit.rewards.server import load_scorer
+    from rlhfkit.rewards.scorer import load_scorer
     from rlhfkit.rewards.sources import make_remote_reward
 
     s, m, step = cfg.scoring, cfg.model, cfg.generation.micro_batch_size

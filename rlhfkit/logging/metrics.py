@@ -8,7 +8,6 @@ the HTML run report (`report.html`, rlhfkit.logging.html_report) when the logger
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -63,10 +62,9 @@ class MetricsLogger:
         record = {"step": step, "time": time.time(), **{f"{prefix}/{k}": v for k, v in values.items()}}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
-        if self._tb is not None:
+        if self._tb is not None:  # every value, NaN and inf too: the event files mirror the JSONL
             for k, v in values.items():
-                if math.isfinite(v):
-                    self._tb.add_scalar(f"{prefix}/{k}", v, step)
+                self._tb.add_scalar(f"{prefix}/{k}", v, step)
         if self._wandb is not None:
             self._wandb.log({f"{prefix}/{k}": v for k, v in values.items()}, step=step)
 

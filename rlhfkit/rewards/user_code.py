@@ -9,15 +9,14 @@ its functions there, each call with a timeout. A call ends in a `CallResult`: th
 The caller decides what a failure costs (rlhfkit.rewards.sources gives the call's samples a fallback reward).
 
 Workers are plain subprocesses (`python -c`), not `multiprocessing` children: they start in ~50 ms without
-importing rlhfkit's package (this file is loaded by path), each in its own session so that a kill takes the user
-code's own children with it, and they talk over a socket pair that the user's prints cannot corrupt. A worker exits
-when its parent goes away (a watchdog thread), so a killed trainer leaves no worker behind.
+importing rlhfkit's package (user_code_worker.py is loaded by path), each in its own session so that a kill takes
+the user code's own children with it, and they talk over a socket pair that the user's prints cannot corrupt. A
+worker exits when its parent goes away (a watchdog thread), so a killed trainer leaves no worker behind.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import queue
 import signal
 import subprocess
@@ -26,22 +25,19 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, Pipe
+from multiprocessing.connection import Pipe
 from pathlib import Path
 from typing import Any
 
+from rlhfkit.rewards.user_code_worker import describe, recv_obj, send_obj
+
+WORKER_FILE = Path(__file__).with_name("user_code_worker.py")
 FAILURE_KINDS = ("exception", "timeout", "crash", "bad_output")
 
-# The worker bootstrap: load this very file by path (no package import) and serve.
+# The worker bootstrap: load user_code_worker.py by path (no package import) and serve.
 _BOOT = ("import sys, importlib.util as u; s = u.spec_from_file_location('rlhfkit_user_code_worker', sys.argv[1]); "
          "m = u.module_from_spec(s); sys.modules[s.name] = m; s.loader.exec_module(m); "
          "m.worker_main(int(sys.argv[2]), sys.argv[3])")
-
-
-def describe(e: BaseException) -> str:
-    """`ValueError: first line of the message` (the type alone when the message is empty)."""
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
 @dataclass
@@ -58,112 +54,8 @@ class CallResult:
         return self.kind is None
 
 
-def _send(conn: Connection, obj: Any) -> None:
-    # Plain pickle, not Connection.send's ForkingPickler: with torch imported, that one would pass tensors as
-    # shared-memory handles through a resource-sharer server instead of by value.
-    conn.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-def _recv(conn: Connection) -> Any:
-    return pickle.loads(conn.recv_bytes())
-
-
 class UserCodeLoadError(Exception):
     """The user's file could not be imported in a worker (message: the exception's first line)."""
-
-
-# -- the worker side (runs in the child process) -----------------------------------------------------------
-def _watch_parent(parent: int) -> None:
-    while True:
-        time.sleep(0.5)
-        if os.getppid() != parent:
-            os._exit(3)
-
-
-def _load_module(path: str) -> Any:
-    import importlib.util
-
-    sys.path.insert(0, str(Path(path).resolve().parent))  # the file may import its neighbours, as a script would
-    spec = importlib.util.spec_from_file_location("rlhfkit_user_code", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"{path} is not an importable Python file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["rlhfkit_user_code"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def _run(fn: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    import inspect
-
-    value = fn(*args, **kwargs)
-    if inspect.isawaitable(value):  # an `async def` function: run it to completion here
-        import asyncio
-
-        async def wait() -> Any:
-            return await value
-
-        value = asyncio.run(wait())
-    return value
-
-
-def _object_call(module: Any, objects: dict[str, Any], name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    """Objects that live in the worker between calls (PinnedWorkers): "new:<Class>:<key>" builds one (awaiting an
-    `async def __init__`), "call:<key>:<method>" calls a method, "drop:<key>" forgets it."""
-    op, _, rest = name.partition(":")
-    if op == "new":
-        class_name, _, key = rest.partition(":")
-        cls = getattr(module, class_name)
-        import inspect
-
-        if inspect.iscoroutinefunction(cls.__init__):
-            obj = cls.__new__(cls)
-            _run(cls.__init__, (obj, *args), kwargs)
-        else:
-            obj = cls(*args, **kwargs)
-        objects[key] = obj
-        return None
-    if op == "call":
-        key, _, method = rest.partition(":")
-        return _run(getattr(objects[key], method), args, kwargs)
-    if op == "drop":
-        objects.pop(rest, None)
-        return None
-    raise ValueError(f"unknown object operation {name!r}")
-
-
-def worker_main(fd: int, path: str) -> None:
-    """Serve calls `(name, args, kwargs)` -> `("ok", value)` | `("error", text)` until the parent closes."""
-    import threading
-
-    conn = Connection(fd)
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
-    try:
-        module = _load_module(path)
-    except BaseException as e:  # noqa: BLE001 - any failure while importing is the user's file
-        _send(conn, ("load_error", describe(e)))
-        return
-    try:
-        _send(conn, ("ready", sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))))
-    except OSError:  # the pool closed before this worker was needed
-        return
-    objects: dict[str, Any] = {}
-    while True:
-        try:
-            name, args, kwargs = _recv(conn)
-        except (EOFError, OSError):
-            return
-        try:
-            if ":" in name:
-                reply = ("ok", _object_call(module, objects, name, args, kwargs))
-            else:
-                reply = ("ok", _run(getattr(module, name), args, kwargs))
-        except BaseException as e:  # noqa: BLE001 - SystemExit too: the user's code must not end the worker
-            reply = ("error", describe(e))
-        try:
-            _send(conn, reply)  # pickles first, so a failure here writes nothing
-        except Exception as e:  # noqa: BLE001
-            _send(conn, ("bad_output", f"the return value cannot be sent back ({describe(e)})"))
 
 
 # -- the parent side --------------------------------------------------------------------------------------
@@ -183,7 +75,7 @@ class _Worker:
 
     def __init__(self, path: str, env: dict[str, str]):
         ours, theirs = Pipe(duplex=True)
-        self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, __file__, str(theirs.fileno()), path],
+        self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, str(WORKER_FILE), str(theirs.fileno()), path],
                                      pass_fds=(theirs.fileno(),), start_new_session=True, env=env,
                                      stdin=subprocess.DEVNULL)
         theirs.close()
@@ -199,7 +91,7 @@ class _Worker:
             self.kill()
             raise UserCodeLoadError(f"importing it took more than {timeout:g} s")
         try:
-            status, payload = _recv(self.conn)
+            status, payload = recv_obj(self.conn)
         except (EOFError, OSError):
             self.kill()
             raise UserCodeLoadError(f"importing it killed the worker ({_exit_text(self.proc.poll())})") from None
@@ -217,7 +109,7 @@ class _Worker:
             return CallResult(kind="crash", error=f"a replacement worker failed to start ({e})")
         started = time.perf_counter()
         try:
-            _send(self.conn, (name, tuple(args), dict(kwargs)))
+            send_obj(self.conn, (name, tuple(args), dict(kwargs)))
         except (OSError, ValueError) as e:
             self.kill()
             return CallResult(kind="crash", error=f"the call could not be sent ({describe(e)})")
@@ -226,7 +118,7 @@ class _Worker:
             return CallResult(kind="timeout", error=f"{name} took more than {timeout:g} s (killed)",
                               seconds=time.perf_counter() - started)
         try:
-            status, payload = _recv(self.conn)
+            status, payload = recv_obj(self.conn)
         except (EOFError, OSError):
             code = self.kill()
             return CallResult(kind="crash", error=f"{name}: {_exit_text(code)}", seconds=time.perf_counter() - started)

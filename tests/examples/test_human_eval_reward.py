@@ -80,6 +80,19 @@ def test_bad_completions_get_the_fallback_and_leave_nothing_behind(problems, sou
     assert again["rewards"].tolist() == [1.0]
 
 
+def test_exiting_early_with_status_0_scores_0(problems, source):
+    """The exit-status reward hacks: each ends the process with exit code 0 before the tests ran."""
+    hacks = {"HumanEval/0": "    import sys\n    sys.exit(0)\n",
+             "HumanEval/2": "    import os\n    os._exit(0)\n",
+             "HumanEval/4": "    raise SystemExit(0)\n",
+             "HumanEval/7": "    pass\nimport os\nos._exit(0)\n"}  # at module level, before check() is reached
+    out = source.score(batch(problems, hacks))
+    assert out["rewards"].tolist() == [0.0, 0.0, 0.0, 0.0]
+    assert out["extra_logs"]["passed"] == 0.0 and out["metrics"] == {"reward/failures": 0.0}
+    right = source.score(batch(problems, {"HumanEval/4": problems["HumanEval/4"]["canonical_solution"]}))
+    assert right["rewards"].tolist() == [1.0]
+
+
 def _status(pid: Path) -> list[str]:
     try:
         return (pid / "status").read_text().splitlines()

@@ -70,7 +70,8 @@ def post(port: int, payload, headers: dict[str, str] | None = None) -> tuple[int
 
 @pytest.fixture(scope="module")
 def server(reward_dir):
-    from rlhfkit.rewards.server import RewardServer, load_scorer
+    from rlhfkit.rewards.scorer import load_scorer
+    from rlhfkit.rewards.server import RewardServer
 
     scorer = load_scorer(str(reward_dir), max_len=64, batch_size=8)
     srv = RewardServer(scorer, port=0, batch_wait_ms=20, max_body_bytes=4096).start()
@@ -118,7 +119,8 @@ def test_unknown_path_and_method(server):
 
 
 def test_bearer_token_is_required_when_set(reward_dir):
-    from rlhfkit.rewards.server import RewardServer, load_scorer
+    from rlhfkit.rewards.scorer import load_scorer
+    from rlhfkit.rewards.server import RewardServer
 
     with RewardServer(load_scorer(str(reward_dir), max_len=64), port=0, api_key="s3cret") as srv:
         assert post(srv.port, {"query": ["a"]})[0] == 401
@@ -130,7 +132,7 @@ def test_bearer_token_is_required_when_set(reward_dir):
 
 
 def test_normalized_rewards_use_the_saved_statistics(reward_dir):
-    from rlhfkit.rewards.server import load_scorer
+    from rlhfkit.rewards.scorer import load_scorer
 
     raw = load_scorer(str(reward_dir), max_len=64).score(QUERIES)
     normalized = load_scorer(str(reward_dir), max_len=64, normalize=True).score(QUERIES)
@@ -175,7 +177,8 @@ def test_cli_bad_model_path_is_one_line_exit_2(tmp_path):
 @pytest.fixture(scope="module")
 def guarded(reward_dir):
     """A server with small limits so each abuse is cheap to produce."""
-    from rlhfkit.rewards.server import RewardServer, load_scorer
+    from rlhfkit.rewards.scorer import load_scorer
+    from rlhfkit.rewards.server import RewardServer
 
     scorer = load_scorer(str(reward_dir), max_len=64, batch_size=8)
     srv = RewardServer(scorer, port=0, batch_wait_ms=5, max_body_bytes=2**20, max_queries_per_request=64,
@@ -240,7 +243,8 @@ def test_a_large_request_does_not_starve_small_ones(guarded, reward_dir):
 
 
 def test_a_timed_out_request_is_cancelled(reward_dir):
-    from rlhfkit.rewards.server import RewardServer, load_scorer
+    from rlhfkit.rewards.scorer import load_scorer
+    from rlhfkit.rewards.server import RewardServer
 
     scorer = load_scorer(str(reward_dir), max_len=64, batch_size=1)
     slow_score = scorer.score

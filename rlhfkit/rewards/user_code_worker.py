@@ -1,0 +1,126 @@
+"""The worker side of the user-code pool (rlhfkit/rewards/user_code.py): the loop that runs in each worker process.
+
+This file is loaded by path in a plain `python -c` subprocess, without importing rlhfkit's package, so that a worker
+starts in ~50 ms; it imports nothing from rlhfkit. It imports the user's file, then serves calls `(name, args,
+kwargs)` over a socket pair until the parent closes it or goes away.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import time
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+
+def describe(e: BaseException) -> str:
+    """`ValueError: first line of the message` (the type alone when the message is empty)."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
+def send_obj(conn: Connection, obj: Any) -> None:
+    # Plain pickle, not Connection.send's ForkingPickler: with torch imported, that one would pass tensors as
+    # shared-memory handles through a resource-sharer server instead of by value.
+    conn.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def recv_obj(conn: Connection) -> Any:
+    return pickle.loads(conn.recv_bytes())
+
+
+def _watch_parent(parent: int) -> None:
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            os._exit(3)
+
+
+def _load_module(path: str) -> Any:
+    import importlib.util
+
+    sys.path.insert(0, str(Path(path).resolve().parent))  # the file may import its neighbours, as a script would
+    spec = importlib.util.spec_from_file_location("rlhfkit_user_code", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} is not an importable Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["rlhfkit_user_code"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(fn: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    import inspect
+
+    value = fn(*args, **kwargs)
+    if inspect.isawaitable(value):  # an `async def` function: run it to completion here
+        import asyncio
+
+        async def wait() -> Any:
+            return await value
+
+        value = asyncio.run(wait())
+    return value
+
+
+def _object_call(module: Any, objects: dict[str, Any], name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """Objects that live in the worker between calls (PinnedWorkers): "new:<Class>:<key>" builds one (awaiting an
+    `async def __init__`), "call:<key>:<method>" calls a method, "drop:<key>" forgets it."""
+    op, _, rest = name.partition(":")
+    if op == "new":
+        class_name, _, key = rest.partition(":")
+        cls = getattr(module, class_name)
+        import inspect
+
+        if inspect.iscoroutinefunction(cls.__init__):
+            obj = cls.__new__(cls)
+            _run(cls.__init__, (obj, *args), kwargs)
+        else:
+            obj = cls(*args, **kwargs)
+        objects[key] = obj
+        return None
+    if op == "call":
+        key, _, method = rest.partition(":")
+        return _run(getattr(objects[key], method), args, kwargs)
+    if op == "drop":
+        objects.pop(rest, None)
+        return None
+    raise ValueError(f"unknown object operation {name!r}")
+
+
+def worker_main(fd: int, path: str) -> None:
+    """Serve calls `(name, args, kwargs)` -> `("ok", value)` | `("error", text)` until the parent closes."""
+    import threading
+
+    conn = Connection(fd)
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    try:
+        module = _load_module(path)
+    except BaseException as e:  # noqa: BLE001 - any failure while importing is the user's file
+        send_obj(conn, ("load_error", describe(e)))
+        return
+    try:
+        send_obj(conn, ("ready", sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))))
+    except OSError:  # the pool closed before this worker was needed
+        return
+    objects: dict[str, Any] = {}
+    while True:
+        try:
+            name, args, kwargs = recv_obj(conn)
+        except (EOFError, OSError):
+            return
+        try:
+            if ":" in name:
+                reply = ("ok", _object_call(module, objects, name, args, kwargs))
+            else:
+                reply = ("ok", _run(getattr(module, name), args, kwargs))
+        except BaseException as e:  # noqa: BLE001 - SystemExit too: the user's code must not end the worker
+            reply = ("error", describe(e))
+        try:
+            send_obj(conn, reply)  # pickles first, so a failure here writes nothing
+        except Exception as e:  # noqa: BLE001
+            send_obj(conn, ("bad_output", f"the return value cannot be sent back ({describe(e)})"))
