@@ -120,7 +120,9 @@ def validate_placement(cfg: RLFlags) -> None:
     the train batch over its ranks)."""
     res, s = cfg.resources, cfg.strategy
     devices = _role_devices(cfg)
-    shares = [("--colocate_all_models", "actor", ("ref", "critic", "reward"))] if res.colocate_all_models else []
+    shares: list[tuple[str, str, tuple[str, ...]]] = []
+    if res.colocate_all_models:
+        shares.append(("--colocate_all_models", "actor", ("ref", "critic", "reward")))
     if not res.colocate_all_models and res.colocate_actor_ref:
         shares.append(("--colocate_actor_ref", "actor", ("ref",)))
     if not res.colocate_all_models and res.colocate_critic_reward and "critic" in devices:

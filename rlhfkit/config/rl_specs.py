@@ -4,6 +4,7 @@ from a validated `PPOConfig`. The runners call it once and hand each part its sp
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from rlhfkit.config.rl import (
     ROLES,
@@ -41,7 +42,7 @@ def batch_spec(cfg: PPOConfig) -> BatchSpec:
                      packed=cfg.data.packing_samples, max_epochs=cfg.rollout.max_epochs)
 
 
-def _role_common(cfg: PPOConfig) -> dict:
+def _role_common(cfg: PPOConfig) -> dict[str, Any]:
     """The RoleSpec fields, with copies of the shared sections (a spec never aliases the mutable config)."""
     return {"model": dataclasses.replace(cfg.model), "strategy": dataclasses.replace(cfg.strategy),
             "batch": batch_spec(cfg), "universal_ckpt": cfg.checkpoint.use_ds_universal_ckpt}

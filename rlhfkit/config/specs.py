@@ -69,7 +69,7 @@ class ActorSpec(RoleSpec):
 class CriticSpec(RoleSpec):
     """The value model of PPO (`--advantage_estimator gae`)."""
 
-    path: str  # --critic_pretrain, else --reward_pretrain, else --pretrain
+    path: str | None  # --critic_pretrain, else --reward_pretrain, else --pretrain (None: not given, an error later)
     value_head_prefix: str
     require_head: bool  # the initialisation must carry a trained value head
     learning_rate: float
@@ -80,7 +80,7 @@ class CriticSpec(RoleSpec):
 class ReferenceSpec(RoleSpec):
     """The frozen initial policy (reference log-probs for the KL term)."""
 
-    path: str
+    path: str | None  # --pretrain
     temperature: float
 
 
@@ -88,7 +88,7 @@ class ReferenceSpec(RoleSpec):
 class RewardSpec(RoleSpec):
     """A trained reward model, read at each sample's last token."""
 
-    path: str
+    path: str | None  # --reward_pretrain
     value_head_prefix: str
     normalize: bool  # --normalize_reward: the mean/std stored in the reward model's config
 
@@ -98,7 +98,7 @@ class EngineSpec:
     """A rollout engine (the Transformers engine or vLLM) and how many of them a run starts."""
 
     backend: str  # one of ENGINE_BACKENDS
-    model: str  # the policy's model directory
+    model: str | None  # the policy's model directory (checked where the engine loads it)
     use_fast_tokenizer: bool
     bf16: bool
     attn_implementation: str  # Transformers engine: the attention asked for (checked where the model loads)

@@ -99,8 +99,11 @@ class VLLMEngineArgs:
         without them vLLM runs eagerly). The context length is capped by the model's position embeddings."""
         from transformers import AutoConfig
 
-        limit = getattr(AutoConfig.from_pretrained(spec.model), "max_position_embeddings", None) or 10**9
-        return cls(model=spec.model, tensor_parallel_size=spec.tensor_parallel_size,
+        from rlhfkit.models.loading import check_model_path
+
+        path = check_model_path(spec.model)
+        limit = getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None) or 10**9
+        return cls(model=path, tensor_parallel_size=spec.tensor_parallel_size,
                    gpu_memory_utilization=spec.gpu_memory_utilization, enforce_eager=spec.enforce_eager or not use_gpu,
                    enable_prefix_caching=spec.enable_prefix_caching, dtype="bfloat16" if spec.bf16 else "float32",
                    seed=spec.seed, enable_sleep=spec.enable_sleep,
