@@ -97,8 +97,6 @@ def critic_path(cfg: PPOConfig) -> str | None:
     return cfg.rl_model.critic_pretrain or cfg.rl_model.reward_pretrain or cfg.model.pretrain
 
 
-
-
 def critic_needs_head(cfg: PPOConfig) -> bool:
     """Whether the critic's initialisation must carry a trained value head: it does when the user named a reward
     model or critic (a plain model there is usually a wrong path), not for the default critic from --pretrain."""

@@ -106,20 +106,12 @@ def validate_resources(cfg: RLFlags) -> None:
                             f"--vllm_tensor_parallel_size (= {engines})")
 
 
-def _role_devices(cfg: RLFlags) -> dict[str, int]:
-    """Devices of each role the run has, and of the rollout engines when they are vLLM ("vllm")."""
-    devices = {role: role_ranks(cfg, role) for role in ROLES if role_needed(cfg, role)}
-    if cfg.rollout.vllm_num_engines > 0:
-        devices["vllm"] = cfg.rollout.vllm_num_engines * cfg.rollout.vllm_tensor_parallel_size
-    return devices
-
-
 def validate_placement(cfg: RLFlags) -> None:
     """The placement's flag rules (after the batch rules): a colocated role fits on its host's devices, and every
     role splits a step's samples and the train batch evenly over its own ranks (each role's DeepSpeed config splits
     the train batch over its ranks)."""
     res, s = cfg.resources, cfg.strategy
-    devices = _role_devices(cfg)
+    devices = {role: role_ranks(cfg, role) for role in ROLES if role_needed(cfg, role)}  # one device per rank
     shares: list[tuple[str, str, tuple[str, ...]]] = []
     if res.colocate_all_models:
         shares.append(("--colocate_all_models", "actor", ("ref", "critic", "reward")))
@@ -132,10 +124,8 @@ def validate_placement(cfg: RLFlags) -> None:
             raise UserError(f"{why}: {guest} needs {devices[guest]} devices but the {owner} has {devices[owner]}; "
                             f"give the {guest} at most as many (--{guest}_num_nodes x --{guest}_num_gpus_per_node)")
     samples = cfg.rollout.rollout_batch_size * cfg.rollout.n_samples_per_prompt
-    for role in ROLES:
-        if role not in devices:
-            continue
-        ranks, flags = devices[role], f"--{role}_num_nodes x --{role}_num_gpus_per_node"
+    for role, ranks in devices.items():
+        flags = f"--{role}_num_nodes x --{role}_num_gpus_per_node"
         if samples % ranks:
             raise UserError(f"{samples} samples per step (--rollout_batch_size x --n_samples_per_prompt) do not "
                             f"split evenly over the {ranks} {role} ranks ({flags}); use a multiple of {ranks}")
