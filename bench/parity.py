@@ -3,7 +3,7 @@
     python bench/parity.py run OUT_DIR [--only sft,dpo,...] [--assets DIR]
     python bench/parity.py compare BASE_DIR NEW_DIR [--tol 1e-6] [--rename OLD=NEW ...] [--strict_keys]
 
-`run` trains each workload through its public CLI module (`python -m rlhfkit.cli.train_*`, flags of the
+`run` trains each workload through its public CLI module (`python -m rlhfkit.cli.train_sft` and the others, flags of the
 OpenRLHF-compatible CLI only) on the embedded demo model and data, fp32, fixed seeds, a few steps, one thread per
 process, and writes `OUT_DIR/<workload>/model/` (metrics.jsonl and the final safetensors; the PPO critic in
 `model_critic/`). The demo assets are built into `OUT_DIR/assets`, or taken as they are from `--assets` (pass the

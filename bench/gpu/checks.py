@@ -41,11 +41,11 @@ def check_bf16_vs_fp32(model: Path, steps: int) -> dict:
 
 def check_engine_logprobs(model: Path, bf16: bool) -> dict:
     import torch
-    from rlhfkit.rl.role_forward import action_log_probs
     from transformers import AutoTokenizer
 
     from rlhfkit.models.loading import load_causal_lm
     from rlhfkit.rl.experience import experience_from_samples
+    from rlhfkit.rl.role_forward import action_log_probs
     from rlhfkit.rollout.hf_engine import HFRolloutEngine
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -19,13 +19,17 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm import tqdm
 
+from rlhfkit.config.base import required
 from rlhfkit.config.batch_inference import BatchInferenceConfig, engine_spec, reward_model_path
 from rlhfkit.errors import UserError
+
+if TYPE_CHECKING:
+    from rlhfkit.distributed.placement import ResourcePlan
 
 
 def write_jsonl_atomic(path: str, records: Iterable[Mapping[str, Any]]) -> int:
@@ -65,7 +69,8 @@ def load_records(cfg: BatchInferenceConfig) -> list[Any]:
     from rlhfkit.data.readers import load_mixture
 
     d = cfg.data
-    records = load_mixture(d.dataset, d.dataset_probs, d.dataset_split, d.max_samples, cfg.model.seed)
+    records = load_mixture(required(d.dataset, "dataset"), d.dataset_probs, d.dataset_split, d.max_samples,
+                           cfg.model.seed)
     if d.iter is not None:
         start = d.iter * d.rollout_batch_size
         if start >= len(records):
@@ -114,7 +119,7 @@ class Engines:
         self.spec = engine_spec(cfg)
         self.use_gpu = torch.cuda.is_available()
         check_engines(self.spec, self.use_gpu or bool(os.environ.get("RAY_ADDRESS")))
-        self.plan = None
+        self.plan: ResourcePlan | None = None
         self.started_ray = False
         if self.spec.num_engines == 1:
             from rlhfkit.rollout.factory import local_engine
@@ -135,9 +140,9 @@ class Engines:
         demand = RoleDemand(spec.placement_role, spec.num_engines, spec.devices_per_engine)
         self.started_ray = connect_ray(demand.devices * cpus)
         use_gpu = ray.cluster_resources().get("GPU", 0) > 0
-        self.plan = ResourcePlan.make([demand], use_gpu=use_gpu, cpus_per_bundle=cpus).create()
+        plan = self.plan = ResourcePlan.make([demand], use_gpu=use_gpu, cpus_per_bundle=cpus).create()
         try:
-            return engine_group(spec, self.plan, use_gpu=use_gpu)
+            return engine_group(spec, plan, use_gpu=use_gpu)
         except ray.exceptions.RayTaskError as e:
             self.close()
             raise unwrap_user_error(e) from None
@@ -314,7 +319,7 @@ def run_batch_inference(cfg: BatchInferenceConfig) -> dict[str, Any]:
     if not records:
         raise UserError(f"--post_processor {cfg.scoring.post_processor}: nothing to write ({what}); sample more "
                         "responses per prompt (--best_of_n) or at a higher --temperature")
-    count = write_jsonl_atomic(cfg.data.output_path, records)
+    count = write_jsonl_atomic(required(cfg.data.output_path, "output_path"), records)
     summary: dict[str, Any] = {"written": count, "samples": len(samples), "seconds": time.perf_counter() - started}
     rewards = [x["reward"] for x in samples if "reward" in x]
     if rewards:

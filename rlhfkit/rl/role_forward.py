@@ -124,7 +124,7 @@ def reused_old_log_probs(logp: torch.Tensor, micro: Experience, kl_estimator: st
 
 def hf_state_dict(strategy: DeepSpeedStrategy, engine: Any) -> dict[str, torch.Tensor] | None:
     """The policy's weights under Transformers names (LoRA merged in), on CPU; None off rank 0."""
-    module = strategy.unwrap(engine)
+    module: Any = strategy.unwrap(engine)  # a Transformers or PEFT model (nn.Module types its methods badly)
     if not hasattr(module, "peft_config"):
         return strategy.full_state_dict(engine)
     module.merge_adapter()
