@@ -28,7 +28,6 @@ PENDING: dict[str, str] = {
     "rl/async_driver.py": SPLIT + ": the class assembled with type(), whose mixin calls methods it does not have",
     "rl/async_generator.py": SPLIT + ": the half-built RLTrainer (actor=None, no logger)",
     "rl/ray_run.py": SPECS + ": RolloutEngine lacks sync_from; the type()-built trainer class",
-    "rl/roles.py": SPECS + ": optional experience fields read without a check in the micro-steps",
     "distributed/weight_sync.py": SPECS + ": DeepSpeed engine methods called on an nn.Module; an optional side group",
 }
 ERROR = re.compile(r"^(\S+?):\d+: error: ")  # path:line: error: message  [code]

@@ -49,6 +49,14 @@ from rlhfkit.rl.role_forward import (
 from rlhfkit.run.setup import build_strategy, load_tokenizer_for, load_trainable_lm
 
 KL_LOG_RATIO_CLAMP = 10.0  # bounds exp() in the k3 KL loss when policy and reference drift far apart
+Stats = dict[str, float | tuple[float, float]]  # a micro-step's stats; a (value, weight) pair brings its own weight
+
+
+def _field(tensor: torch.Tensor | None, name: str) -> torch.Tensor:
+    """An experience field a training step needs (`train` checked the whole experience has it)."""
+    if tensor is None:
+        raise ValueError(f"the micro-batch has no {name}")
+    return tensor
 
 
 def _dtype(spec: RoleSpec) -> torch.dtype:
@@ -114,7 +122,7 @@ class _TrainedRole(_Role):
         self.engine.step()
 
     def _train_epochs(self, exp: Experience, seed: int,
-                      micro_step: Callable[[Experience, OptimizerStep], tuple[dict[str, float], float]]
+                      micro_step: Callable[[Experience, OptimizerStep], tuple[Stats, float]]
                       ) -> dict[str, float]:
         """--max_epochs passes over the experience in optimizer steps. `micro_step(micro, step)` runs forward,
         backward and step on one micro batch and returns its stats with their weight; the result is the weighted
@@ -217,7 +225,7 @@ class ActorRole(_TrainedRole):
                                                                                    entropy_metric))
 
     def _micro_step(self, micro: Experience, step: OptimizerStep, kl_coef: float,
-                    entropy_metric: bool = True) -> tuple[dict[str, float], float]:
+                    entropy_metric: bool = True) -> tuple[Stats, float]:
         a = self.spec
         mask = micro.action_mask
         with router_aux_loss(self.engine, a.aux_loss_coef > 0) as aux:
@@ -225,12 +233,13 @@ class ActorRole(_TrainedRole):
         if self.temperature != 1.0:
             logits = logits / self.temperature
         logp = token_logprobs(logits, micro.action_tokens())
-        reused_stats = {}
+        reused_stats: dict[str, tuple[float, float]] = {}
         if micro.action_log_probs is None:
             micro.action_log_probs, reused_stats = reused_old_log_probs(logp, micro, a.kl_estimator)
         agg_kwargs = {"norm_len": a.loss_norm_len} if a.loss_norm_len is not None else {}
         tis = a.is_correction and micro.rollout_log_probs is not None
-        loss, info = policy_loss(logp, micro.action_log_probs, micro.advantages, mask, clip_eps_low=a.clip_low,
+        loss, info = policy_loss(logp, micro.action_log_probs, _field(micro.advantages, "advantages"), mask,
+                                 clip_eps_low=a.clip_low,
                                  clip_eps_high=a.clip_high, dual_clip=a.dual_clip,
                                  rollout_logp=micro.rollout_log_probs if tis else None,
                                  tis_cap=a.is_high if tis else None, is_correction=a.is_correction_type,
@@ -333,10 +342,10 @@ class CriticRole(_TrainedRole):
             raise ValueError("CriticRole.train needs values and returns in the experience")
         return self._train_epochs(exp, seed, self._micro_step)
 
-    def _micro_step(self, micro: Experience, step: OptimizerStep) -> tuple[dict[str, float], float]:
+    def _micro_step(self, micro: Experience, step: OptimizerStep) -> tuple[Stats, float]:
         mask = micro.action_mask
-        loss, info = value_loss(self._values(micro), micro.values, micro.returns, mask,
-                                value_clip=self.spec.value_clip)
+        loss, info = value_loss(self._values(micro), _field(micro.values, "values"), _field(micro.returns, "returns"),
+                                mask, value_clip=self.spec.value_clip)
         tokens = int(mask.sum())
         self._backward_step(loss * self._step_scale(tokens, mask.shape[0], "token_mean", step.num_tokens,
                                                     step.num_seqs))
