@@ -19,11 +19,11 @@ def run_ppo(cfg: PPOConfig) -> Any:
     from rlhfkit.rl.loop import RLTrainer, RoleHandles
     from rlhfkit.rl.roles import ActorRole, CriticRole, ReferenceRole, RewardModelRole
     from rlhfkit.rollout.factory import local_engine
-    from rlhfkit.run.setup import build_strategy, load_rl_inputs, prepare_run, train_rl
+    from rlhfkit.run.setup import build_strategy, load_rl_inputs, prepare_rl_run, train_rl
 
     cfg.check_inputs()  # the flags were validated when parsed
     validate_single_process(cfg)
-    run = prepare_run(cfg, "ppo")
+    run = prepare_rl_run(cfg, "ppo")
     check_aux_loss_coef(cfg.algo.aux_loss_coef, cfg.model.pretrain)
     inputs = load_rl_inputs(cfg)
     try:
