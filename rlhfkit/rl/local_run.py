@@ -9,10 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
-from rlhfkit.config.base import required
-from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference, validate_single_process
+from rlhfkit.config.rl import PPOConfig, validate_single_process
+from rlhfkit.config.rl_specs import rl_specs
 from rlhfkit.logging.metrics import MetricsLogger
 from rlhfkit.rl.loop import RoleHandles, rl_settings
 from rlhfkit.rl.trainer import RLTrainer
@@ -58,21 +56,19 @@ def run_ppo(cfg: PPOConfig) -> RLTrainer:
 
 
 def local_roles(cfg: PPOConfig, inputs: Any, strategy: Any) -> RoleHandles:
-    """Every role a local object of this process, and the Transformers rollout engine on the strategy's device."""
-    from rlhfkit.models.loading import resolve_attn_implementation
+    """Every role a local object of this process, built from its spec, and the Transformers rollout engine on the
+    strategy's device (the one engine constructor, handed the agents' episode runner)."""
+    from rlhfkit.agents.episodes import run_episodes
     from rlhfkit.rl.roles import ActorRole, CriticRole, ReferenceRole, RewardModelRole
-    from rlhfkit.rollout.hf_engine import HFRolloutEngine
+    from rlhfkit.rollout.factory import local_engine
 
-    steps, text_reward = inputs.num_update_steps, inputs.text_reward
+    steps, text_reward, specs = inputs.num_update_steps, inputs.text_reward, rl_specs(cfg, single_process=True)
     return RoleHandles(
-        actor=ActorRole(cfg, steps),
-        engine=HFRolloutEngine.from_pretrained(
-            required(cfg.model.pretrain, "pretrain"), inputs.tokenizer,
-            dtype=torch.bfloat16 if cfg.model.bf16 else torch.float32,
-            attn_implementation=resolve_attn_implementation(cfg.model.attn_implementation, cfg.model.flash_attn),
-            max_batch_size=max(cfg.rollout.micro_rollout_batch_size, 256), device=strategy.device),
-        reward=text_reward if text_reward is not None else RewardModelRole(cfg) if cfg.rl_model.reward_pretrain
+        actor=ActorRole(specs.actor, steps),
+        engine=local_engine(specs.engine, use_gpu=False, tokenizer=inputs.tokenizer, device=strategy.device,
+                            episode_runner=run_episodes),
+        reward=text_reward if text_reward is not None else RewardModelRole(specs.reward) if specs.reward
         else None,  # None: agent episodes bring their rewards
-        ref=ReferenceRole(cfg) if needs_reference(cfg) else None,
-        critic=CriticRole(cfg, steps) if needs_critic(cfg) else None,
+        ref=ReferenceRole(specs.ref) if specs.ref else None,
+        critic=CriticRole(specs.critic, steps) if specs.critic else None,
     )
