@@ -79,3 +79,11 @@ def demo_reward_model(demo_assets, tmp_path_factory):
 
 # Session fixtures shared by tests/trainers, tests/rl and tests/inference (an SFT model of the demo addition task).
 from tests.sft_fixtures import max_assets, restore_env, sft_model_dir  # noqa: E402,F401
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
+def pytest_collection_modifyitems(config, items):
+    """Mark the `slow` tests (left out by `make test-fast`) and the tests that must share one xdist worker."""
+    from tests.selection import mark
+
+    mark(items)
