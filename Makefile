@@ -39,10 +39,10 @@ install: $(STAMP)
 demo: install
 	$(PY) -m rlhfkit.cli.demo --out $(DEMO_OUT)
 
-# The whole suite in two pytest-xdist workers; tests/selection.py keeps the tests that cannot run side by side (Ray
-# clusters, a shared SFT model) in one worker. test-fast: the unit tests only (no Ray, no training subprocess).
+# The whole suite in two pytest-xdist workers: each module whole in one worker, every Ray test in one worker
+# (tests/selection.py, tests/group_scheduling.py). test-fast: the unit tests only (no Ray, no training subprocess).
 test: install
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=25 tests
+	$(PY) -m pytest -q -n 2 --durations=25 tests
 
 test-fast: install
 	$(PY) -m pytest -q -n 2 -m "not slow" --durations=10 tests

@@ -81,9 +81,18 @@ def demo_reward_model(demo_assets, tmp_path_factory):
 from tests.sft_fixtures import max_assets, restore_env, sft_model_dir  # noqa: E402,F401
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    """Mark the `slow` tests (left out by `make test-fast`) and the tests that must share one xdist worker."""
-    from tests.selection import mark
+    """Mark the `slow` tests (left out by `make test-fast`); in an xdist worker, put the slow groups first."""
+    from tests.selection import mark_and_order
 
-    mark(items)
+    mark_and_order(items, under_xdist=hasattr(config, "workerinput"))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`-n 2` (xdist's default `--dist load`) schedules by the groups of tests/selection.py."""
+    if config.getvalue("dist") != "load":
+        return None
+    from tests.group_scheduling import GroupScheduling
+
+    return GroupScheduling(config, log)

@@ -1,22 +1,23 @@
 """Which tests `make test-fast` leaves out (the `slow` mark) and which tests `make test`'s two pytest-xdist workers
-must run in one worker (the `xdist_group` mark); applied at collection by tests/conftest.py. tests/README.md
-states the rules.
+run in one worker (a group); tests/conftest.py applies both. tests/README.md states the rules.
 
-slow: a test that starts Ray, trains or generates through a CLI or a subprocess, or builds a session fixture that
-does (an SFT run, a reward model). `make test-fast` (`-m "not slow"`) keeps the unit tests, a few minutes in all.
+slow: a test that starts Ray, trains or generates through a CLI or a subprocess, or uses a session fixture that
+does (`ray_cluster`, `sft_model_dir`). `make test-fast` (`-m "not slow"`) keeps the unit tests, a few minutes in all.
 
-xdist_group: `make test` runs `-n 2 --dist loadgroup`, and every test is in one group, so a group runs whole in one
-worker, in collection order. By default the group is the test's module: its module-scoped fixtures (trained models,
-servers, engines) are built once, and its tests run in the order and process they always did. A test whose state
-stays in its own process and tmp_path is safe beside any other: environment and cwd changes (monkeypatch,
-`world_of_one`), in-process process groups (a world of one on a free port), subprocesses and servers on free ports.
-Tests that must not run side by side share a group across modules:
-- "ray": every test that starts a Ray cluster, in this process (`tests/distributed/ray_cluster.py`, started once
-  per worker) or in a child (`train_ppo_ray`, `ray start`). One worker holds them: the in-process cluster starts
-  once (6-8 s, 0.5 GB) instead of once per worker, two Ray process trees (3-5 GB each with vLLM engines) never
-  share the two cores and the memory, and the failure tests' stop-within-seconds bounds keep their margin.
-- "sft_model": the tests of the session fixture `sft_model_dir` (500 SFT steps, minutes): a session fixture is
-  built once per worker, so its users share one worker to build it once.
+Groups: `make test` runs `-n 2`, and `GroupScheduling` (tests/group_scheduling.py) hands each group whole to one
+worker, which runs it in collection order. A test's group is its module: module-scoped fixtures (trained models,
+servers, engines) are built once, and a module's tests run in one process, in the order they always did. A test
+whose state stays in its own process and tmp_path is safe beside any other: environment and cwd changes
+(monkeypatch, `world_of_one`), in-process process groups (a world of one on a free port), subprocesses and servers
+on free ports. One group spans modules, "ray": every test that starts a Ray cluster, in the test process
+(`tests/distributed/ray_cluster.py`, started once per worker) or in a child (`train_ppo_ray`, `ray start`). One
+worker holds them all: the in-process cluster starts once (6-8 s, 0.5 GB) instead of once per worker, two Ray
+process trees (3-5 GB each with vLLM engines) never share the two cores and the memory, and the failure tests'
+stop-within-seconds bounds keep their margin. (pytest-xdist's own `--dist loadgroup` reads `xdist_group` marks
+but cannot rename pytest 9.2's node ids, so it falls back to one test at a time: hence our scheduler.)
+
+Groups with a slow test go to the workers first, the "ray" group before all: the long ones start early and the unit
+tests fill the gaps at the end.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parent
+
 # Test modules (paths under tests/, "run/test_loop.py") whose every test is slow, and single slow tests
 # ("module::function", every parametrization). Other tests are slow through SLOW_FIXTURES.
 SLOW = {
@@ -75,8 +77,8 @@ SLOW = {
 # Session fixtures that train a model or start Ray: a test that uses one is slow.
 SLOW_FIXTURES = {"ray_cluster", "sft_model_dir"}
 
-# Modules and tests (as in SLOW) that start a Ray cluster, in this process or in a child, without the `ray_cluster`
-# fixture. A whole module is named where its module-scoped fixtures serve its Ray tests too.
+# Modules and tests (as in SLOW) that start a Ray cluster, in this process or in a child. A whole module is named
+# where its module-scoped fixtures serve its Ray tests too. Every user of the `ray_cluster` fixture must be here.
 RAY = {
     "bench/test_grpo_ray_bench.py",
     "cli/test_batch_inference.py",
@@ -84,39 +86,47 @@ RAY = {
     "cli/test_seed_commands.py",
     "cli/test_train_ppo_ray.py",
     "cli/test_train_ppo_ray_failures.py",
+    "distributed/test_ray_agents.py",
+    "distributed/test_ray_async.py",
+    "distributed/test_ray_groups.py",
+    "distributed/test_ray_ppo.py",
     "examples/test_dapo_recipe.py",
     "rollout/test_vllm_engine.py",
     "run/test_kill_safety.py::test_ppo_ray_driver_sigkill_leaks_no_actors_and_resumes_to_the_same_weights",
 }
 
 
-def module_of(item: pytest.Item) -> str:
-    """The test's file as a path under tests/ ("cli/test_demo.py")."""
-    return Path(item.path).resolve().relative_to(TESTS).as_posix()
+def split(nodeid: str) -> tuple[str, str]:
+    """("cli/test_demo.py", "test_name") of "tests/cli/test_demo.py::test_name[param]"."""
+    path, _, rest = nodeid.partition("::")
+    return path.split("tests/", 1)[-1], rest.split("[")[0].split("::")[-1]
 
 
-def listed(item: pytest.Item, names: set[str]) -> bool:
+def listed(nodeid: str, names: set[str]) -> bool:
     """The test's module, or the module and its function, is in `names`."""
-    module = module_of(item)
-    return module in names or f"{module}::{item.originalname}" in names
+    module, function = split(nodeid)
+    return module in names or f"{module}::{function}" in names
 
 
-def group_of(item: pytest.Item) -> str:
-    """The xdist group the test runs in: "ray", "sft_model", or its own module's (see the module docstring)."""
-    if "ray_cluster" in item.fixturenames or listed(item, RAY):
-        return "ray"
-    if "sft_model_dir" in item.fixturenames:
-        return "sft_model"
-    return module_of(item)
+def group_of(nodeid: str) -> str:
+    """The group the test runs in under xdist: "ray" or its module (see the module docstring)."""
+    return "ray" if listed(nodeid, RAY) else split(nodeid)[0]
 
 
 def is_slow(item: pytest.Item) -> bool:
-    return listed(item, SLOW) or bool(SLOW_FIXTURES & set(item.fixturenames))
+    return listed(item.nodeid, SLOW) or bool(SLOW_FIXTURES & set(item.fixturenames))
 
 
-def mark(items: list[pytest.Item]) -> None:
-    """Add the `slow` and `xdist_group` marks (see the module docstring)."""
+def mark_and_order(items: list[pytest.Item], under_xdist: bool) -> None:
+    """Mark the slow tests; under xdist, order the groups as the workers should take them (the module docstring).
+    A user of the `ray_cluster` fixture outside RAY is an error: it would start a second cluster beside the first."""
+    slow_groups = {"ray"}
     for item in items:
+        if "ray_cluster" in item.fixturenames and group_of(item.nodeid) != "ray":
+            raise pytest.UsageError(f"{item.nodeid} uses the ray_cluster fixture: add its module to RAY in {__file__}")
         if is_slow(item):
             item.add_marker(pytest.mark.slow)
-        item.add_marker(pytest.mark.xdist_group(group_of(item)))
+            slow_groups.add(group_of(item.nodeid))
+    if under_xdist:
+        rank = {"ray": 0, **{group: 1 for group in slow_groups - {"ray"}}}
+        items.sort(key=lambda item: rank.get(group_of(item.nodeid), 2))  # stable: collection order within a rank
