@@ -321,21 +321,22 @@ def write_section(workload: str, title: str, lines: Sequence[str], load_start: s
     pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
     text = pattern.sub(lambda _: body, text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + body + "\n"
     path.write_text(text)
-    if path.resolve().parent == RESULTS_DIR:  # a results file elsewhere (--results) leaves the README alone
-        update_readme(path)
+    if path.resolve().parent == RESULTS_DIR:  # a results file elsewhere (--results) leaves the docs page alone
+        update_benchmarks_page(path)
     return path
 
 
-def update_readme(results: Path, readme: Path = ROOT / "README.md") -> None:
-    """Copy the results file's sections into the README's `bench:latest` block (headings one level down)."""
+def update_benchmarks_page(results: Path, page: Path = ROOT / "docs" / "benchmarks.md") -> None:
+    """Copy the results file's sections into the `bench:latest` block of docs/benchmarks.md (headings one level
+    down, under the page's "Latest results")."""
     begin, end = "<!-- bench:latest -->", "<!-- /bench:latest -->"
-    if not readme.is_file() or begin not in readme.read_text():
+    if not page.is_file() or begin not in page.read_text():
         return
     sections = re.findall(r"<!-- bench:\w+ -->\n(.*?)<!-- /bench:\w+ -->", results.read_text(), re.S)
     body = "\n".join([begin, f"Latest results (`bench/results/{results.name}`):", "",
-                      *[re.sub(r"^## ", "#### ", x, flags=re.M) for x in sections], end])
-    text = readme.read_text()
-    readme.write_text(text[:text.index(begin)] + body + text[text.index(end) + len(end):])
+                      *[re.sub(r"^## ", "### ", x, flags=re.M) for x in sections], end])
+    text = page.read_text()
+    page.write_text(text[:text.index(begin)] + body + text[text.index(end) + len(end):])
 
 
 def parent_args(description: str, cases: Sequence[str], repeats: int = 2) -> Any:

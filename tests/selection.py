@@ -69,6 +69,7 @@ SLOW = {
     "run/test_kill_safety.py",
     "run/test_loop.py::test_nonfinite_sft_run_skips_counts_and_stops_with_its_checkpoints_intact",
     "run/test_preemption.py",
+    "test_types.py",
     "trainers/test_dpo.py",
     "trainers/test_kto.py",
     "trainers/test_reward.py",

@@ -1,9 +1,8 @@
 """rlhfkit's import graph, read statically (AST, every `import` including the ones inside functions): no cycle,
 the layer order of docs/architecture.md, and no entry-point module importing another.
 
-Layers, first to last, one per folder (a module imports only from its own folder or earlier ones):
-  config -> algorithms -> data -> demo -> models -> distributed -> planner -> rollout -> rewards -> agents
-  -> logging -> run -> trainers -> rl -> inference -> cli
+Layers, first to last, one per folder (a module imports only from its own folder or earlier ones): the fenced
+`layers` block of docs/architecture.md, read here, so the list is stated once.
 Allowed everywhere: `rlhfkit` itself (the version) and `rlhfkit.errors` (UserError).
 
 Entry-point modules (ENTRY_POINTS): the modules whose `run_*` function a CLI calls (run_sft, run_rm, run_dpo,
@@ -23,11 +22,17 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "rlhfkit"
+ARCHITECTURE = ROOT.parent / "docs" / "architecture.md"
 
-LAYERS: list[tuple[str, ...]] = [
-    ("config",), ("algorithms",), ("data",), ("demo",), ("models",), ("distributed",), ("planner",), ("rollout",),
-    ("rewards",), ("agents",), ("logging",), ("run",), ("trainers",), ("rl",), ("inference",), ("cli",),
-]
+
+def layers_from_docs() -> list[tuple[str, ...]]:
+    """The layer list of docs/architecture.md: its fenced `layers` block, one folder per line, first layer first."""
+    blocks = re.findall(r"```layers\n(.*?)```", ARCHITECTURE.read_text(encoding="utf-8"), re.S)
+    assert len(blocks) == 1, f"{ARCHITECTURE} needs exactly one ```layers block (found {len(blocks)})"
+    return [(name,) for name in blocks[0].split()]
+
+
+LAYERS: list[tuple[str, ...]] = layers_from_docs()
 EVERYWHERE = {"rlhfkit", "rlhfkit.errors"}
 RUNNER = re.compile(r"(rlhfkit(?:\.\w+)+):\w+")  # "rlhfkit.trainers.sft:run_sft", as given to run_config
 ENTRY_POINTS = {f"rlhfkit.trainers.{m}" for m in ("sft", "reward", "dpo", "kto")} | {
@@ -78,7 +83,7 @@ def layer_of(module: str) -> int | None:
     for i, names in enumerate(LAYERS):
         if package in names:
             return i
-    raise AssertionError(f"{module}: package {package!r} has no layer; add it to LAYERS (and to DESIGN.md)")
+    raise AssertionError(f"{module}: package {package!r} has no layer; add it to docs/architecture.md's layers block")
 
 
 def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:

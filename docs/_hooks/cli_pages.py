@@ -1,7 +1,7 @@
 """MkDocs hook: one page per rlhfkit command, generated at build time from the code.
 
 The command list is `rlhfkit.cli.main.COMMANDS` (through `rlhfkit.cli.catalog`) and each flag table comes from the
-command's config dataclass (the same `flag_table` the README uses) or, for commands with a hand-written argparse
+command's config dataclass (`rlhfkit.config.base.flag_table`) or, for commands with a hand-written argparse
 parser, from that parser. A command registered in main.py therefore gets its page, nav entry and flags with no edit
 here. Also supplies a placeholder for docs/migration.md while that page is not written yet.
 """
@@ -31,7 +31,7 @@ MIGRATION_PLACEHOLDER = """# From OpenRLHF: flat and dotted flags
 
 This page is generated from the flag definitions (the table of every OpenRLHF flag, flat and dotted, with its
 rlhfkit equivalent) and is not in this checkout yet. Until it is, the flags of each command are on its page under
-[Commands](cli/index.md): every OpenRLHF flat flag of the seed commands is accepted under the same name.
+[Commands](cli/index.md): every OpenRLHF flat flag of OpenRLHF's example commands is accepted under the same name.
 """
 
 

@@ -52,7 +52,7 @@ def by_module(module: str) -> Command | None:
 def config_class(command: Command) -> type | None:
     """The config dataclass the command parses its flags into (None for commands with a hand-written parser).
 
-    The README's table registry (`rlhfkit.config.docs.TABLES`) names it for the commands it lists; for the others
+    The flag-table registry (`rlhfkit.config.docs.TABLES`) names it for the commands it lists; for the others
     (train_ppo_ray and serve_rm share or own theirs) it is the one config dataclass the CLI module imports from
     `rlhfkit.config`, so a new CLI needs no registration beyond `main.COMMANDS`.
     """

@@ -124,11 +124,11 @@ def run_config(config_cls: type, argv: Sequence[str] | None, prog: str, doc: str
     from rlhfkit.config.base import parse_config
 
     quiet_libraries()
-    cfg = parse_config(config_cls, argv, prog, doc)
+    cfg: Any = parse_config(config_cls, argv, prog, doc or "")
     planning = plan_as is not None and cfg.plan.dry_run
     if validate is not None and (validate_always or planning):
         validate(cfg)
-    if planning and dry_run(cfg, plan_as, prog):
+    if plan_as is not None and dry_run(cfg, plan_as, prog):  # False without --dry_run
         return 0
     module, _, function = runner.partition(":")
     getattr(importlib.import_module(module), function)(cfg)

@@ -7,8 +7,8 @@ defaults (flat keys, nested by section, or dotted), and flags on the command lin
 
 OpenRLHF's other spellings (`--actor.model_name_or_path`, `--eps_clip_low_high LO HI`, ...; the table is
 `rlhfkit.config.openrlhf_names`) are accepted everywhere a flag is: as aliases on the command line (listed in
-`--help`), as keys of a `--config` file, and in the README's flag tables. Their flags without an rlhfkit
-equivalent fail with "not supported yet" (one line, exit code 2).
+`--help`), as keys of a `--config` file, and in the flag tables of the docs site's command pages. Their flags
+without an rlhfkit equivalent fail with "not supported yet" (one line, exit code 2).
 
 `parse_config` ends with the config's `validate()`: each flag's checks live there, once (checks that need the
 inputs themselves, such as required paths and files, are the config's `check_inputs()`, run by the trainer).
@@ -24,12 +24,17 @@ import sys
 import typing
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rlhfkit.config import openrlhf_names as theirs
 from rlhfkit.errors import UserError
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+# A config class: parse_config and _construct build dataclasses only.
+T = TypeVar("T", bound="DataclassInstance")
+V = TypeVar("V")
 
 
 def arg(default: Any = None, help: str = "", *, choices: Sequence[Any] | None = None,
@@ -50,7 +55,7 @@ def iter_fields(cls: type, section: str = "") -> Iterator[tuple[str, str, datacl
     hints = _resolved_hints(cls)
     for f in dataclasses.fields(cls):
         ftype = hints[f.name]
-        if dataclasses.is_dataclass(ftype):
+        if isinstance(ftype, type) and dataclasses.is_dataclass(ftype):
             yield from iter_fields(ftype, f.name)
         else:
             yield section, f.name, f, ftype
@@ -67,8 +72,8 @@ def _base_type(ftype: Any) -> Any:
 def _default_of(f: dataclasses.Field) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        return f.default_factory()  # type: ignore[misc]
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
     return None
 
 
@@ -148,6 +153,7 @@ def build_parser(cls: type, prog: str, description: str = "") -> argparse.Argume
             # given --data.prompt_dataset) still fails with its reason but does not clutter this command's help.
             action = unsupported.add_argument(f"--{flag}", action=_NotSupported, nargs="*", metavar="...",
                                               help=reason, default=argparse.SUPPRESS)
+            assert isinstance(action, _NotSupported)
             action.reason = reason
             if flag not in theirs.NOT_SUPPORTED:
                 action.help = argparse.SUPPRESS
@@ -243,7 +249,7 @@ def _construct(cls: type[T], values: dict[str, Any]) -> T:
     kwargs = {}
     for f in dataclasses.fields(cls):
         ftype = hints[f.name]
-        if dataclasses.is_dataclass(ftype):
+        if isinstance(ftype, type) and dataclasses.is_dataclass(ftype):
             kwargs[f.name] = _construct(ftype, values)
         elif f.name in values:
             kwargs[f.name] = values[f.name]
@@ -264,6 +270,14 @@ def parse_config(cls: type[T], argv: Sequence[str] | None, prog: str, descriptio
     cfg = _construct(cls, {**file_values, **ns})
     validate(cfg)
     return cfg
+
+
+def required(value: V | None, flag: str) -> V:
+    """The value of a flag that the config's checks (`validate`, `check_inputs`) require, typed without None.
+    None here means those checks were skipped: a UserError naming the flag."""
+    if value is None:
+        raise UserError(f"--{flag} is required")
+    return value
 
 
 def validate(cfg: Any) -> None:
@@ -287,7 +301,7 @@ def validate_sections(cfg: Any) -> None:
 
 
 def flag_table(cls: type) -> str:
-    """A Markdown table of every flag of `cls`, with OpenRLHF's spellings (used to write and check the README)."""
+    """A Markdown table of every flag of `cls`, with OpenRLHF's spellings (the docs site's command pages)."""
     fields = field_names(cls)
     rows = ["| flag | default | meaning |", "| --- | --- | --- |"]
     for _, name, f, _ in iter_fields(cls):

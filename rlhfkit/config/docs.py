@@ -1,7 +1,8 @@
-"""Write the flag tables of the docs from the config dataclasses: `python -m rlhfkit.config.docs README.md
-docs/migration.md`.
+"""Write the flag tables of the docs from the config dataclasses: `python -m rlhfkit.config.docs docs/migration.md`.
 
-Each table lives between `<!-- flags:NAME -->` and `<!-- /flags:NAME -->` markers (the README's flag tables), or
+`TABLES` names the config class of each command it lists (`rlhfkit.cli.catalog` reads it; the docs site's command
+pages are generated from those classes at build time by docs/_hooks/cli_pages.py). In a Markdown file, a table lives
+between `<!-- flags:NAME -->` and `<!-- /flags:NAME -->` markers (every flag of NAME), or
 `<!-- migration:NAME -->` and `<!-- /migration:NAME -->` (docs/migration.md: each flag in rlhfkit's and OpenRLHF's
 spellings), or `<!-- migration-unsupported -->` (OpenRLHF flags rlhfkit has no equivalent for yet), so the prose
 stays hand-written while the tables cannot drift from the code (tests check they are current).
@@ -83,7 +84,7 @@ def render(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    for path in map(Path, args or ["README.md"]):
+    for path in map(Path, args or ["docs/migration.md"]):
         path.write_text(render(path.read_text()))
     return 0
 

@@ -3,7 +3,7 @@
 rlhfkit's flags are OpenRLHF's flat flags (`--pretrain`, `--zero_stage`, ...). OpenRLHF 0.10.2 moved every flag
 under a dotted section (`--actor.model_name_or_path`, `--ds.zero_stage`, `--train.colocate_all`, ...) and renamed
 a few flat ones before that (`--eps_clip_low_high LO HI`, `--param_dtype bf16`). This module is the one table of
-those spellings; `rlhfkit.config.base` turns it into parser aliases, `--config` file keys, the README's flag
+those spellings; `rlhfkit.config.base` turns it into parser aliases, `--config` file keys, the docs site's flag
 tables and docs/migration.md, so a command pasted from either OpenRLHF generation parses.
 
 Three kinds of entries:

@@ -1,7 +1,7 @@
 """Memory arithmetic of the planner (`--dry_run`): bytes of weights, gradients, optimizer states, activations and
 KV cache for a decoder-only transformer, read from its config.json alone (no weights are loaded).
 
-Pure functions of numbers; `rlhfkit/config/memory_plan.py` turns a trainer config into a plan with them.
+Pure functions of numbers; `rlhfkit/planner/plan.py` turns a trainer config into a plan with them.
 
 Byte counts per parameter (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
 Models", section 3.1: mixed-precision Adam keeps 2 + 2 + K bytes per parameter with K = 12):

@@ -3,10 +3,10 @@ bounded queue while the trainer trains on the previous ones.
 
 The generator runs the same rollout code as the synchronous loop (`RLTrainer._next_prompts` and `_rollout`:
 prompts from the seeded stream, engine generation or agent episodes, reward scoring, dynamic filtering) on its own
-`RLTrainer` whose only roles are the engine and the reward source. The trainer (`async_rl.AsyncRayRLTrainer`)
+`RLTrainer` whose only roles are the engine and the reward source. The trainer (`async_driver.with_async_training`)
 finishes each batch (reference / critic / actor forwards, advantages) and trains on it.
 
-Invariants, each checked by tests/trainers/test_async_rl.py:
+Invariants, checked by tests/distributed/test_ray_async.py (chunked generation by tests/rl/test_async_generator.py):
 - Staleness: the queue holds `--async_queue_size` *slots*; a slot is taken before a batch's prompts are drawn and
   given back when the trainer takes the batch. With one weight update per trained batch, a consumed sample is at
   most `--async_queue_size` policy versions behind the trainer.

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from rlhfkit.config.base import required
 from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference, validate_single_process
 
 
@@ -36,7 +37,8 @@ def run_ppo(cfg: PPOConfig) -> Any:
         roles = RoleHandles(
             actor=ActorRole(cfg, steps),
             engine=HFRolloutEngine.from_pretrained(
-                cfg.model.pretrain, inputs.tokenizer, dtype=torch.bfloat16 if cfg.model.bf16 else torch.float32,
+                required(cfg.model.pretrain, "pretrain"), inputs.tokenizer,
+                dtype=torch.bfloat16 if cfg.model.bf16 else torch.float32,
                 attn_implementation=resolve_attn_implementation(cfg.model.attn_implementation, cfg.model.flash_attn),
                 max_batch_size=max(cfg.rollout.micro_rollout_batch_size, 256), device=strategy.device),
             reward=text_reward if text_reward is not None else RewardModelRole(cfg) if cfg.rl_model.reward_pretrain

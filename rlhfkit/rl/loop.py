@@ -1,6 +1,6 @@
 """The RL loop: one loop for PPO, REINFORCE++, REINFORCE++-baseline, GRPO, Dr. GRPO and RLOO.
 
-One step, as data (DESIGN.md, "The roles of an RL step"):
+One step, as data (docs/architecture.md, "One RL step through the folders"):
     rollout_batch_size prompts, each repeated n_samples_per_prompt times (a prompt's samples adjacent)
     -> engine.generate (responses, rollout log-probs)
     -> scoring: reward.score, ref.log_probs, critic.values, actor.log_probs (old policy)

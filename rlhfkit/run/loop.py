@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from rlhfkit.config.base import required
 from rlhfkit.config.common import CheckpointArgs, LoggingArgs
 from rlhfkit.data.sampler import global_batches, micro_batches_for_rank
 from rlhfkit.data.token_budget import plan_micro_batches
@@ -106,7 +107,7 @@ class TrainerLoop:
         if not self.args.use_dynamic_batch:
             return micro_batches_for_rank(list(global_batch), self.args.micro_train_batch_size, rank, world)
         lengths, widths = zip(*(self.sample_size(self.train_samples[i]) for i in global_batch))
-        plan = plan_micro_batches(lengths, self.args.max_tokens_per_gpu, world,
+        plan = plan_micro_batches(lengths, required(self.args.max_tokens_per_gpu, "max_tokens_per_gpu"), world,
                                   widths=None if self.packing else widths, rows_per_sample=self.rows_per_sample)
         return [[global_batch[j] for j in micro] for micro in plan[rank]]
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from rlhfkit.config.base import required
 from rlhfkit.config.common import LoggingArgs, ModelArgs, StrategyArgs
 from rlhfkit.config.rl import PPOConfig, is_http, remote_reward_urls, samples_per_rollout
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
@@ -47,12 +48,13 @@ def load_trainable_lm(model_args: ModelArgs, path: str | None = None, flag: str 
     attn = resolve_attn_implementation(model_args.attn_implementation, model_args.flash_attn)
     quantization = quantization_config(model_args.load_in_4bit, model_args.lora_rank, model_args.bf16)
     model = load_causal_lm(path, attn_implementation=attn, dtype=torch.float32, flag=flag, quantization=quantization)
-    if model_args.lora_rank > 0:
-        model = apply_lora(model, model_args.lora_rank, model_args.lora_alpha, model_args.lora_dropout,
-                           model_args.target_modules)
-        if model_args.gradient_checkpointing:
-            model.enable_input_require_grads()
-    return model
+    if model_args.lora_rank <= 0:
+        return model
+    adapted = apply_lora(model, model_args.lora_rank, model_args.lora_alpha, model_args.lora_dropout,
+                         model_args.target_modules)
+    if model_args.gradient_checkpointing:
+        adapted.enable_input_require_grads()
+    return adapted
 
 
 # -- fail before the work -----------------------------------------------------------------------------------
@@ -213,8 +215,8 @@ def load_prompts(cfg: PPOConfig, tokenizer: Any) -> tuple[Any, Any | None]:
     from rlhfkit.data.readers import load_mixture
 
     d = cfg.data
-    records = load_mixture(d.prompt_data, d.prompt_data_probs, d.prompt_split, d.max_samples, cfg.strategy.seed,
-                           arg_name="--prompt_data")
+    records = load_mixture(required(d.prompt_data, "prompt_data"), d.prompt_data_probs, d.prompt_split,
+                           d.max_samples, cfg.strategy.seed, arg_name="--prompt_data")
     prompts = PromptDataset.from_args(records, tokenizer, d)
     eval_prompts = None
     if d.eval_dataset:

@@ -27,6 +27,7 @@ from rlhfkit.trainers.preference import (
     load_frozen_model,
     prepare_policy_and_reference,
     sequence_logps,
+    tokenizer_source,
 )
 
 
@@ -127,7 +128,7 @@ def labelled_logp_gap(model_or_path: Any, records: Sequence[Any], tokenizer: Any
     if tokenizer is None:
         from rlhfkit.models.loading import load_tokenizer
 
-        tokenizer = load_tokenizer(model_or_path if isinstance(model_or_path, str) else model.name_or_path)
+        tokenizer = load_tokenizer(tokenizer_source(model_or_path, model))
     data = UnpairedDataset(records, tokenizer, max_len, input_key=input_key, output_key=output_key,
                            label_key=label_key, input_template=input_template, apply_chat_template=apply_chat_template)
     device = next(model.parameters()).device

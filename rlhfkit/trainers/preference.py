@@ -213,6 +213,13 @@ def load_frozen_model(model_or_path: Any, value_head_prefix: str = "score") -> n
     return model.eval()
 
 
+def tokenizer_source(model_or_path: Any, model: nn.Module) -> str:
+    """Where the tokenizer of `load_frozen_model(model_or_path)` is: the path given, else the model's own."""
+    if isinstance(model_or_path, (str, os.PathLike)):
+        return os.fspath(model_or_path)
+    return str(model.name_or_path)  # a Transformers model's (nn.Module types the attribute as Tensor | Module)
+
+
 class FrozenReference:
     """The frozen reference policy: log-probs without gradients, optionally parked on the CPU between uses."""
 

@@ -54,13 +54,35 @@ def test_every_command_has_a_page_with_all_its_flags(site):
 
 def test_nav_holds_the_guides_and_the_migration_page(site):
     index = (site / "index.html").read_text()
-    for page in ("quickstart", "algorithms", "rewards", "agents", "distributed", "deploy", "multinode",
-                 "migration", "migration-trl", "troubleshooting", "CONVENTIONS", "cli/train_ppo_ray"):
+    for page in ("quickstart", "architecture", "offline-training", "algorithms", "rewards", "agents", "distributed",
+                 "batch-inference", "reports", "memory-planner", "deploy", "multinode", "migration", "migration-trl",
+                 "troubleshooting", "benchmarks", "CONVENTIONS", "cli/train_ppo_ray"):
         assert (site / f"{page}.html").is_file(), page
         assert f'href="{page}.html"' in index, f"{page} is not in the navigation"
     for svg in ("layout-separate", "layout-hybrid", "multinode-cluster"):
         assert f'src="images/{svg}.svg"' in (site / "distributed.html").read_text()
         assert (site / "images" / f"{svg}.svg").is_file()
+
+
+def test_the_architecture_page_states_the_layers_once():
+    """One fenced `layers` block, one folder of rlhfkit/ per line: the list tests/test_import_graph.py enforces."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    blocks = re.findall(r"```layers\n(.*?)```", text, re.S)
+    assert len(blocks) == 1, "docs/architecture.md needs exactly one ```layers block"
+    layers = blocks[0].split()
+    assert len(layers) == len(set(layers)), "a folder is listed twice"
+    folders = {p.parent.name for p in (REPO / "rlhfkit").glob("*/__init__.py")}
+    assert set(layers) == folders, f"not listed: {sorted(folders - set(layers))}; no such folder: " \
+                                   f"{sorted(set(layers) - folders)}"
+
+
+def test_readme_is_a_front_page():
+    """README.md stays short (the flags, benchmarks and guides live on the docs site) and points at the pages."""
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 220
+    for page in ("quickstart", "architecture", "offline-training", "memory-planner", "batch-inference", "reports",
+                 "benchmarks"):
+        assert f"docs/{page}.md" in text, page
 
 
 def test_formulas_are_mathml_built_offline(site):

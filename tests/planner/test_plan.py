@@ -1,6 +1,7 @@
-"""`--dry_run`: the seed's layouts (7B hybrid engine on 8 GPUs, 70B on the 8-node layout) planned from a CPU machine
-with synthetic Llama-2 config.json files, the printed estimates checked (README shows the same output), advice when
-a plan does not fit, and that a dry run loads no model (the model directories hold only config.json)."""
+"""`--dry_run`: the layouts of two of OpenRLHF's example commands (7B hybrid engine on 8 GPUs, 70B on the 8-node
+layout) planned from a CPU machine with synthetic Llama-2 config.json files, the printed estimates checked
+(docs/memory-planner.md shows the same output), advice when a plan does not fit, and that a dry run loads no model
+(the model directories hold only config.json)."""
 
 from __future__ import annotations
 
@@ -41,15 +42,15 @@ def dry_run(capsys, main, argv: list[str]) -> str:
 
 @pytest.fixture
 def models(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # relative model paths: the printed plan is the README's, byte for byte
+    monkeypatch.chdir(tmp_path)  # relative model paths: the printed plan is the docs page's, byte for byte
     write_config(tmp_path / "Llama-2-7b-hf", LLAMA2_7B)
     write_config(tmp_path / "Llama-2-70b-hf", LLAMA2_70B)
 
 
-def readme_block(title: str) -> str:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+def docs_block(title: str) -> str:
+    text = (REPO / "docs" / "memory-planner.md").read_text(encoding="utf-8")
     match = re.search(re.escape(title) + r".*?```text\n(.*?)```", text, re.S)
-    assert match, f"README.md has no ```text block after {title!r}"
+    assert match, f"docs/memory-planner.md has no ```text block after {title!r}"
     return match.group(1)
 
 
@@ -62,7 +63,7 @@ def test_seed_7b_hybrid_engine_on_8_gpus(capsys, models):
     assert re.search(r"vllm +weights +generate +6\.28 GiB", out)
     assert "peak: resident 0.0 MiB + max(generate 40.00 GiB, train 25.01 GiB) = 40.00 GiB of 80.00 GiB" in out
     assert "verdict: FITS: largest per-device peak 40.00 GiB of 80.00 GiB" in out
-    assert out == readme_block("7B, hybrid engine on 8 GPUs")
+    assert out == docs_block("7B, hybrid engine on 8 GPUs")
 
 
 def test_seed_70b_on_the_multi_node_layout(capsys, models):
@@ -70,7 +71,7 @@ def test_seed_70b_on_the_multi_node_layout(capsys, models):
     # 68.98B params, ZeRO-3 over 16: 16 bytes x 68.98e9 / 16 = 64.24 GiB of states per actor GPU
     assert "peak: resident 64.24 GiB + max(generate 0.0 MiB, train 3.93 GiB) = 68.17 GiB of 80.00 GiB" in out
     assert "verdict: FITS: largest per-device peak 72.00 GiB of 80.00 GiB (pool vllm)" in out
-    assert out == readme_block("70B on the 8-node layout")
+    assert out == docs_block("70B on the 8-node layout")
 
 
 def test_a_plan_that_does_not_fit_says_what_to_change(capsys, models):

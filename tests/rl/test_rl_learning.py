@@ -1,10 +1,10 @@
 """RL learns: 100 steps of GRPO, and of REINFORCE++-baseline, raise held-out exact-match on the demo addition task.
 
-Setup (docs/PLATFORM.md's measurement, through the real CLI): the SFT model of `sft_model_dir`, 16 prompts x 8
-samples per step, actor lr 1e-4, no KL, the rule-based exact-match reward of examples/reward_func.py. Held-out:
-every addition prompt of the demo's rl_eval and sft_eval splits (disjoint from training prompts by construction),
-greedy decoding. One evaluation swings by a few points, so the bar (+0.08) sits well under the gain measured while
-writing this test (see the assertion messages for the numbers of a run).
+Setup (the measurement of the platform notes, ../shared/PLATFORM.md, through the real CLI): the SFT model of
+`sft_model_dir`, 16 prompts x 8 samples per step, actor lr 1e-4, no KL, the rule-based exact-match reward of
+examples/reward_func.py. Held-out: every addition prompt of the demo's rl_eval and sft_eval splits (disjoint from
+training prompts by construction), greedy decoding. One evaluation swings by a few points, so the bar (+0.08) sits
+well under the gain measured while writing this test (see the assertion messages for the numbers of a run).
 """
 
 from __future__ import annotations
