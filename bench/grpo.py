@@ -83,18 +83,21 @@ def child_rlhfkit(model: Path, prompts: Path, out: Path, steps: int, ray: bool =
 
     from rlhfkit.config.base import parse_config
     from rlhfkit.config.rl import PPOConfig
-    from rlhfkit.rl.loop import RLTrainer
+    from rlhfkit.rl.trainer import RLTrainer
 
     clock = StepClock()
     monitor = TreeMonitor() if ray else None
     lengths: list[float] = []
     phases: list[dict[str, float]] = []
-    original = RLTrainer.train_step
+    original_next, original_step = RLTrainer.next_work, RLTrainer.step
 
-    def timed(self, indices):
+    def first_work(self, state):  # a step is its rollout (next_work) and its training (step)
         if monitor is not None and "startup_s" not in clock.extra:  # Ray, roles, engine, first weight sync
             clock.extra["startup_s"] = time.perf_counter() - clock.ends[0]
-        metrics = original(self, indices)
+        return original_next(self, state)
+
+    def timed(self, work, state):
+        metrics = original_step(self, work, state)
         clock.tick()
         if monitor is not None:
             clock.cpu_ends[-1] = monitor.cpu_seconds()
@@ -103,7 +106,7 @@ def child_rlhfkit(model: Path, prompts: Path, out: Path, steps: int, ray: bool =
         phases.append({p: metrics.get(f"time/{p}_s", float("nan")) for p in PHASES})
         return metrics
 
-    RLTrainer.train_step = timed
+    RLTrainer.next_work, RLTrainer.step = first_work, timed
     cfg = parse_config(PPOConfig, rlhfkit_argv(model, prompts, out, steps) + (RAY_ARGV if ray else []), "bench")
     if ray:
         from rlhfkit.rl.ray_run import run_ppo_ray

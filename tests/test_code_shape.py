@@ -13,13 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "rlhfkit"
 MODULE_LINES = 400
 FUNCTION_LINES = 50
-PENDING: dict[str, str] = {
-    "rl/loop.py": "the RL trainer split into rollout source / trainer / driver (issue 19 item 1)",
-    "config/rl.py": "the role and engine specs (issue 19 item 2)",
-    "rollout/vllm_engine.py": "the one engine constructor (issue 19 item 2)",
-    "rl/ray_run.py:build_ray_roles": "the role specs (issue 19 item 2)",
-    "rollout/hf_engine.py:_generate_batch": "the episode runner handed to the engines (issue 19 item 2)",
-}
+PENDING: dict[str, str] = {}  # empty: every module and function is within its limit
 
 
 def function_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:

@@ -11,6 +11,9 @@ imports must be one. The rest of trainers/, rl/ and inference/ is shared machine
 CLI names its entry point as a "module:function" string that `rlhfkit.cli.common.run_config` imports when it runs;
 such a string counts as an import of that module here.
 
+Spec-only layers (SPEC_ONLY): distributed/, rollout/, models/ and agents/ take the small specs of
+`rlhfkit/config/specs.py` (derived once by `rlhfkit/config/rl_specs.py`), never the RL config or its sections.
+
 Run assembly (strategy, tokenizer, datasets, model, logger) is written once, in `rlhfkit/run/setup.py`: no
 other module builds a strategy or a metrics logger itself.
 """
@@ -39,9 +42,10 @@ ENTRY_POINTS = {f"rlhfkit.trainers.{m}" for m in ("sft", "reward", "dpo", "kto")
     "rlhfkit.rl.local_run", "rlhfkit.rl.ray_run", "rlhfkit.inference.batch"}
 ENTRY_FOLDERS = ("rlhfkit.trainers.", "rlhfkit.rl.", "rlhfkit.inference.")
 CHAT = "rlhfkit.inference.chat"  # the interactive chat session, driven by the chat CLI's own loop
-# Layer breaks still to be removed (issue 19: engines are to be handed an episode runner instead of importing agents).
-KNOWN_BREAKS = {("rlhfkit.rollout.hf_engine", "rlhfkit.agents.episodes"),
-                ("rlhfkit.rollout.vllm_engine", "rlhfkit.agents.episodes")}
+# The parts below the RL stack take the small specs of `rlhfkit.config.specs`, never the RL config itself.
+SPEC_ONLY = ("rlhfkit.distributed.", "rlhfkit.rollout.", "rlhfkit.models.", "rlhfkit.agents.")
+RL_CONFIG = {"rlhfkit.config.rl", "rlhfkit.config.rl_sections", "rlhfkit.config.rl_resources",
+             "rlhfkit.config.rl_specs"}
 
 
 def module_name(path: Path) -> str:
@@ -131,7 +135,7 @@ def test_layers_import_only_earlier_layers():
         mine = layer_of(module)
         for target in targets:
             theirs = layer_of(target)
-            if mine is not None and theirs is not None and theirs > mine and (module, target) not in KNOWN_BREAKS:
+            if mine is not None and theirs is not None and theirs > mine:
                 wrong.append(f"{module} ({LAYERS[mine][0]}) imports {target} ({LAYERS[theirs][0]})")
     assert not wrong, "layer order broken:\n" + "\n".join(sorted(wrong))
 
@@ -170,3 +174,17 @@ def test_run_assembly_is_written_once():
         calls = {n.func.id for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)
                  and isinstance(n.func, ast.Name)}
         assert "cli_main" in calls and "parse_config" not in calls, path.name
+
+
+def test_engines_roles_and_placement_never_see_the_rl_config():
+    """distributed/, rollout/, models/ and agents/ are handed specs (`rlhfkit.config.specs`): none imports the RL
+    config or the modules that read it, and none takes a parameter named `cfg` (the RL config under another type)."""
+    wrong = [f"{m} imports {t}" for m, targets in sorted(graph().items()) if m.startswith(SPEC_ONLY)
+             for t in sorted(targets & RL_CONFIG)]
+    for name, path in sorted(all_modules().items()):
+        if name.startswith(SPEC_ONLY):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    args = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+                    wrong += [f"{name}:{node.lineno} {node.name}({a.arg})" for a in args if a.arg == "cfg"]
+    assert not wrong, "the RL config below the RL stack (take a spec instead):\n" + "\n".join(wrong)

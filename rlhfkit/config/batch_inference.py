@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlhfkit.config.base import arg
+from rlhfkit.config.specs import EngineSpec
 from rlhfkit.errors import UserError
 
 EVAL_TASKS = ("generate", "generate_vllm", "rm")
@@ -138,6 +139,20 @@ def reward_model_path(cfg: BatchInferenceConfig) -> str | None:
     if cfg.generation.eval_task == "rm" and not s.remote_rm_url:
         return cfg.model.pretrain
     return None
+
+
+def engine_spec(cfg: BatchInferenceConfig) -> EngineSpec:
+    """The generation engines of a run (`--eval_task generate`: Transformers, `generate_vllm`: vLLM): one in the
+    process, or --num_engines engine actors on Ray. The same spec, built by the same constructor
+    (`rlhfkit.rollout.factory`), as the rollout engines of an RL run."""
+    m, g = cfg.model, cfg.generation
+    return EngineSpec(backend="vllm" if g.eval_task == "generate_vllm" else "transformers", model=m.pretrain,
+                      use_fast_tokenizer=not m.disable_fast_tokenizer, bf16=m.bf16,
+                      attn_implementation="flash_attention_2" if m.flash_attn else m.attn_implementation,
+                      max_batch_size=g.micro_batch_size, num_engines=g.num_engines, tensor_parallel_size=g.tp_size,
+                      gpu_memory_utilization=g.vllm_gpu_memory_utilization,
+                      enable_prefix_caching=g.enable_prefix_caching, seed=m.seed,
+                      max_model_len=cfg.data.prompt_max_len + g.max_new_tokens + 1, max_num_seqs=g.max_num_seqs)
 
 
 def _validate(cfg: BatchInferenceConfig) -> None:

@@ -27,6 +27,12 @@ from rlhfkit.config.common import (
 from rlhfkit.config.names import (
     GROUP_BASELINES,
 )
+from rlhfkit.config.rl_resources import ROLES as ROLES
+from rlhfkit.config.rl_resources import check_positive as _positive
+from rlhfkit.config.rl_resources import needs_critic as needs_critic
+from rlhfkit.config.rl_resources import needs_reference as needs_reference
+from rlhfkit.config.rl_resources import role_needed as role_needed
+from rlhfkit.config.rl_resources import role_ranks, validate_placement, validate_resources
 from rlhfkit.config.rl_sections import (
     AgentArgs,
     AlgorithmArgs,
@@ -39,6 +45,7 @@ from rlhfkit.config.rl_sections import (
     RolloutArgs,
     UserCodeArgs,
 )
+from rlhfkit.config.specs import CRITIC_HEAD_HINT as CRITIC_HEAD_HINT
 from rlhfkit.errors import UserError
 
 
@@ -64,11 +71,12 @@ class PPOConfig:
         """Every flag rule (UserError, one line): the sections' own, then the ones that join sections."""
         validate_sections(self)
         _validate_reward_flags(self)
-        _validate_resources(self)  # before the batch arithmetic, which divides by the actor's device count
+        validate_resources(self)  # before the batch arithmetic, which divides by the actor's device count
         _validate_batches(self)
         _validate_algorithm(self)
         _validate_recipe(self)
         _validate_async(self)
+        validate_placement(self)  # colocation and each role's batch split (rules of train_ppo_ray's placement)
 
     def check_inputs(self) -> None:
         """What the run needs besides valid flags: a policy, prompts, a reward source, the files named (the
@@ -84,21 +92,9 @@ def clip_range(cfg: PPOConfig) -> tuple[float, float]:
             a.eps_clip if a.clip_eps_high is None else a.clip_eps_high)
 
 
-def needs_reference(cfg: PPOConfig) -> bool:
-    """A reference model is needed for a KL penalty or a KL loss."""
-    return cfg.algo.init_kl_coef > 0 or cfg.algo.use_kl_loss
-
-
-def needs_critic(cfg: PPOConfig) -> bool:
-    return cfg.algo.advantage_estimator == "gae"
-
-
 def critic_path(cfg: PPOConfig) -> str | None:
     """The critic's initialisation, OpenRLHF's default: --critic_pretrain, else --reward_pretrain, else --pretrain."""
     return cfg.rl_model.critic_pretrain or cfg.rl_model.reward_pretrain or cfg.model.pretrain
-
-
-CRITIC_HEAD_HINT = ", or add --critic_init_head to start the critic's head from scratch on purpose"
 
 
 def critic_needs_head(cfg: PPOConfig) -> bool:
@@ -128,12 +124,6 @@ def is_http(url: str) -> bool:
 
 
 # -- validation ---------------------------------------------------------------------------------------------
-def _positive(values: dict[str, float]) -> None:
-    for flag, value in values.items():
-        if value is None or value <= 0:
-            raise UserError(f"--{flag} must be positive (got {value})")
-
-
 def _validate_batches(cfg: PPOConfig) -> None:
     r, s = cfg.rollout, cfg.strategy
     _positive({"rollout_batch_size": r.rollout_batch_size, "micro_rollout_batch_size": r.micro_rollout_batch_size,
@@ -294,74 +284,6 @@ def _check_sources(cfg: PPOConfig) -> None:
         p = Path(url).expanduser()
         if p.suffix != ".py" or not p.is_file():
             raise UserError(f"--remote_rm_url {url}: not an http(s) URL and not an existing .py file")
-
-
-ROLES = ("actor", "critic", "ref", "reward")
-
-
-def role_needed(cfg: PPOConfig, role: str) -> bool:
-    """Whether this run has the role: no critic for a group estimator, no reward model with --remote_rm_url, no
-    reference without KL."""
-    return {"actor": True, "critic": needs_critic(cfg), "ref": needs_reference(cfg),
-            "reward": bool(cfg.rl_model.reward_pretrain)}[role]
-
-
-def _colocated_host(cfg: PPOConfig, role: str) -> str | None:
-    """The role whose devices `role` shares (actor for the hybrid engine and --colocate_actor_ref; critic for
-    --colocate_critic_reward), or None."""
-    res = cfg.resources
-    if role == "actor":
-        return None
-    if res.colocate_all_models or (role == "ref" and res.colocate_actor_ref):
-        return "actor"
-    if role == "reward" and res.colocate_critic_reward and role_needed(cfg, "critic"):
-        return "critic"
-    return None
-
-
-def role_ranks(cfg: PPOConfig, role: str) -> int:
-    """Processes (one device each) of a role: --{role}_num_nodes x --{role}_num_gpus_per_node.
-
-    OpenRLHF's hybrid-engine commands give colocated roles 0 nodes / 0 GPUs ("they live on the actor's devices"):
-    a colocated role with 0 devices gets as many ranks as the role it is colocated with."""
-    res = cfg.resources
-    ranks = getattr(res, f"{role}_num_nodes") * getattr(res, f"{role}_num_gpus_per_node")
-    host = _colocated_host(cfg, role)
-    if ranks == 0 and host is not None:
-        return role_ranks(cfg, host)
-    return ranks
-
-
-def _validate_resources(cfg: PPOConfig) -> None:
-    res, r = cfg.resources, cfg.rollout
-    if not res.ray_call_timeout > 0:
-        raise UserError(f"--ray_call_timeout must be a positive number of seconds (got {res.ray_call_timeout})")
-    _positive({"actor_num_nodes": res.actor_num_nodes, "actor_num_gpus_per_node": res.actor_num_gpus_per_node})
-    for role in ROLES[1:]:
-        nodes, gpus = getattr(res, f"{role}_num_nodes"), getattr(res, f"{role}_num_gpus_per_node")
-        flags = f"--{role}_num_nodes {nodes} --{role}_num_gpus_per_node {gpus}"
-        if nodes < 0 or gpus < 0:
-            raise UserError(f"{flags}: device counts must be >= 0")
-        if nodes * gpus == 0 and role_needed(cfg, role) and _colocated_host(cfg, role) is None:
-            why = {"critic": "--advantage_estimator gae trains a critic",
-                   "ref": "the KL term (--init_kl_coef > 0 or --use_kl_loss) needs the reference model",
-                   "reward": "--reward_pretrain names a reward model"}[role]
-            raise UserError(f"{flags}: the {role} role has no devices but {why}; give it devices or colocate it "
-                            f"with the actor (--colocate_all_models"
-                            f"{', --colocate_actor_ref' if role == 'ref' else ''}"
-                            f"{', --colocate_critic_reward' if role == 'reward' else ''})")
-    if r.vllm_num_engines < 0:
-        raise UserError(f"--vllm_num_engines must be >= 0 (got {r.vllm_num_engines})")
-    _positive({"vllm_tensor_parallel_size": r.vllm_tensor_parallel_size})
-    if not 0 < r.vllm_gpu_memory_utilization <= 1:
-        raise UserError(f"--vllm_gpu_memory_utilization must be in (0, 1] (got {r.vllm_gpu_memory_utilization})")
-    if res.colocate_all_models and r.vllm_num_engines > 0:
-        actor = res.actor_num_nodes * res.actor_num_gpus_per_node
-        engines = r.vllm_num_engines * r.vllm_tensor_parallel_size
-        if actor != engines:
-            raise UserError(f"--colocate_all_models needs actor devices (--actor_num_nodes x "
-                            f"--actor_num_gpus_per_node = {actor}) == --vllm_num_engines x "
-                            f"--vllm_tensor_parallel_size (= {engines})")
 
 
 def _validate_async(cfg: PPOConfig) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlhfkit.config.rl import ROLES, PPOConfig, role_needed, role_ranks
+from rlhfkit.config.specs import PlacementSpec
 from rlhfkit.errors import UserError
 
 
@@ -60,10 +60,11 @@ class Slot:
 
 def plan_pools(demands: list[RoleDemand], *, colocate_all: bool, colocate_actor_ref: bool,
                colocate_critic_reward: bool) -> list[Pool]:
-    """Group the roles into pools (placement groups) following the colocation flags; UserError if impossible.
+    """Group the roles into pools (placement groups) following the colocation flags.
 
     `demands` hold only the roles the run has, each with at least one rank: the config layer leaves out absent
-    roles and gives a colocated role that was given 0 devices its host's rank count (config.rl.role_ranks)."""
+    roles, gives a colocated role that was given 0 devices its host's rank count and checks that colocated roles
+    fit (`rlhfkit.config.rl_resources`); a plan that breaks those rules here is a bug (ValueError)."""
     bad = [d.name for d in demands if d.ranks <= 0 or d.devices_per_rank <= 0]
     if bad:
         raise ValueError(f"roles without devices reached the placement: {bad}")
@@ -78,18 +79,16 @@ def plan_pools(demands: list[RoleDemand], *, colocate_all: bool, colocate_actor_
             if guest not in by_name:
                 continue
             if by_name[guest].devices > owner_devices:
-                raise UserError(f"{why}: {guest} needs {by_name[guest].devices} devices but the {owner} has "
-                                f"{owner_devices}; give the {guest} at most as many "
-                                f"(--{guest}_num_nodes x --{guest}_num_gpus_per_node)")
+                raise ValueError(f"{why}: {guest} needs {by_name[guest].devices} devices but the {owner} has "
+                                 f"{owner_devices} (the config layer checks this)")
             pool.members.append(guest)
         placed.update(pool.members)
         pools.append(pool)
 
     if colocate_all:
         if "vllm" in by_name and by_name["vllm"].devices != by_name["actor"].devices:
-            raise UserError(f"--colocate_all_models needs actor devices (--actor_num_nodes x "
-                            f"--actor_num_gpus_per_node = {by_name['actor'].devices}) == --vllm_num_engines x "
-                            f"--vllm_tensor_parallel_size (= {by_name['vllm'].devices})")
+            raise ValueError(f"--colocate_all_models: actor devices {by_name['actor'].devices} != vLLM devices "
+                             f"{by_name['vllm'].devices} (the config layer checks this)")
         share("hybrid", "actor", ["ref", "critic", "reward", "vllm", "hf_engine"], "--colocate_all_models")
     else:
         if colocate_actor_ref and "ref" in by_name:
@@ -227,15 +226,16 @@ def unwrap_user_error(e: BaseException) -> BaseException:
     return UserError(str(cause)) if isinstance(cause, UserError) else e
 
 
-def role_demands(cfg: PPOConfig) -> list[RoleDemand]:
-    """The devices each role of a train_ppo_ray run needs (vllm: engines x tensor parallel; Transformers engine:
-    one)."""
-    # Roles the run does not have are left out whatever their device flags say (OpenRLHF commands pass 0 for
-    # them); a colocated role given 0 devices runs on its host's devices (role_ranks).
-    demands = [RoleDemand(role, role_ranks(cfg, role)) for role in ROLES if role_needed(cfg, role)]
-    r = cfg.rollout
-    if r.vllm_num_engines > 0:
-        demands.append(RoleDemand("vllm", r.vllm_num_engines, r.vllm_tensor_parallel_size))
-    else:
-        demands.append(RoleDemand("hf_engine", 1))
-    return demands
+def role_demands(spec: PlacementSpec) -> list[RoleDemand]:
+    """The devices each role of a Ray run needs, engines last (vLLM: engines x tensor parallel; the Transformers
+    engine: one)."""
+    demands = [RoleDemand(role, ranks) for role, ranks in spec.role_ranks]
+    return demands + [RoleDemand(spec.engine_role, spec.engine_ranks, spec.engine_devices_per_rank)]
+
+
+def plan_for(spec: PlacementSpec, *, use_gpu: bool, cpus_per_bundle: float) -> ResourcePlan:
+    """The placement of a run's roles and engines (no placement group is made yet: `ResourcePlan.create`)."""
+    return ResourcePlan.make(role_demands(spec), colocate_all=spec.colocate_all,
+                             colocate_actor_ref=spec.colocate_actor_ref,
+                             colocate_critic_reward=spec.colocate_critic_reward, use_gpu=use_gpu,
+                             cpus_per_bundle=cpus_per_bundle)

@@ -27,9 +27,10 @@ ZeRO-3 inference engine stays sharded where it is).
 from __future__ import annotations
 
 import datetime
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeGuard
 
 import torch
 import torch.distributed as dist
@@ -43,7 +44,22 @@ _SIDE_GROUPS: dict[str, SideGroup] = {}
 
 
 # -- finding what a role holds ------------------------------------------------------------------------------------
-def _is_deepspeed_engine(obj: Any) -> bool:
+class _DeepSpeedEngine(Protocol):
+    """The part of DeepSpeed's engine (an nn.Module) that sleep and wake use; DeepSpeed ships no type hints."""
+
+    optimizer: Any
+
+    def zero_optimization_stage(self) -> int: ...
+    def offload_states(self) -> None: ...
+    def reload_states(self) -> None: ...
+    def parameters(self) -> Iterator[nn.Parameter]: ...
+
+
+# Plain modules that offload_states moved to the CPU and reload_states brings back (weak: a dropped role is freed).
+_OFFLOADED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+
+def _is_deepspeed_engine(obj: Any) -> TypeGuard[_DeepSpeedEngine]:
     try:
         from deepspeed import DeepSpeedEngine
     except ImportError:  # pragma: no cover - deepspeed is a dependency
@@ -77,7 +93,7 @@ def policy_module(role: Any) -> nn.Module:
     return modules[0]
 
 
-def _zero_stage(module: nn.Module) -> int:
+def _zero_stage(module: nn.Module | _DeepSpeedEngine) -> int:
     if _is_deepspeed_engine(module):
         return int(module.zero_optimization_stage())
     return 3 if any(hasattr(p, "ds_id") for p in module.parameters()) else 0
@@ -109,7 +125,7 @@ def offload_states(role: Any) -> int:
             module.offload_states()
         elif not _is_deepspeed_engine(module) or _zero_stage(module) == 0:
             module.to("cpu")  # parameters only: a ZeRO-0 optimizer keeps its states where they are
-            module._rlhfkit_offloaded = True
+            _OFFLOADED.add(module)
         else:
             continue  # a ZeRO-3 inference engine: stays sharded (--ref_reward_offload moves plain modules only)
         SLEEP_STATS["moved"] += size
@@ -126,9 +142,9 @@ def reload_states(role: Any) -> None:
         return
     device = torch.device("cuda", torch.cuda.current_device())
     for module in role_modules(role):
-        if getattr(module, "_rlhfkit_offloaded", False):
+        if module in _OFFLOADED:
             module.to(device)
-            module._rlhfkit_offloaded = False
+            _OFFLOADED.discard(module)
         elif _is_deepspeed_engine(module) and module.optimizer is not None and _zero_stage(module) > 0:
             module.reload_states()
 
@@ -224,6 +240,7 @@ def make_side_group(master_addr: str, master_port: int, rank: int, world_size: i
     timeout = datetime.timedelta(seconds=dist_timeout_s(timeout_s))
     store = dist.TCPStore(master_addr, master_port, world_size, rank == 0, timeout=timeout)
     prefixed = dist.PrefixStore(key, store)
+    group: dist.ProcessGroupNCCL | dist.ProcessGroupGloo
     if backend == "nccl":
         group = dist.ProcessGroupNCCL(prefixed, rank, world_size, dist.ProcessGroupNCCL.Options())
     else:
@@ -263,7 +280,8 @@ def send_weights_broadcast(role: Any, key: str = "weight_sync") -> int:
         raise RuntimeError("the weight-sync group was not set up on actor rank 0")
     sent = 0
     for _, tensor in policy_weights(role, keep=rank == 0):
-        if tensor is not None:
+        if tensor is not None:  # rank 0 only (keep=True), where the group exists
+            assert group is not None
             if group.backend == "nccl":
                 tensor = tensor.to("cuda")
             broadcast_tensor(group, tensor.contiguous(), src=0)

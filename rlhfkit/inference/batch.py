@@ -25,7 +25,7 @@ import torch
 from tqdm import tqdm
 
 from rlhfkit.config.base import required
-from rlhfkit.config.batch_inference import BatchInferenceConfig, reward_model_path
+from rlhfkit.config.batch_inference import BatchInferenceConfig, engine_spec, reward_model_path
 from rlhfkit.errors import UserError
 
 if TYPE_CHECKING:
@@ -108,93 +108,47 @@ def make_prompts(cfg: BatchInferenceConfig, records: list[Any], tokenizer: Any) 
 
 
 # -- engines ------------------------------------------------------------------------------------------------------
-def _engine_config(cfg: BatchInferenceConfig) -> Any:
-    """The run config the Transformers engine actor is built from (it reads the model and batch settings only)."""
-    from rlhfkit.config.common import ModelArgs
-    from rlhfkit.config.rl import PPOConfig, RolloutArgs
-
-    m = cfg.model
-    return PPOConfig(model=ModelArgs(pretrain=m.pretrain, bf16=m.bf16, attn_implementation=m.attn_implementation,
-                                     flash_attn=m.flash_attn, disable_fast_tokenizer=m.disable_fast_tokenizer),
-                     rollout=RolloutArgs(micro_rollout_batch_size=cfg.generation.micro_batch_size))
-
-
-def _vllm_args(cfg: BatchInferenceConfig, use_gpu: bool) -> Any:
-    from transformers import AutoConfig
-
-    from rlhfkit.rollout.vllm_engine import VLLMEngineArgs
-
-    g, d = cfg.generation, cfg.data
-    pretrain = required(cfg.model.pretrain, "pretrain")
-    limit = getattr(AutoConfig.from_pretrained(pretrain), "max_position_embeddings", None) or 10**9
-    return VLLMEngineArgs(model=pretrain, tensor_parallel_size=g.tp_size,
-                          gpu_memory_utilization=g.vllm_gpu_memory_utilization, enforce_eager=not use_gpu,
-                          enable_prefix_caching=g.enable_prefix_caching,
-                          dtype="bfloat16" if cfg.model.bf16 else "float32", seed=cfg.model.seed,
-                          max_model_len=min(d.prompt_max_len + g.max_new_tokens + 1, limit),
-                          extra={"max_num_seqs": g.max_num_seqs})
-
-
 class Engines:
-    """The generation engine(s) of a run: one in this process, or engine actors on Ray behind one group."""
+    """The generation engine(s) of a run, built from the run's `EngineSpec` by the engine factory: one in this
+    process (--num_engines 1), or engine actors on Ray behind one group."""
 
     def __init__(self, cfg: BatchInferenceConfig, tokenizer: Any):
-        from rlhfkit.rollout.vllm_engine import check_vllm_args
+        from rlhfkit.rollout.factory import check_engines
 
-        g = self.g = cfg.generation
+        self.g = cfg.generation
+        self.spec = engine_spec(cfg)
         self.use_gpu = torch.cuda.is_available()
-        self.vllm = g.eval_task == "generate_vllm"
-        if self.vllm:
-            check_vllm_args(g.num_engines, g.tp_size, self.use_gpu or bool(os.environ.get("RAY_ADDRESS")))
+        check_engines(self.spec, self.use_gpu or bool(os.environ.get("RAY_ADDRESS")))
         self.plan: ResourcePlan | None = None
         self.started_ray = False
-        if g.num_engines == 1:
-            self.engine = self._local(cfg, tokenizer)
+        if self.spec.num_engines == 1:
+            from rlhfkit.rollout.factory import local_engine
+
+            self.engine = local_engine(self.spec, use_gpu=self.use_gpu, tokenizer=tokenizer,
+                                       device="cuda" if self.use_gpu else None)
         else:
-            self.engine = self._on_ray(cfg)
+            self.engine = self._on_ray()
 
-    def _local(self, cfg: BatchInferenceConfig, tokenizer: Any) -> Any:
-        if self.vllm:
-            from rlhfkit.rollout.vllm_engine import VLLMEngine
-
-            return VLLMEngine(_vllm_args(cfg, self.use_gpu))
-        from rlhfkit.models.loading import resolve_attn_implementation
-        from rlhfkit.rollout.hf_engine import HFRolloutEngine
-
-        m = cfg.model
-        return HFRolloutEngine.from_pretrained(
-            required(m.pretrain, "pretrain"), tokenizer, dtype=torch.bfloat16 if m.bf16 else torch.float32,
-            attn_implementation=resolve_attn_implementation(m.attn_implementation, m.flash_attn),
-            max_batch_size=self.g.micro_batch_size, device="cuda" if self.use_gpu else None)
-
-    def _on_ray(self, cfg: BatchInferenceConfig) -> Any:
+    def _on_ray(self) -> Any:
         import ray
 
         from rlhfkit.distributed.placement import ResourcePlan, RoleDemand, connect_ray, unwrap_user_error
-        from rlhfkit.rollout.hf_engine_actor import HFEngineActor
-        from rlhfkit.rollout.vllm_engine import RolloutEngineGroup, create_engine_actors, create_vllm_engines
+        from rlhfkit.rollout.factory import engine_group
 
-        g = self.g
+        spec = self.spec
         cpus = float(os.environ.get("RLHFKIT_RAY_CPUS_PER_BUNDLE", "1"))
-        role = "vllm" if self.vllm else "hf_engine"
-        demand = RoleDemand(role, g.num_engines, g.tp_size if self.vllm else 1)
+        demand = RoleDemand(spec.placement_role, spec.num_engines, spec.devices_per_engine)
         self.started_ray = connect_ray(demand.devices * cpus)
         use_gpu = ray.cluster_resources().get("GPU", 0) > 0
         plan = self.plan = ResourcePlan.make([demand], use_gpu=use_gpu, cpus_per_bundle=cpus).create()
         try:
-            slots = plan.slots[role]
-            if self.vllm:
-                actors = create_vllm_engines(plan, slots, _vllm_args(cfg, use_gpu))
-            else:
-                engine_cfg = _engine_config(cfg)
-                actors = create_engine_actors(HFEngineActor, plan, slots, lambda i: engine_cfg)
+            return engine_group(spec, plan, use_gpu=use_gpu)
         except ray.exceptions.RayTaskError as e:
             self.close()
             raise unwrap_user_error(e) from None
         except BaseException:
             self.close()
             raise
-        return RolloutEngineGroup(actors)
 
     def generate(self, prompt_ids: list[list[int]], seed: int, eos_ids: list[int]) -> list[Any]:
         g = self.g

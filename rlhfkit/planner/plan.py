@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference, role_needed, role_ranks
+from rlhfkit.config.rl_specs import placement_spec
 from rlhfkit.distributed.placement import plan_pools, role_demands
 from rlhfkit.errors import UserError
 from rlhfkit.planner import memory as mem
@@ -252,11 +253,12 @@ def _plan_rl(cfg: PPOConfig, trainer: str, devices: Devices) -> list[Pool]:
         pool.members.append("hf_engine")
         pool.rows += _engine_rows(cfg, shapes["actor"], devices, "hf_engine", pool)
         return [pool]
-    demands = role_demands(cfg)
+    placement = placement_spec(cfg)
+    demands = role_demands(placement)
     ranks = {d.name: d.ranks for d in demands}
     pools = []
-    for p in plan_pools(demands, colocate_all=res.colocate_all_models, colocate_actor_ref=res.colocate_actor_ref,
-                        colocate_critic_reward=res.colocate_critic_reward):
+    for p in plan_pools(demands, colocate_all=placement.colocate_all, colocate_actor_ref=placement.colocate_actor_ref,
+                        colocate_critic_reward=placement.colocate_critic_reward):
         pool = Pool(p.name, p.bundles, list(p.members), turns=res.deepspeed_enable_sleep and len(p.members) > 1)
         for member in p.members:
             if member in ("vllm", "hf_engine"):

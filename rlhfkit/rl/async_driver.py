@@ -1,54 +1,59 @@
-"""Asynchronous RL (`--async_train`): the Ray run's loop with generation moved to a generator actor.
+"""Asynchronous RL (`--async_train`), the driver's side: the batch supply and the weight sync of an async run.
 
-`with_async_training(RayRLTrainer)` is `RayRLTrainer` with three methods replaced (the `AsyncTraining` mixin);
-the loop (`RLTrainer._fit`), the experience pieces (`finish_experience`) and the update (`train_on`) are the
-synchronous ones:
-- `next_rollout`: the next batch from the generator's bounded queue (`async_generator.RolloutGenerator`, started
-  after resume and the first weight sync), adopting the data position it was drawn at;
-- `train_step`: reference / critic / old-policy forwards on that batch, then the same training as a synchronous
-  step. The old policy is the actor's current weights (recomputed, not the sampler's), so with one optimizer step
-  per batch the training forward gives them exactly, stale batch or not (`RLTrainer.reuses_old_log_probs`); the
-  rollout log-probs of the older sampling policy stay for the IS correction;
-- `sync_weights`: the weight update under the generator's lock, bumping the policy version.
+An async run is the synchronous trainer (`rlhfkit.rl.trainer.RLTrainer`) on the same loop (`rlhfkit.rl.loop`),
+handed two different parts, nothing subclassed:
+- the batch supply `GeneratorQueue`: the next batch from the generator actor's bounded queue
+  (`async_generator.RolloutGenerator`, started after resume and the first weight sync, from the loop's data
+  position), adopting the data position it was drawn at;
+- the weight sync `LockedWeightSync`: the Ray weight sync under the generator's lock, bumping the policy version.
+The trainer finishes each batch as a synchronous step does. The old policy is the actor's current weights
+(recomputed, not the sampler's), so with one optimizer step per batch the training forward gives them exactly,
+stale batch or not (`trainer.reuses_old_log_probs`); the rollout log-probs of the older sampling policy stay for the
+IS correction.
 Metrics: `async/staleness` (trainer version minus the oldest sampling version of the batch, at most
 --async_queue_size), `async/staleness_mean`, `async/mixed_version_samples` (partial rollout), `async/wait_s` (the
 trainer waiting for a batch), `async/queued` (batches left in the queue).
 
-Resume: checkpoints store the position of the last *consumed* batch (RLState); batches still queued are dropped
-with the generator and regenerated after a resume (with the resumed policy), so no prompt is skipped or trained on
-twice.
+Resume: checkpoints store the position of the last *consumed* batch (the loop's `LoopState`); batches still
+queued are dropped with the generator and regenerated after a resume (with the resumed policy), so no prompt is
+skipped or trained on twice.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
+from rlhfkit.config.rl import PPOConfig
 from rlhfkit.distributed.placement import unwrap_user_error
 from rlhfkit.distributed.ray_groups import kill_actors, ray_get, worker_env
 from rlhfkit.errors import ComponentFailed
+from rlhfkit.rl.async_generator import RolloutGenerator
 from rlhfkit.rl.experience import Experience
+from rlhfkit.rl.rollout_source import Rollout
+from rlhfkit.rl.trainer import reuses_old_log_probs
+from rlhfkit.rl.weight_sync import WeightSync
+from rlhfkit.run.loop import LoopState
 
 GENERATOR = "the rollout generator"
 GENERATOR_CONCURRENCY = 4  # next_batch, begin/end_weight_update, stats, stop may overlap the producer thread
 
 
-def with_async_training(base: type) -> type:
-    """`base` (an RLTrainer whose sync_weights updates the engines of a Ray run) fed by a generator actor."""
-    return type(f"Async{base.__name__}", (AsyncTraining, base), {})
+class GeneratorQueue:
+    """The batch supply of an async run. The generator actor builds its own rollout source over `prompts`, `engine`
+    (a Ray engine group) and `reward_handle` (a reward-model group, or None: the generator builds the text reward
+    source); it starts at the loop's data position, and the loop adopts the position of each batch it takes (the
+    consumed position, what checkpoints save). `has_reference` says whether a reference role exists (for the
+    record of where each step's old log-probs came from)."""
 
-
-class AsyncTraining:
-    """Mixin over an RLTrainer (see the module docstring); `with_async_training` puts it first in the MRO."""
-
-    cfg: Any
-    state: Any
-    prompts: Any
-    roles: Any
-
-    def __init__(self, *args: Any, reward_handle: Any = None, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.reward_handle = reward_handle  # a reward-model group, or None: the generator builds the text reward
+    def __init__(self, cfg: PPOConfig, prompts: Sequence[dict], engine: Any, reward_handle: Any,
+                 has_reference: bool):
+        self.cfg = cfg
+        self.prompts = prompts
+        self.engine = engine
+        self.reward_handle = reward_handle
+        self.has_reference = has_reference
         self.generator: Any = None
         self.generator_pid: int | None = None
         self.policy_version = 0
@@ -57,18 +62,18 @@ class AsyncTraining:
         self.trained_prompts: list[str] = []  # per sample, in training order
 
     # -- the generator ----------------------------------------------------------------------------------------
-    def start_generator(self) -> None:
+    def _start(self, position: LoopState) -> None:
         import ray
 
-        remote = ray.remote(num_cpus=0, max_concurrency=GENERATOR_CONCURRENCY)(_generator_class())
-        self.generator = remote.remote(self.cfg, ray.put(list(self.prompts)), self.roles.engine,
+        remote = ray.remote(RolloutGenerator).options(num_cpus=0, max_concurrency=GENERATOR_CONCURRENCY)
+        self.generator = remote.remote(self.cfg, ray.put(list(self.prompts)), self.engine,
                                        self.reward_handle, worker_env())
-        s = self.state
-        self.policy_version = s.global_step
-        self.generator_pid = ray_get(self.generator.start.remote(s.episode, s.batch_in_episode, s.global_step,
-                                                                 self.policy_version), GENERATOR)
+        self.policy_version = position.global_step
+        self.generator_pid = ray_get(self.generator.start.remote(position.epoch, position.batch_in_epoch,
+                                                                 position.global_step, self.policy_version), GENERATOR)
 
-    def stop_generator(self) -> None:
+    def close(self) -> None:
+        """Stop the generator (its stats kept in `last_generator_stats`) and kill its actor."""
         if self.generator is None:
             return
         try:
@@ -82,63 +87,64 @@ class AsyncTraining:
     def generator_stats(self) -> dict[str, Any]:
         return ray_get(self.generator.stats.remote(), GENERATOR)
 
-    def fit(self) -> list[dict[str, float]]:
-        try:
-            return super().fit()
-        finally:
-            self.stop_generator()
-
-    # -- the loop's pieces ------------------------------------------------------------------------------------
-    def next_rollout(self) -> dict[str, Any] | None:
+    # -- the supply -------------------------------------------------------------------------------------------
+    def next_rollout(self, position: LoopState) -> Rollout | None:
+        """The oldest queued batch, its data position adopted into `position`; None when the data is used up. The
+        generator's own error (e.g. a failing reward function) is raised here."""
         if self.generator is None:
-            self.start_generator()
+            self._start(position)
         import ray
 
         started = time.perf_counter()
         try:
             item = ray_get(self.generator.next_batch.remote(), GENERATOR)
-        except ray.exceptions.RayTaskError as e:  # the generator's own error (e.g. a failing reward function)
+        except ray.exceptions.RayTaskError as e:
             cause = unwrap_user_error(e)
             if cause is not e:
                 raise cause from None
             raise ComponentFailed(f"{GENERATOR} failed: {type(e.cause).__name__}: {e.cause}") from None
         if item is None:
             return None
-        item["wait_s"] = time.perf_counter() - started
-        self.state.episode, self.state.batch_in_episode = item["position"]  # only consumed batches count
-        return item
+        wait_s = time.perf_counter() - started
+        position.epoch, position.batch_in_epoch = item["position"]  # only consumed batches count
+        return self._rollout_of(item, position.global_step, wait_s)
 
-    def train_step(self, item: dict[str, Any]) -> dict[str, float]:
-        step_started = time.perf_counter() - item["wait_s"]
+    def _rollout_of(self, item: dict[str, Any], step: int, wait_s: float) -> Rollout:
+        """A queued batch as the Rollout of step `step` + 1 with the async metrics, recorded in `consumed` and
+        `trained_prompts`."""
         exp = Experience.from_dict(item["experience"])
-        oldest = int(exp.info["policy_version"].min())
-        newest = exp.info["policy_version_max"]
-        lag = self.policy_version - exp.info["policy_version"]
-        self.consumed.append({"step": self.state.global_step + 1, "trainer_version": self.policy_version,
-                              "sample_version": oldest, "sample_version_max": int(newest.max()),
-                              "position": tuple(item["position"])})
+        sampled, newest = exp.info["policy_version"], exp.info["policy_version_max"]
+        lag = self.policy_version - sampled
+        self.consumed.append({
+            "step": step + 1, "trainer_version": self.policy_version, "sample_version": int(sampled.min()),
+            "sample_version_max": int(newest.max()), "position": tuple(item["position"]),
+            "old_log_probs_from_actor_forward": not reuses_old_log_probs(self.cfg, self.has_reference, len(exp),
+                                                                         step)})
         self.trained_prompts.extend(item["texts"]["prompts"])
-        exp, metrics = self.finish_experience(exp, item["texts"], item["reward"], item["recipe_metrics"],
-                                              dict(item["timings"]))
-        self.consumed[-1]["old_log_probs_from_actor_forward"] = exp.action_log_probs is not None
-        metrics.update({"async/staleness": float(lag.max()), "async/staleness_mean": float(lag.float().mean()),
-                        "async/mixed_version_samples": float((newest > exp.info["policy_version"]).float().mean()),
-                        "async/wait_s": item["wait_s"], "async/queued": float(item["queued_after"])})
-        return self.train_on(exp, metrics, step_started)
+        metrics = {"async/staleness": float(lag.max()), "async/staleness_mean": float(lag.float().mean()),
+                   "async/mixed_version_samples": float((newest > sampled).float().mean()),
+                   "async/wait_s": wait_s, "async/queued": float(item["queued_after"])}
+        return Rollout(exp, item["texts"], item["reward"], item["recipe_metrics"], dict(item["timings"]),
+                       started=time.perf_counter() - wait_s, extra_metrics=metrics)
 
-    def sync_weights(self) -> None:
-        if self.generator is None:  # the first sync (and the one after a resume) runs before the generator starts
-            super().sync_weights()
+
+class LockedWeightSync:
+    """`inner` (the Ray weight sync) under the generator's lock: no engine changes weights inside a generate call,
+    and each update bumps the policy version the generator stamps on samples. Before the generator starts (the
+    first sync, and the one after a resume) it is `inner` alone."""
+
+    def __init__(self, inner: WeightSync, queue: GeneratorQueue):
+        self.inner = inner
+        self.queue = queue
+
+    def sync(self) -> None:
+        generator = self.queue.generator
+        if generator is None:
+            self.inner.sync()
             return
-        ray_get(self.generator.begin_weight_update.remote(), f"{GENERATOR} (waiting to update weights)")
+        ray_get(generator.begin_weight_update.remote(), f"{GENERATOR} (waiting to update weights)")
         try:
-            super().sync_weights()
+            self.inner.sync()
         finally:
-            self.policy_version += 1
-            ray_get(self.generator.end_weight_update.remote(self.policy_version), GENERATOR)
-
-
-def _generator_class() -> type:
-    from rlhfkit.rl.async_generator import RolloutGenerator
-
-    return RolloutGenerator
+            self.queue.policy_version += 1
+            ray_get(generator.end_weight_update.remote(self.queue.policy_version), GENERATOR)

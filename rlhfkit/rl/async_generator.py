@@ -1,10 +1,10 @@
 """The generator of asynchronous RL (`--async_train`): a Ray actor that generates and scores rollout batches into a
 bounded queue while the trainer trains on the previous ones.
 
-The generator runs the same rollout code as the synchronous loop (`RLTrainer._next_prompts` and `_rollout`:
-prompts from the seeded stream, engine generation or agent episodes, reward scoring, dynamic filtering) on its own
-`RLTrainer` whose only roles are the engine and the reward source. The trainer (`async_driver.with_async_training`)
-finishes each batch (reference / critic / actor forwards, advantages) and trains on it.
+The generator owns a complete `RolloutSource` (`rlhfkit.rl.rollout_source`: prompts from the seeded stream, engine
+generation or agent episodes, reward scoring, dynamic filtering), the same one a synchronous run drives, over the
+engine seen through `VersionedEngine`. The driver's side (`rlhfkit.rl.async_driver.GeneratorQueue`) hands each
+batch to the trainer, which finishes it (reference / critic / actor forwards, advantages) and trains on it.
 
 Invariants, checked by tests/distributed/test_ray_async.py (chunked generation by tests/rl/test_async_generator.py):
 - Staleness: the queue holds `--async_queue_size` *slots*; a slot is taken before a batch's prompts are drawn and
@@ -99,9 +99,11 @@ class RolloutGenerator:
                  env: dict[str, str] | None = None):
         os.environ.update(env or {})
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        # imported once the worker's environment is set (thread counts, timeouts)
         from rlhfkit.distributed.ray_groups import set_call_timeout
         from rlhfkit.models.loading import load_tokenizer_for
-        from rlhfkit.rl.loop import RLTrainer, RoleHandles
+        from rlhfkit.rl.rollout_source import RolloutSource
+        from rlhfkit.run.loop import LoopState
         from rlhfkit.run.setup import make_text_reward
 
         set_call_timeout(cfg.resources.ray_call_timeout)
@@ -109,8 +111,9 @@ class RolloutGenerator:
         a = cfg.asynchronous
         self.text_reward = make_text_reward(cfg) if reward is None else None  # its worker pool lives here
         self.engine = VersionedEngine(engine, self, a.partial_rollout_chunk_len if a.partial_rollout else None)
-        handles = RoleHandles(actor=None, engine=self.engine, reward=reward if reward is not None else self.text_reward)
-        self.rollout = RLTrainer(cfg, handles, load_tokenizer_for(cfg.model), prompts, None, None, None)
+        self.source = RolloutSource(cfg, self.engine, reward if reward is not None else self.text_reward,
+                                    load_tokenizer_for(cfg.model), prompts)
+        self.position = LoopState()  # the stream position of the next batch drawn, and its step (sampling seed)
         self.batches_per_call = (a.vllm_generate_batch_size or cfg.rollout.rollout_batch_size) \
             // cfg.rollout.rollout_batch_size
         self.lock = threading.Lock()
@@ -156,8 +159,8 @@ class RolloutGenerator:
     # -- producing --------------------------------------------------------------------------------------------
     def start(self, episode: int, batch_in_episode: int, step: int, version: int) -> int:
         """Begin producing from the stream position (episode, batch_in_episode); returns this process's pid."""
-        state = self.rollout.state
-        state.episode, state.batch_in_episode, state.global_step = episode, batch_in_episode, step
+        p = self.position
+        p.global_step, p.epoch, p.batch_in_epoch = step, episode, batch_in_episode
         self.version = version
         self.thread = threading.Thread(target=self._produce, name="rollout-generator", daemon=True)
         self.thread.start()
@@ -189,26 +192,26 @@ class RolloutGenerator:
     def _produce_call(self) -> list[dict[str, Any]]:
         """One engine call's worth of batches (--vllm_generate_batch_size / --rollout_batch_size of them, each
         holding its own queue slot), or [] when the data is used up."""
-        state = self.rollout.state
+        position = self.position
         parts: list[tuple[list[int], tuple[int, int], int]] = []
         for _ in range(self.batches_per_call):
             if not self._take_slot():
                 break
-            indices = self.rollout._next_prompts()
+            indices = self.source.next_prompts(position)
             if indices is None:
                 self.slots.release()
                 break
-            parts.append((list(indices), (state.episode, state.batch_in_episode), state.global_step))
-            state.global_step += 1
+            parts.append((list(indices), (position.epoch, position.batch_in_epoch), position.global_step))
+            position.global_step += 1
         if not parts:
             return []
-        state.global_step = parts[0][2]  # the sampling seed of the call is its first step's, as in sync training
+        position.global_step = parts[0][2]  # the sampling seed of the call is its first step's, as in sync training
         self.episode_versions.clear()
-        timings: dict[str, float] = {}
-        exp, texts, reward, recipe = self.rollout._rollout([i for p in parts for i in p[0]], timings)
-        state.global_step = parts[-1][2] + 1
+        rollout = self.source.rollout([i for p in parts for i in p[0]], position)
+        position.global_step = parts[-1][2] + 1
+        exp, texts, reward = rollout.experience, rollout.texts, rollout.reward
         if len(parts) == 1:  # --dynamic_filtering may have drawn more prompts to refill the batch
-            parts[0] = (parts[0][0], (state.episode, state.batch_in_episode), parts[0][2])
+            parts[0] = (parts[0][0], (position.epoch, position.batch_in_epoch), parts[0][2])
         if "policy_version" not in exp.info:  # agent episodes: the oldest version of the batch's engine calls
             oldest = float(min(self.episode_versions, default=self.version))
             exp.info["policy_version"] = torch.full((len(exp),), oldest)
@@ -216,13 +219,14 @@ class RolloutGenerator:
                                                                               default=self.version)))
         rows = len(exp) // len(parts)
         batches = []
-        for k, (_, position, step) in enumerate(parts):
+        for k, (_, at, step) in enumerate(parts):
             sl = slice(k * rows, (k + 1) * rows)
             batches.append({
                 "experience": exp.select(sl).to_dict() if len(parts) > 1 else exp.to_dict(),
                 "texts": {key: v[sl] if isinstance(v, list) else v for key, v in texts.items()},
                 "reward": {**reward, "rewards": reward["rewards"][sl], "scores": reward["scores"][sl]},
-                "recipe_metrics": recipe, "timings": dict(timings), "position": position, "step": step})
+                "recipe_metrics": rollout.recipe_metrics, "timings": dict(rollout.timings), "position": at,
+                "step": step})
         return batches
 
     # -- the trainer's side of the queue ----------------------------------------------------------------------
@@ -249,6 +253,7 @@ class RolloutGenerator:
         self.stopping.set()
         if self.thread is not None:
             self.thread.join(timeout=30)
-        if hasattr(self.text_reward, "close"):
-            self.text_reward.close()
+        close = getattr(self.text_reward, "close", None)  # a reward function's worker pool
+        if close is not None:
+            close()
 

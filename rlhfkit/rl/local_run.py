@@ -1,5 +1,6 @@
 """`run_ppo(cfg)`: assemble the single-process RL run (every role a local object, the Transformers rollout engine)
-and train it.
+and train it: the RL trainer whose batch supply is the run's rollout source and whose weight sync hands the actor's
+state dict to the engine, on the shared loop (`rlhfkit.rl.loop`).
 
 Order matters for failing fast: the config, the data and the reward source are checked before any model loads.
 """
@@ -8,24 +9,24 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
+from rlhfkit.config.rl import PPOConfig, validate_single_process
+from rlhfkit.config.rl_specs import rl_specs
+from rlhfkit.logging.metrics import MetricsLogger
+from rlhfkit.rl.loop import RoleHandles, rl_settings
+from rlhfkit.rl.trainer import RLTrainer
+from rlhfkit.run.loop import TrainingLoop
 
-from rlhfkit.config.base import required
-from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference, validate_single_process
 
-
-def run_ppo(cfg: PPOConfig) -> Any:
+def run_ppo(cfg: PPOConfig) -> RLTrainer:
     """Validate, load data, build the roles and the engine, train, and save the final model(s)."""
-    from rlhfkit.models.loading import resolve_attn_implementation
     from rlhfkit.models.moe import check_aux_loss_coef
-    from rlhfkit.rl.loop import RLTrainer, RoleHandles
-    from rlhfkit.rl.roles import ActorRole, CriticRole, ReferenceRole, RewardModelRole
-    from rlhfkit.rollout.hf_engine import HFRolloutEngine
-    from rlhfkit.run.setup import build_strategy, load_rl_inputs, prepare_run, train_rl
+    from rlhfkit.rl.rollout_source import RolloutSource
+    from rlhfkit.rl.weight_sync import LocalWeightSync
+    from rlhfkit.run.setup import build_strategy, load_rl_inputs, prepare_rl_run, train_rl
 
     cfg.check_inputs()  # the flags were validated when parsed
     validate_single_process(cfg)
-    run = prepare_run(cfg, "ppo")
+    run = prepare_rl_run(cfg, "ppo")
     check_aux_loss_coef(cfg.algo.aux_loss_coef, cfg.model.pretrain)
     inputs = load_rl_inputs(cfg)
     try:
@@ -33,27 +34,41 @@ def run_ppo(cfg: PPOConfig) -> Any:
         if cfg.rollout.vllm_num_engines > 0:
             strategy.print("train_ppo: --vllm_num_engines applies to train_ppo_ray; this single-process run "
                            "generates with the Transformers engine")
-        steps, text_reward = inputs.num_update_steps, inputs.text_reward
-        roles = RoleHandles(
-            actor=ActorRole(cfg, steps),
-            engine=HFRolloutEngine.from_pretrained(
-                required(cfg.model.pretrain, "pretrain"), inputs.tokenizer,
-                dtype=torch.bfloat16 if cfg.model.bf16 else torch.float32,
-                attn_implementation=resolve_attn_implementation(cfg.model.attn_implementation, cfg.model.flash_attn),
-                max_batch_size=max(cfg.rollout.micro_rollout_batch_size, 256), device=strategy.device),
-            reward=text_reward if text_reward is not None else RewardModelRole(cfg) if cfg.rl_model.reward_pretrain
-            else None,  # None: agent episodes bring their rewards
-            ref=ReferenceRole(cfg) if needs_reference(cfg) else None,
-            critic=CriticRole(cfg, steps) if needs_critic(cfg) else None,
-        )
+        roles = local_roles(cfg, inputs, strategy)
 
-        def describe(trainer: RLTrainer) -> None:
+        def assemble(logger: MetricsLogger) -> TrainingLoop:  # synchronous: the rollout source is the batch supply
+            source = RolloutSource(cfg, roles.engine, roles.reward, inputs.tokenizer, inputs.prompts)
+            trainer = RLTrainer(cfg, roles.actor, source, LocalWeightSync(roles.actor, roles.engine), source, logger,
+                                strategy, ref=roles.ref, critic=roles.critic, eval_prompts=inputs.eval_prompts)
+            return TrainingLoop(trainer, rl_settings(cfg), strategy, logger, run)
+
+        def describe(loop: TrainingLoop) -> None:
+            text_reward = inputs.text_reward
             reward = type(text_reward).__name__ if text_reward is not None else "model" if roles.reward else "agent"
-            strategy.print(f"{cfg.algo.advantage_estimator}: {len(inputs.prompts)} prompts, {trainer.total_steps()} "
+            strategy.print(f"{cfg.algo.advantage_estimator}: {len(inputs.prompts)} prompts, {loop.total_steps()} "
                            f"RL steps of {cfg.rollout.rollout_batch_size} prompts x {cfg.rollout.n_samples_per_prompt} "
-                           f"samples, {steps} optimizer steps; roles: actor{', critic' if roles.critic else ''}"
-                           f"{', reference' if roles.ref else ''}, reward {reward}")
+                           f"samples, {inputs.num_update_steps} optimizer steps; roles: actor"
+                           f"{', critic' if roles.critic else ''}{', reference' if roles.ref else ''}, reward {reward}")
 
-        return train_rl(RLTrainer, cfg, roles, inputs, strategy, run, "ppo", before_fit=describe)
+        return train_rl(cfg, strategy, "ppo", assemble, before_fit=describe)
     finally:
         inputs.close()
+
+
+def local_roles(cfg: PPOConfig, inputs: Any, strategy: Any) -> RoleHandles:
+    """Every role a local object of this process, built from its spec, and the Transformers rollout engine on the
+    strategy's device (the one engine constructor, handed the agents' episode runner)."""
+    from rlhfkit.agents.episodes import run_episodes
+    from rlhfkit.rl.roles import ActorRole, CriticRole, ReferenceRole, RewardModelRole
+    from rlhfkit.rollout.factory import local_engine
+
+    steps, text_reward, specs = inputs.num_update_steps, inputs.text_reward, rl_specs(cfg, single_process=True)
+    return RoleHandles(
+        actor=ActorRole(specs.actor, steps),
+        engine=local_engine(specs.engine, use_gpu=False, tokenizer=inputs.tokenizer, device=strategy.device,
+                            episode_runner=run_episodes),
+        reward=text_reward if text_reward is not None else RewardModelRole(specs.reward) if specs.reward
+        else None,  # None: agent episodes bring their rewards
+        ref=ReferenceRole(specs.ref) if specs.ref else None,
+        critic=CriticRole(specs.critic, steps) if specs.critic else None,
+    )

@@ -13,8 +13,7 @@ import torch
 from rlhfkit.algorithms.kl import compute_approx_kl
 from rlhfkit.algorithms.logprobs import token_logprobs
 from rlhfkit.algorithms.masking import masked_mean
-from rlhfkit.config.base import required
-from rlhfkit.config.rl import PPOConfig
+from rlhfkit.config.specs import BatchSpec
 from rlhfkit.data.token_budget import plan_micro_batches
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
 from rlhfkit.models.policy import attn_implementation_of, model_dtype, model_inputs
@@ -24,20 +23,18 @@ from rlhfkit.models.value_model import sequence_rewards, token_values
 from rlhfkit.rl.experience import Experience, gather_actions, pad_columns
 
 
-def per_chunk(exp: Experience, cfg: PPOConfig, strategy: DeepSpeedStrategy,
-               fn: Callable[[Experience], torch.Tensor], action_width: bool = True) -> torch.Tensor:
+def per_chunk(exp: Experience, batch: BatchSpec, strategy: DeepSpeedStrategy,
+              fn: Callable[[Experience], torch.Tensor], action_width: bool = True) -> torch.Tensor:
     """Run `fn` over micro-batches of --micro_rollout_batch_size rows (or, with --use_dynamic_batch, of at most
     --max_tokens_per_gpu tokens) and stitch the CPU results back in row order ([B, R] or [B]).
 
     Every rank runs as many forwards as the busiest one (repeating its first micro-batch), because under ZeRO-3 a
     forward is a collective."""
-    s = cfg.strategy
-    if s.use_dynamic_batch:
+    if batch.max_tokens_per_gpu is not None:
         lengths = exp.attention_mask.sum(dim=1).tolist()
-        chunks = plan_micro_batches(lengths, required(s.max_tokens_per_gpu, "max_tokens_per_gpu"),
-                                    widths=None if cfg.data.packing_samples else lengths)[0]
+        chunks = plan_micro_batches(lengths, batch.max_tokens_per_gpu, widths=None if batch.packed else lengths)[0]
     else:
-        size = cfg.rollout.micro_rollout_batch_size
+        size = batch.micro_rollout_batch_size
         chunks = [list(range(i, min(i + size, len(exp)))) for i in range(0, len(exp), size)]
     chunks = [c for c in chunks if c]
     outs = []

@@ -1,4 +1,5 @@
-"""The interface of each role of an RL step, as the RL loop (`rl_loop.RLTrainer`) uses it.
+"""The interface of each role of an RL step, as the RL trainer (`rlhfkit.rl.trainer`) and the rollout source
+(`rlhfkit.rl.rollout_source`) use it.
 
 A role handle is a local object (`roles.py`: `ActorRole`, `CriticRole`, `ReferenceRole`, `RewardModelRole`), a Ray
 actor group serving the same methods (`rlhfkit.distributed.ray_groups.RayActorGroup`), or for the reward a text

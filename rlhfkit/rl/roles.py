@@ -25,15 +25,7 @@ from rlhfkit.algorithms.kl import compute_approx_kl
 from rlhfkit.algorithms.logprobs import entropy_from_logits, token_logprobs
 from rlhfkit.algorithms.masking import aggregate_loss, masked_mean
 from rlhfkit.algorithms.policy_loss import policy_loss, value_loss
-from rlhfkit.config.rl import (
-    CRITIC_HEAD_HINT,
-    PPOConfig,
-    clip_range,
-    critic_needs_head,
-    critic_path,
-    is_bounds,
-    loss_aggregation,
-)
+from rlhfkit.config.specs import CRITIC_HEAD_HINT, ActorSpec, CriticSpec, ReferenceSpec, RewardSpec, RoleSpec
 from rlhfkit.distributed.accumulation import mark_accumulation_boundary
 from rlhfkit.distributed.nonfinite import NonFiniteGuard
 from rlhfkit.distributed.ray_groups import dispatch
@@ -57,45 +49,53 @@ from rlhfkit.rl.role_forward import (
 from rlhfkit.run.setup import build_strategy, load_tokenizer_for, load_trainable_lm
 
 KL_LOG_RATIO_CLAMP = 10.0  # bounds exp() in the k3 KL loss when policy and reference drift far apart
+Stats = dict[str, float | tuple[float, float]]  # a micro-step's stats; a (value, weight) pair brings its own weight
 
 
-def _dtype(cfg: PPOConfig) -> torch.dtype:
-    return torch.bfloat16 if cfg.model.bf16 else torch.float32
+def _field(tensor: torch.Tensor | None, name: str) -> torch.Tensor:
+    """An experience field a training step needs (`train` checked the whole experience has it)."""
+    if tensor is None:
+        raise ValueError(f"the micro-batch has no {name}")
+    return tensor
 
 
-def _attn(cfg: PPOConfig) -> str:
-    return resolve_attn_implementation(cfg.model.attn_implementation, cfg.model.flash_attn)
+def _dtype(spec: RoleSpec) -> torch.dtype:
+    return torch.bfloat16 if spec.model.bf16 else torch.float32
+
+
+def _attn(spec: RoleSpec) -> str:
+    return resolve_attn_implementation(spec.model.attn_implementation, spec.model.flash_attn)
 
 
 class _Role:
-    """What every role has: the run's config, its strategy in this rank's process group, packed forwards or not."""
+    """What every role has: its spec, its strategy in this rank's process group, packed forwards or not."""
 
     name = "role"
 
-    def __init__(self, cfg: PPOConfig):
-        self.cfg = cfg
-        self.packed = cfg.data.packing_samples  # forwards on packed rows (docs/CONVENTIONS.md)
-        self.strategy = build_strategy(cfg.model, cfg.strategy)
+    def __init__(self, spec: RoleSpec):
+        self.spec = spec
+        self.packed = spec.batch.packed  # forwards on packed rows (docs/CONVENTIONS.md)
+        self.strategy = build_strategy(spec.model, spec.strategy)
 
 
 class _TrainedRole(_Role):
     """What actor and critic share: a DeepSpeed training engine, weighted metrics, saving, checkpoints."""
 
-    def __init__(self, cfg: PPOConfig):
-        super().__init__(cfg)
+    def __init__(self, spec: RoleSpec):
+        super().__init__(spec)
         self.engine: Any = None
         self._micro_weight = 1.0
-        self.tokenizer = load_tokenizer_for(cfg.model)
+        self.tokenizer = load_tokenizer_for(spec.model)
 
     @property
     def device(self) -> torch.device:
         return self.strategy.device
 
     def _buffer(self, exp: Experience, seed: int) -> ReplayBuffer:
-        s = self.cfg.strategy
-        return ReplayBuffer(exp, s.train_batch_size, s.micro_train_batch_size, rank=self.strategy.rank,
-                            world_size=self.strategy.world_size, seed=seed,
-                            max_tokens=s.max_tokens_per_gpu if s.use_dynamic_batch else None, packed=self.packed)
+        b = self.spec.batch
+        return ReplayBuffer(exp, b.train_batch_size, b.micro_train_batch_size, rank=self.strategy.rank,
+                            world_size=self.strategy.world_size, seed=seed, max_tokens=b.max_tokens_per_gpu,
+                            packed=self.packed)
 
     def _reduce(self, sums: dict[str, float], weights: dict[str, float]) -> dict[str, float]:
         """Weighted means over every micro-batch of every rank."""
@@ -122,7 +122,7 @@ class _TrainedRole(_Role):
         self.engine.step()
 
     def _train_epochs(self, exp: Experience, seed: int,
-                      micro_step: Callable[[Experience, OptimizerStep], tuple[dict[str, float], float]]
+                      micro_step: Callable[[Experience, OptimizerStep], tuple[Stats, float]]
                       ) -> dict[str, float]:
         """--max_epochs passes over the experience in optimizer steps. `micro_step(micro, step)` runs forward,
         backward and step on one micro batch and returns its stats with their weight; the result is the weighted
@@ -132,15 +132,15 @@ class _TrainedRole(_Role):
         weights: dict[str, float] = defaultdict(float)
         buffer = self._buffer(exp, seed)
         if getattr(self, "nonfinite", None) is None:  # created after a resume restored the engine's counters
-            self.nonfinite = NonFiniteGuard(self.cfg.strategy.max_nonfinite_steps, type(self).__name__)
+            self.nonfinite = NonFiniteGuard(self.spec.strategy.max_nonfinite_steps, type(self).__name__)
             self.nonfinite.watch(self.engine)
             self.optimizer_steps = 0
         self.engine.train()
-        for epoch in range(self.cfg.rollout.max_epochs):
+        for epoch in range(self.spec.batch.max_epochs):
             for step in buffer.epoch(epoch):
                 for k, micro in enumerate(step.micro_batches):
                     mark_accumulation_boundary(self.engine, k == len(step.micro_batches) - 1,
-                                               self.cfg.strategy.use_dynamic_batch)
+                                               self.spec.strategy.use_dynamic_batch)
                     self._micro_weight = 1.0 if step.is_real(k) else 0.0
                     stats, weight = micro_step(micro.to(self.device), step)
                     for name, v in stats.items():
@@ -173,7 +173,7 @@ class _TrainedRole(_Role):
         """DeepSpeed engine states (weights, optimizer, schedule) under save_dir/tag (same signature as an engine,
         so `rlhfkit.run.checkpoint.save_checkpoint` takes the role itself); layout-free with
         --use_ds_universal_ckpt."""
-        save_engine_state(self.engine, save_dir, tag, self.cfg.checkpoint.use_ds_universal_ckpt,
+        save_engine_state(self.engine, save_dir, tag, self.spec.universal_ckpt,
                           self.strategy.is_rank0)
 
     def load_checkpoint(self, load_dir: str, tag: str) -> tuple[str | None, Any]:
@@ -184,16 +184,15 @@ class ActorRole(_TrainedRole):
     """The policy being trained: old log-probs for the rollout, PPO updates, weights for the engines."""
 
     name = "actor"
+    spec: ActorSpec
 
-    def __init__(self, cfg: PPOConfig, num_update_steps: int):
-        super().__init__(cfg)
-        model = load_trainable_lm(cfg.model)
-        self.engine = self.strategy.prepare_train(model, cfg.algo.actor_learning_rate, num_update_steps)
-        self.temperature = cfg.rollout.temperature
-        self.clip_low, self.clip_high = clip_range(cfg)
-        self.agg = loss_aggregation(cfg)
-        self.is_low, self.is_high = is_bounds(cfg) if cfg.algo.enable_vllm_is_correction else (0.0, 0.0)
-        self.ema = ParameterEMA(self.strategy.unwrap(self.engine), cfg.save.ema_beta) if cfg.save.enable_ema \
+    def __init__(self, spec: ActorSpec, num_update_steps: int):
+        super().__init__(spec)
+        model = load_trainable_lm(spec.model)
+        self.engine = self.strategy.prepare_train(model, spec.learning_rate, num_update_steps)
+        self.temperature = spec.temperature
+        self.agg = spec.loss_agg
+        self.ema = ParameterEMA(self.strategy.unwrap(self.engine), spec.ema_beta) if spec.ema_beta is not None \
             else None
 
     @dispatch("split")
@@ -203,8 +202,8 @@ class ActorRole(_TrainedRole):
         exp = as_experience(batch)
         self.engine.eval()
         try:
-            return per_chunk(exp, self.cfg, self.strategy,
-                              lambda e: action_log_probs(self.engine, e, self.temperature, self.packed))
+            return per_chunk(exp, self.spec.batch, self.strategy,
+                             lambda e: action_log_probs(self.engine, e, self.temperature, self.packed))
         finally:
             self.engine.train()
 
@@ -218,7 +217,7 @@ class ActorRole(_TrainedRole):
         exp = as_experience(batch)
         if exp.advantages is None:
             raise ValueError("ActorRole.train needs advantages in the experience")
-        one_step = one_optimizer_step(len(exp), self.cfg.strategy.train_batch_size, self.cfg.rollout.max_epochs)
+        one_step = one_optimizer_step(len(exp), self.spec.batch.train_batch_size, self.spec.batch.max_epochs)
         if exp.action_log_probs is None and not one_step:
             raise ValueError("ActorRole.train without action_log_probs needs one optimizer step per rollout "
                              "(max_epochs 1 and train_batch_size == the experience's samples)")
@@ -226,24 +225,25 @@ class ActorRole(_TrainedRole):
                                                                                    entropy_metric))
 
     def _micro_step(self, micro: Experience, step: OptimizerStep, kl_coef: float,
-                    entropy_metric: bool = True) -> tuple[dict[str, float], float]:
-        a = self.cfg.algo
+                    entropy_metric: bool = True) -> tuple[Stats, float]:
+        a = self.spec
         mask = micro.action_mask
         with router_aux_loss(self.engine, a.aux_loss_coef > 0) as aux:
             logits = action_logits(self.engine, micro, self.packed)
         if self.temperature != 1.0:
             logits = logits / self.temperature
         logp = token_logprobs(logits, micro.action_tokens())
-        reused_stats = {}
+        reused_stats: dict[str, tuple[float, float]] = {}
         if micro.action_log_probs is None:
             micro.action_log_probs, reused_stats = reused_old_log_probs(logp, micro, a.kl_estimator)
-        agg_kwargs = {"norm_len": self.cfg.data.generate_max_len} if self.agg == "seq_mean_token_sum_norm" else {}
-        tis = a.enable_vllm_is_correction and micro.rollout_log_probs is not None
-        loss, info = policy_loss(logp, micro.action_log_probs, micro.advantages, mask, clip_eps_low=self.clip_low,
-                                 clip_eps_high=self.clip_high, dual_clip=a.dual_clip,
+        agg_kwargs = {"norm_len": a.loss_norm_len} if a.loss_norm_len is not None else {}
+        tis = a.is_correction and micro.rollout_log_probs is not None
+        loss, info = policy_loss(logp, micro.action_log_probs, _field(micro.advantages, "advantages"), mask,
+                                 clip_eps_low=a.clip_low,
+                                 clip_eps_high=a.clip_high, dual_clip=a.dual_clip,
                                  rollout_logp=micro.rollout_log_probs if tis else None,
-                                 tis_cap=self.is_high if tis else None, is_correction=a.vllm_is_correction_type,
-                                 is_low=self.is_low, loss_type=a.policy_loss_type, agg=self.agg, **agg_kwargs)
+                                 tis_cap=a.is_high if tis else None, is_correction=a.is_correction_type,
+                                 is_low=a.is_low, loss_type=a.policy_loss_type, agg=self.agg, **agg_kwargs)
         stats = {"policy_loss": loss.item(), **{k: v.item() for k, v in info.items()}, **reused_stats}
         total = loss
         if a.use_kl_loss and micro.base_action_log_probs is not None:
@@ -293,7 +293,7 @@ class ActorRole(_TrainedRole):
             path = self._ema_path(save_dir, tag)
             os.makedirs(os.path.dirname(path), exist_ok=True)  # the universal form creates it on rank 0 only
             torch.save(self.ema.state_dict(), path)
-        if self.cfg.save.save_hf_ckpt:
+        if self.spec.save_hf_ckpt:
             self.save_hf_model(f"{save_dir}/{tag}_hf")
 
     def load_checkpoint(self, load_dir: str, tag: str) -> tuple[str | None, Any]:
@@ -311,14 +311,15 @@ class CriticRole(_TrainedRole):
     """The value model of PPO (`--advantage_estimator gae`): values for GAE, regression on the returns."""
 
     name = "critic"
+    spec: CriticSpec
 
-    def __init__(self, cfg: PPOConfig, num_update_steps: int):
-        super().__init__(cfg)
-        path = check_model_path(critic_path(cfg), "--critic_pretrain")
-        model = load_value_model(path, value_head_prefix=cfg.rl_model.value_head_prefix,
-                                 attn_implementation=_attn(cfg), dtype=torch.float32, flag="--critic_pretrain",
-                                 require_head=critic_needs_head(cfg), allow_hint=CRITIC_HEAD_HINT)
-        self.engine = self.strategy.prepare_train(model, cfg.algo.critic_learning_rate, num_update_steps)
+    def __init__(self, spec: CriticSpec, num_update_steps: int):
+        super().__init__(spec)
+        path = check_model_path(spec.path, "--critic_pretrain")
+        model = load_value_model(path, value_head_prefix=spec.value_head_prefix,
+                                 attn_implementation=_attn(spec), dtype=torch.float32, flag="--critic_pretrain",
+                                 require_head=spec.require_head, allow_hint=CRITIC_HEAD_HINT)
+        self.engine = self.strategy.prepare_train(model, spec.learning_rate, num_update_steps)
 
     def _values(self, exp: Experience) -> torch.Tensor:
         return action_values(self.engine, exp, self.packed)
@@ -330,7 +331,7 @@ class CriticRole(_TrainedRole):
         exp = as_experience(batch)
         self.engine.eval()
         try:
-            return per_chunk(exp, self.cfg, self.strategy, self._values)
+            return per_chunk(exp, self.spec.batch, self.strategy, self._values)
         finally:
             self.engine.train()
 
@@ -341,10 +342,10 @@ class CriticRole(_TrainedRole):
             raise ValueError("CriticRole.train needs values and returns in the experience")
         return self._train_epochs(exp, seed, self._micro_step)
 
-    def _micro_step(self, micro: Experience, step: OptimizerStep) -> tuple[dict[str, float], float]:
+    def _micro_step(self, micro: Experience, step: OptimizerStep) -> tuple[Stats, float]:
         mask = micro.action_mask
-        loss, info = value_loss(self._values(micro), micro.values, micro.returns, mask,
-                                value_clip=self.cfg.algo.value_clip)
+        loss, info = value_loss(self._values(micro), _field(micro.values, "values"), _field(micro.returns, "returns"),
+                                mask, value_clip=self.spec.value_clip)
         tokens = int(mask.sum())
         self._backward_step(loss * self._step_scale(tokens, mask.shape[0], "token_mean", step.num_tokens,
                                                     step.num_seqs))
@@ -355,19 +356,19 @@ class ReferenceRole(_Role):
     """The frozen initial policy: reference log-probs for the KL penalty or KL loss."""
 
     name = "ref"
+    spec: ReferenceSpec
 
-    def __init__(self, cfg: PPOConfig):
-        super().__init__(cfg)
-        model = load_causal_lm(check_model_path(cfg.model.pretrain), attn_implementation=_attn(cfg),
-                               dtype=_dtype(cfg))
+    def __init__(self, spec: ReferenceSpec):
+        super().__init__(spec)
+        model = load_causal_lm(check_model_path(spec.path), attn_implementation=_attn(spec), dtype=_dtype(spec))
         self.model = self.strategy.prepare_eval(model)
-        self.temperature = cfg.rollout.temperature
+        self.temperature = spec.temperature
 
     @dispatch("split")
     @torch.no_grad()
     def log_probs(self, batch: Experience | dict[str, Any]) -> torch.Tensor:
         exp = as_experience(batch)
-        return per_chunk(exp, self.cfg, self.strategy,
+        return per_chunk(exp, self.spec.batch, self.strategy,
                           lambda e: action_log_probs(self.model, e, self.temperature, self.packed))
 
 
@@ -375,14 +376,15 @@ class RewardModelRole(_Role):
     """A trained reward model (`--reward_pretrain`): the value head at each sample's last token."""
 
     name = "reward"
+    spec: RewardSpec
 
-    def __init__(self, cfg: PPOConfig):
-        super().__init__(cfg)
-        path = check_model_path(cfg.rl_model.reward_pretrain, "--reward_pretrain")
-        model = load_value_model(path, value_head_prefix=cfg.rl_model.value_head_prefix,
-                                 attn_implementation=_attn(cfg), dtype=_dtype(cfg), flag="--reward_pretrain")
+    def __init__(self, spec: RewardSpec):
+        super().__init__(spec)
+        path = check_model_path(spec.path, "--reward_pretrain")
+        model = load_value_model(path, value_head_prefix=spec.value_head_prefix,
+                                 attn_implementation=_attn(spec), dtype=_dtype(spec), flag="--reward_pretrain")
         self.model = self.strategy.prepare_eval(model)
-        self.normalize = cfg.algo.normalize_reward
+        self.normalize = spec.normalize
 
     @dispatch("split")
     @torch.no_grad()
@@ -390,7 +392,7 @@ class RewardModelRole(_Role):
         """{"rewards": [B], "scores": [B], "extra_logs": {}}; text fields of the batch are ignored."""
         exp = as_experience({k: v for k, v in batch.items() if k not in ("queries", "prompts", "labels")}) \
             if isinstance(batch, dict) else batch
-        rewards = per_chunk(exp, self.cfg, self.strategy,
+        rewards = per_chunk(exp, self.spec.batch, self.strategy,
                              lambda e: sample_rewards(self.model, e, self.packed, self.normalize),
                              action_width=False)
         return {"rewards": rewards, "scores": rewards.clone(), "extra_logs": {}}

@@ -12,9 +12,9 @@ greedy call (temperature 0) reports the temperature-1 log-prob.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -34,6 +34,21 @@ class SampledSequence:
     action_mask: list[int] | None = None
     # Async training (rlhfkit.rl.async_generator): the policy version that sampled each response token.
     versions: list[int] | None = None
+
+
+#: Runs agent episodes on an engine: `runner(generate, tokenizer, agent_path, requests, **kwargs)` -> episode dicts
+#: (`rlhfkit.agents.episodes.run_episodes`). The engines are handed one by whoever builds them, so the engine layer
+#: never imports the agents that sit above it.
+EpisodeRunner = Callable[..., list[dict[str, Any]]]
+
+
+def run_agent_episodes(runner: EpisodeRunner | None, generate: Callable[..., list[SampledSequence]], tokenizer: Any,
+                       agent_path: str, requests: Sequence[dict[str, Any]], **kwargs: Any) -> list[dict[str, Any]]:
+    """Run the episodes with the engine's `runner`; an engine built without one cannot run agents."""
+    if runner is None:
+        raise RuntimeError("this rollout engine was built without an episode runner; pass episode_runner= (e.g. "
+                           "rlhfkit.agents.episodes.run_episodes) where it is built to run agent episodes")
+    return runner(generate, tokenizer, agent_path, requests, **kwargs)
 
 
 @runtime_checkable

@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from rlhfkit.rollout.engine import FINISH_LENGTH, FINISH_STOP, SampledSequence
+from rlhfkit.config.specs import EngineSpec
+from rlhfkit.rollout.engine import FINISH_LENGTH, FINISH_STOP, EpisodeRunner, SampledSequence, run_agent_episodes
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
@@ -65,7 +66,7 @@ class HFRolloutEngine:
     """`RolloutEngine` over a Transformers causal LM held by this object (its own copy of the policy)."""
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 256,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, episode_runner: EpisodeRunner | None = None):
         self.model = model.eval().requires_grad_(False)
         if device is not None:
             self.model.to(device)
@@ -74,6 +75,7 @@ class HFRolloutEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = _eos_ids(model, tokenizer)
         self.max_batch_size = max_batch_size
+        self.episode_runner = episode_runner
 
     @classmethod
     def from_pretrained(cls, path: str, tokenizer: Any, *, dtype: torch.dtype = torch.float32,
@@ -83,12 +85,23 @@ class HFRolloutEngine:
         model = load_causal_lm(path, attn_implementation=attn_implementation, dtype=dtype, flag=flag)
         return cls(model, tokenizer, **kwargs)
 
+    @classmethod
+    def from_spec(cls, spec: EngineSpec, tokenizer: Any = None, *, device: torch.device | str | None = None,
+                  episode_runner: EpisodeRunner | None = None) -> HFRolloutEngine:
+        """The engine an `EngineSpec` describes (its tokenizer loaded from the spec's model unless given)."""
+        from rlhfkit.models.loading import check_model_path, load_tokenizer, resolve_attn_implementation
+
+        path = check_model_path(spec.model)
+        if tokenizer is None:
+            tokenizer = load_tokenizer(path, use_fast=spec.use_fast_tokenizer)
+        return cls.from_pretrained(path, tokenizer, dtype=torch.bfloat16 if spec.bf16 else torch.float32,
+                                   attn_implementation=resolve_attn_implementation(spec.attn_implementation, False),
+                                   max_batch_size=spec.max_batch_size, device=device, episode_runner=episode_runner)
+
     # -- generation -----------------------------------------------------------------------------------------
     def generate_episodes(self, requests: Sequence[dict[str, Any]], agent_path: str, **kwargs: Any) -> list[dict]:
         """Agent episodes (rlhfkit.agents) run here, all at once, their generations batched on this engine."""
-        from rlhfkit.agents.episodes import run_episodes
-
-        return run_episodes(self.generate, self.tokenizer, agent_path, requests, **kwargs)
+        return run_agent_episodes(self.episode_runner, self.generate, self.tokenizer, agent_path, requests, **kwargs)
 
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float = 1.0,
@@ -113,26 +126,9 @@ class HFRolloutEngine:
     def _generate_batch(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
                         top_k: int, generator: torch.Generator | None, stops: list[int],
                         min_new_tokens: int) -> list[SampledSequence]:
-        from transformers import DynamicCache
-
-        batch, width = len(prompts), max(len(p) for p in prompts)
-        # n samples of one prompt: prefill each distinct prompt once and copy its KV cache to its rows
-        distinct: dict[tuple[int, ...], int] = {}
-        owner = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p in prompts], device=self.device)
-        input_ids = torch.full((len(distinct), width), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(distinct), width), dtype=torch.long)
-        for i, p in enumerate(distinct):
-            input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            attention_mask[i, width - len(p):] = 1
-        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
-        position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
+        batch = len(prompts)
+        logits, attention_mask, cache = self._prefill(prompts)
         stop_ids = torch.tensor(stops, dtype=torch.long, device=self.device)
-        cache = DynamicCache(config=self.model.config)
-        logits = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                            past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
-        if len(distinct) < batch:
-            cache.batch_select_indices(owner)
-            logits, attention_mask = logits[owner], attention_mask[owner]
         next_position = attention_mask.sum(dim=-1)
         done = torch.zeros(batch, dtype=torch.bool, device=self.device)
         stopped = torch.zeros_like(done)
@@ -155,17 +151,32 @@ class HFRolloutEngine:
                                 position_ids=next_position[:, None], past_key_values=cache,
                                 use_cache=True).logits[:, -1]
             next_position = next_position + 1
-        token_rows = torch.stack(tokens, dim=1).tolist()
-        logp_rows = torch.stack(logprobs, dim=1).float().tolist()
-        samples = []
-        for i, prompt in enumerate(prompts):
-            ids, lps = token_rows[i], logp_rows[i]
-            if stopped[i]:
-                end = next(j for j, t in enumerate(ids) if t in stops) + 1
-                samples.append(SampledSequence(prompt, ids[:end], lps[:end], FINISH_STOP))
-            else:
-                samples.append(SampledSequence(prompt, ids, lps, FINISH_LENGTH))
-        return samples
+        return _samples(prompts, torch.stack(tokens, dim=1).tolist(), torch.stack(logprobs, dim=1).float().tolist(),
+                        stopped.tolist(), stops)
+
+    def _prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """The left-padded prompts through the model: (next-token logits [B, V], attention mask [B, width], KV
+        cache). n samples of one prompt: each distinct prompt is prefilled once and its KV cache copied to its
+        rows."""
+        from transformers import DynamicCache
+
+        width = max(len(p) for p in prompts)
+        distinct: dict[tuple[int, ...], int] = {}
+        owner = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p in prompts], device=self.device)
+        input_ids = torch.full((len(distinct), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(distinct), width), dtype=torch.long)
+        for i, p in enumerate(distinct):
+            input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            attention_mask[i, width - len(p):] = 1
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        logits = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        if len(distinct) < len(prompts):
+            cache.batch_select_indices(owner)
+            logits, attention_mask = logits[owner], attention_mask[owner]
+        return logits, attention_mask, cache
 
     # -- weights --------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -186,3 +197,17 @@ class HFRolloutEngine:
 
     def wake(self) -> None:
         """See `sleep`."""
+
+
+def _samples(prompts: list[list[int]], token_rows: list[list[int]], logp_rows: list[list[float]],
+             stopped: list[bool], stops: list[int]) -> list[SampledSequence]:
+    """One SampledSequence per prompt: a response that stopped ends with its stop token; one that ran out of tokens
+    keeps every generated token."""
+    samples = []
+    for prompt, ids, lps, stop in zip(prompts, token_rows, logp_rows, stopped):
+        if stop:
+            end = next(j for j, t in enumerate(ids) if t in stops) + 1
+            samples.append(SampledSequence(prompt, ids[:end], lps[:end], FINISH_STOP))
+        else:
+            samples.append(SampledSequence(prompt, ids, lps, FINISH_LENGTH))
+    return samples

@@ -1,6 +1,7 @@
-"""The Transformers rollout engine as a Ray actor (`--vllm_num_engines 0` in a Ray run).
+"""The Transformers rollout engine as a Ray actor (`--vllm_num_engines 0` in a Ray run, `--num_engines N` of batch
+inference).
 
-`RolloutEngineGroup` (`vllm_engine.py`) drives it exactly as it drives vLLM engine actors: generate, staged weight
+`RolloutEngineGroup` (`engine_group.py`) drives it exactly as it drives vLLM engine actors: generate, staged weight
 updates (`StagedWeights`), sleep/wake (no-ops here), info.
 """
 
@@ -11,24 +12,20 @@ from typing import Any
 
 import torch
 
-from rlhfkit.config.base import required
-from rlhfkit.config.rl import PPOConfig
-from rlhfkit.models.loading import load_tokenizer_for, resolve_attn_implementation
+from rlhfkit.config.specs import EngineSpec
+from rlhfkit.rollout.engine import EpisodeRunner
 from rlhfkit.rollout.hf_engine import HFRolloutEngine
-from rlhfkit.rollout.vllm_engine import StagedWeights, apply_env
+from rlhfkit.rollout.staged_weights import StagedWeights, apply_env
 
 
 class HFEngineActor(StagedWeights):
-    """The Transformers rollout engine as a Ray actor (`--vllm_num_engines 0`), with staged weight updates."""
+    """The Transformers rollout engine as a Ray actor, built from its `EngineSpec`, with staged weight updates."""
 
-    def __init__(self, cfg: PPOConfig, env: dict[str, str] | None = None):
+    def __init__(self, spec: EngineSpec, env: dict[str, str] | None = None,
+                 episode_runner: EpisodeRunner | None = None):
         apply_env(env or {})
         device = torch.device("cuda") if torch.cuda.is_available() else None
-        dtype = torch.bfloat16 if cfg.model.bf16 else torch.float32
-        self.engine = HFRolloutEngine.from_pretrained(
-            required(cfg.model.pretrain, "pretrain"), load_tokenizer_for(cfg.model), dtype=dtype,
-            attn_implementation=resolve_attn_implementation(cfg.model.attn_implementation, cfg.model.flash_attn),
-            max_batch_size=max(cfg.rollout.micro_rollout_batch_size, 256), device=device)
+        self.engine = HFRolloutEngine.from_spec(spec, device=device, episode_runner=episode_runner)
         self._staged = []
 
     def generate(self, prompt_ids: Any, *, seed: int | None = None, seed_offset: int = 0, **sampling: Any) -> Any:

@@ -18,8 +18,9 @@ from typing import Any
 import torch
 
 from rlhfkit.algorithms.preference_losses import pairwise_rm_loss
+from rlhfkit.config.preference import RMConfig
 from rlhfkit.models.value_model import sequence_rewards
-from rlhfkit.run.loop import to_device
+from rlhfkit.trainers.offline import to_device
 from rlhfkit.trainers.preference import (
     PreferenceTrainer,
     Sums,
@@ -73,7 +74,7 @@ class RewardModelTrainer(PreferenceTrainer):
         return mean, math.sqrt(max(var, 0.0) * count / max(count - 1.0, 1.0))
 
 
-def run_rm(cfg: Any) -> RewardModelTrainer:
+def run_rm(cfg: RMConfig) -> RewardModelTrainer:
     """Assemble (`setup.assemble_offline`) and run reward-model training from an `RMConfig`; saves a model
     `load_value_model` reads back, with the reward statistics in its config."""
     from functools import partial
@@ -108,7 +109,7 @@ def run_rm(cfg: Any) -> RewardModelTrainer:
     return trainer
 
 
-def load_reward_model(cfg: Any) -> Any:
+def load_reward_model(cfg: RMConfig) -> Any:
     """The model train_rm trains: --pretrain with a value head (new if it has none), LoRA adapters on the backbone
     with --lora_rank (the head trained in full; saved merged)."""
     from rlhfkit.models.loading import check_model_path, resolve_attn_implementation

@@ -3,8 +3,10 @@ only acts on a GPU says so on a CPU machine.
 
 The static check scans rlhfkit/ (without rlhfkit/config) for attribute reads `x.name`, `getattr(x, "name")` and
 `getattr(x, f"{role}_suffix")` (a glob). A field also counts as read when one of the config layer's derived-setting
-helpers below reads it and that helper is itself used outside the config layer. Anything else must be listed in
-ALLOWED_UNREAD with the reason the config layer alone consumes it.
+helpers below reads it and that helper is itself used outside the config layer, or when a spec derivation reads it
+(`rlhfkit/config/rl_specs.py`, the batch-inference engine spec): the fields of the specs it fills must then be read
+outside the config layer themselves. Anything else must be listed in ALLOWED_UNREAD with the reason the config layer
+alone consumes it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from rlhfkit.config import specs
 from rlhfkit.config.base import iter_fields
 from rlhfkit.config.docs import TABLES, load_config_class
 
@@ -26,10 +29,14 @@ CONFIGS = {**TABLES, "serve_rm": "rlhfkit.config.preference:ServeRMConfig"}
 # Config-layer helpers that turn flags into derived settings for the runtime (rlhfkit/config/rl.py, "derived
 # settings"): a field they read is read by whoever calls them; the test checks each is really called outside config.
 DERIVED_SETTING_HELPERS = {
-    "rlhfkit.config.rl": ("clip_range", "reward_clip_bounds", "loss_aggregation", "remote_reward_urls",
-                          "needs_reference", "needs_critic", "critic_path", "samples_per_rollout", "role_ranks",
-                          "role_needed", "is_bounds", "dynamic_filtering_range", "critic_needs_head"),
+    "rlhfkit.config.rl": ("clip_range", "reward_clip_bounds", "remote_reward_urls",
+                          "needs_reference", "needs_critic", "samples_per_rollout", "role_ranks",
+                          "role_needed", "dynamic_filtering_range", "critic_needs_head"),
 }
+# Spec derivations (`rlhfkit.config.specs`): (module, function used outside the config layer, the functions of the
+# module whose reads count, None: the whole module).
+SPEC_DERIVATIONS = [("rlhfkit.config.rl_specs", "rl_specs", None),
+                    ("rlhfkit.config.batch_inference", "engine_spec", ("engine_spec",))]
 
 # field -> why nothing outside the config layer needs to read it.
 ALLOWED_UNREAD = {
@@ -87,7 +94,43 @@ def _helper_reads(identifiers: set[str]) -> tuple[set[str], list[str]]:
             n, p = _reads(ast.parse(textwrap.dedent(inspect.getsource(getattr(module, helper)))))
             names |= n
             patterns += p
+    for module_name, entry, functions in SPEC_DERIVATIONS:
+        assert entry in identifiers, f"{module_name}.{entry} is not used outside rlhfkit/config any more"
+        module = importlib.import_module(module_name)
+        sources = [inspect.getsource(module)] if functions is None else \
+            [textwrap.dedent(inspect.getsource(getattr(module, f))) for f in functions]
+        sources += _imported_helpers(module)
+        for source in sources:
+            n, p = _reads(ast.parse(source))
+            names |= n
+            patterns += p
     return names, patterns
+
+
+def _imported_helpers(module: object) -> list[str]:
+    """The sources of the config-layer functions a spec derivation module imports (e.g. `config.rl.is_bounds`):
+    what they read reaches the specs too."""
+    import importlib
+
+    out = []
+    for node in ast.walk(ast.parse(inspect.getsource(module))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rlhfkit.config."):
+            source = importlib.import_module(node.module)
+            for alias in node.names:
+                obj = getattr(source, alias.name)
+                if inspect.isfunction(obj):
+                    out.append(textwrap.dedent(inspect.getsource(obj)))
+    return out
+
+
+def test_every_spec_field_is_read_outside_the_config_layer():
+    """A flag that only reaches a spec acts only if the spec's field is read where the spec is used."""
+    import dataclasses
+
+    names, _, _ = _runtime_reads()
+    classes = [c for c in vars(specs).values() if dataclasses.is_dataclass(c) and c.__module__ == specs.__name__]
+    unread = [f"{c.__name__}.{f.name}" for c in classes for f in dataclasses.fields(c) if f.name not in names]
+    assert classes and not unread, f"spec fields nobody reads: {unread}"
 
 
 def test_every_config_field_is_read_outside_the_config_layer():

@@ -10,6 +10,7 @@ import pytest
 
 from rlhfkit.config.base import parse_config
 from rlhfkit.config.rl import PPOConfig, role_needed, role_ranks
+from rlhfkit.config.rl_specs import placement_spec
 from rlhfkit.distributed.placement import ResourcePlan, role_demands
 from rlhfkit.errors import UserError
 
@@ -37,7 +38,7 @@ def cfg(text: str) -> PPOConfig:
 def test_seed_two_node_hybrid_engine_puts_zero_node_roles_on_the_actor():
     c = cfg(SEED_TWO_NODE_HYBRID + "--reward_pretrain rm --advantage_estimator gae")
     assert [role_ranks(c, r) for r in ("actor", "critic", "ref", "reward")] == [16, 16, 16, 16]
-    plan = ResourcePlan.make(role_demands(c), colocate_all=True)
+    plan = ResourcePlan.make(role_demands(placement_spec(c)), colocate_all=True)
     assert [(p.name, p.bundles, sorted(p.members)) for p in plan.pools] == [
         ("hybrid", 16, ["actor", "critic", "ref", "reward", "vllm"])]
     assert [s.bundle_index for s in plan.slots["critic"]] == list(range(16))
@@ -52,7 +53,7 @@ def test_seed_two_node_hybrid_engine_puts_zero_node_roles_on_the_actor():
 def test_zero_devices_for_absent_roles(text, absent):
     c = cfg(text)
     assert {r for r in ("critic", "ref", "reward") if not role_needed(c, r)} == absent
-    assert {d.name for d in role_demands(c)} & absent == set()
+    assert {d.name for d in role_demands(placement_spec(c))} & absent == set()
 
 
 def test_colocated_reference_and_reward_follow_their_host():
@@ -60,7 +61,7 @@ def test_colocated_reference_and_reward_follow_their_host():
             "--ref_num_nodes 0 --critic_num_gpus_per_node 4 --reward_num_gpus_per_node 0")
     assert (role_ranks(c, "ref"), role_ranks(c, "reward")) == (2, 4)
     pools = {p.name: (p.bundles, p.members) for p in ResourcePlan.make(
-        role_demands(c), colocate_actor_ref=True, colocate_critic_reward=True).pools}
+        role_demands(placement_spec(c)), colocate_actor_ref=True, colocate_critic_reward=True).pools}
     assert pools["actor_ref"] == (2, ["actor", "ref"]) and pools["critic_reward"] == (4, ["critic", "reward"])
 
 

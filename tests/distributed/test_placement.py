@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from rlhfkit.distributed.placement import ResourcePlan, RoleDemand, plan_pools
-from rlhfkit.errors import UserError
 
 SEED_HYBRID = [RoleDemand("actor", 8), RoleDemand("ref", 8), RoleDemand("critic", 8), RoleDemand("reward", 8),
                RoleDemand("vllm", 4, devices_per_rank=2)]
@@ -40,14 +39,15 @@ def test_pairwise_colocation_shares_bundles_half_each():
     assert [s.bundle_index for s in plan.slots["reward"]] == [0]
 
 
-def test_hybrid_engine_device_mismatch_is_a_user_error():
-    with pytest.raises(UserError, match=r"--colocate_all_models needs actor devices .* = 2\) == --vllm_num_engines"):
+def test_hybrid_engine_device_mismatch_is_a_bug_here():
+    """The config layer refuses the flags (tests/config/test_rl.py); a plan that gets here anyway is a bug."""
+    with pytest.raises(ValueError, match=r"--colocate_all_models: actor devices 2 != vLLM devices 1"):
         plan_pools([RoleDemand("actor", 2), RoleDemand("vllm", 1)], colocate_all=True, colocate_actor_ref=False,
                    colocate_critic_reward=False)
 
 
-def test_colocated_guest_larger_than_owner_is_a_user_error():
-    with pytest.raises(UserError, match="--colocate_actor_ref: ref needs 4 devices but the actor has 2"):
+def test_colocated_guest_larger_than_owner_is_a_bug_here():
+    with pytest.raises(ValueError, match="--colocate_actor_ref: ref needs 4 devices but the actor has 2"):
         plan_pools([RoleDemand("actor", 2), RoleDemand("ref", 4)], colocate_all=False, colocate_actor_ref=True,
                    colocate_critic_reward=False)
 

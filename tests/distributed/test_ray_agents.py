@@ -40,7 +40,7 @@ def test_agents_train_two_steps_through_ray(ray_cluster, demo_assets, tmp_path, 
     rows = rows_of(tmp_path / "final" / "metrics.jsonl")
     steps = [r for r in rows if "train/actor/policy_loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
-    assert trainer.roles.reward is None  # the agent's step rewards are the reward
+    assert trainer.source.reward is None  # the agent's step rewards are the reward
     for row in steps:
         assert 1 <= row["train/agent/turns"] <= 3 and 0 <= row["train/agent/truncated"] <= 1
         assert "train/agent/feedback_tokens" in row and row["train/response_length_max"] <= budget

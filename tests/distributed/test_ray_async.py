@@ -45,15 +45,15 @@ def test_staleness_bound_and_lock(ray_cluster, demo_assets, tmp_path, queue, par
     extra = ["--async_queue_size", str(queue), "--num_episodes", "3"]
     if partial:
         extra += ["--partial_rollout", "--partial_rollout_chunk_len", "3", "--enable_vllm_is_correction"]
-    trainer = run_ppo_ray(parse_config(PPOConfig, grpo_argv(demo_assets, tmp_path, *extra), "test"))
-    assert len(trainer.consumed) == 6  # 3 episodes x 2 batches, nothing skipped or repeated
-    for c in trainer.consumed:
-        assert 0 <= c["trainer_version"] - c["sample_version"] <= queue, trainer.consumed
+    supply = run_ppo_ray(parse_config(PPOConfig, grpo_argv(demo_assets, tmp_path, *extra), "test")).supply
+    assert len(supply.consumed) == 6  # 3 episodes x 2 batches, nothing skipped or repeated
+    for c in supply.consumed:
+        assert 0 <= c["trainer_version"] - c["sample_version"] <= queue, supply.consumed
         # one optimizer step per batch and no KL in the reward: the old policy is the actor's current weights, which
         # the training forward computes exactly, stale batch or not (no extra actor forward)
         assert not c["old_log_probs_from_actor_forward"], c
-    assert max(c["trainer_version"] - c["sample_version"] for c in trainer.consumed) >= 1  # it did overlap
-    stats = trainer.last_generator_stats
+    assert max(c["trainer_version"] - c["sample_version"] for c in supply.consumed) >= 1  # it did overlap
+    stats = supply.last_generator_stats
     assert_no_overlap(stats)
     assert len(stats["intervals"]["update"]) == 6  # one weight update per step (the first sync precedes it)
     rows = [r for r in rows_of(tmp_path / "final" / "metrics.jsonl") if "train/actor/policy_loss" in r]
@@ -70,12 +70,12 @@ def test_agent_trains_two_async_steps(ray_cluster, demo_assets, tmp_path):
     argv = ppo_argv(demo_assets, tmp_path, "--async_train", "--agent_func_path", str(EXAMPLES / "agent_func.py"),
                     "--max_steps", "3", "--advantage_estimator", "reinforce", "--init_kl_coef", "0.01",
                     "--generate_max_len", "24")
-    trainer = run_ppo_ray(parse_config(PPOConfig, argv, "test"))
+    supply = run_ppo_ray(parse_config(PPOConfig, argv, "test")).supply
     rows = [r for r in rows_of(tmp_path / "final" / "metrics.jsonl") if "train/actor/policy_loss" in r]
     assert [r["step"] for r in rows] == [1, 2]
     assert all(1 <= r["train/agent/turns"] <= 3 and r["train/async/staleness"] <= 1 for r in rows)
-    assert [c["position"] for c in trainer.consumed] == [(0, 1), (0, 2)]
-    assert_no_overlap(trainer.last_generator_stats)
+    assert [c["position"] for c in supply.consumed] == [(0, 1), (0, 2)]
+    assert_no_overlap(supply.last_generator_stats)
     assert (tmp_path / "final" / "model.safetensors").is_file()
 
 
@@ -90,8 +90,8 @@ def test_killed_generator_stops_the_run_naming_it(ray_cluster, demo_assets, tmp_
     killed: list[float] = []
 
     def kill_generator(trainer):
-        if trainer.generator is not None and not killed:  # after step 1's update, mid-run
-            os.kill(trainer.generator_pid, signal.SIGKILL)
+        if trainer.supply.generator is not None and not killed:  # after step 1's update, mid-run
+            os.kill(trainer.supply.generator_pid, signal.SIGKILL)
             killed.append(time.monotonic())
 
     argv = grpo_argv(demo_assets, tmp_path, "--num_episodes", "3")
@@ -108,9 +108,9 @@ def test_resume_continues_at_the_consumed_position(ray_cluster, demo_assets, tmp
     from rlhfkit.data.sampler import global_batches
 
     argv = grpo_argv(demo_assets, tmp_path, "--max_samples", "8", "--save_steps", "1", "--async_queue_size", "2")
-    first = run_ppo_ray(parse_config(PPOConfig, [*argv, "--max_rl_steps", "2"], "test"))
+    first = run_ppo_ray(parse_config(PPOConfig, [*argv, "--max_rl_steps", "2"], "test")).supply
     assert [c["position"] for c in first.consumed] == [(0, 1), (0, 2)]
-    resumed = run_ppo_ray(parse_config(PPOConfig, [*argv, "--load_checkpoint"], "test"))
+    resumed = run_ppo_ray(parse_config(PPOConfig, [*argv, "--load_checkpoint"], "test")).supply
     assert [c["position"] for c in resumed.consumed] == [(0, 3), (0, 4)]
     assert [c["step"] for c in resumed.consumed] == [3, 4]
     # the prompts the resumed steps trained on are batches 2 and 3 of episode 0 in the seeded order
@@ -127,13 +127,13 @@ def test_oversampling_queues_the_extra_batches(ray_cluster, demo_assets, tmp_pat
 
     argv = grpo_argv(demo_assets, tmp_path, "--max_samples", "8", "--vllm_generate_batch_size", "4",
                      "--async_queue_size", "2")
-    trainer = run_ppo_ray(parse_config(PPOConfig, argv, "test"))
-    assert [c["position"] for c in trainer.consumed] == [(0, 1), (0, 2), (0, 3), (0, 4)]
-    assert all(c["trainer_version"] - c["sample_version"] <= 2 for c in trainer.consumed)
-    assert len(trainer.last_generator_stats["intervals"]["generate"]) == 2  # two engine calls for four steps
-    assert_no_overlap(trainer.last_generator_stats)
-    batches = global_batches(8, 2, trainer.cfg.strategy.seed, 0)
-    assert trainer.trained_prompts == [trainer.prompts[i]["prompt"] for b in batches for i in b for _ in range(2)]
+    supply = run_ppo_ray(parse_config(PPOConfig, argv, "test")).supply
+    assert [c["position"] for c in supply.consumed] == [(0, 1), (0, 2), (0, 3), (0, 4)]
+    assert all(c["trainer_version"] - c["sample_version"] <= 2 for c in supply.consumed)
+    assert len(supply.last_generator_stats["intervals"]["generate"]) == 2  # two engine calls for four steps
+    assert_no_overlap(supply.last_generator_stats)
+    batches = global_batches(8, 2, supply.cfg.strategy.seed, 0)
+    assert supply.trained_prompts == [supply.prompts[i]["prompt"] for b in batches for i in b for _ in range(2)]
 
 
 @pytest.mark.limit(300)

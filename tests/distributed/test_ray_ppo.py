@@ -49,9 +49,9 @@ def greedy_check(model_dir, prompt_ids, tie_tolerance: float = 0.0):
     With `tie_tolerance` > 0 (engines computing in bf16, the reference in fp32 on the same weights) each engine
     token must instead be within that many logits of the reference's top logit: bf16 rounding may flip near-ties."""
     def check(trainer):
-        state = trainer.roles.actor.state_dict()
+        state = trainer.actor.state_dict()
         reference = load_with_state(model_dir, state)
-        got = [trainer.roles.engine.generate([p], max_new_tokens=CHECK_NEW, temperature=0.0)[0].response_ids
+        got = [trainer.source.engine.generate([p], max_new_tokens=CHECK_NEW, temperature=0.0)[0].response_ids
                for p in prompt_ids]
         if tie_tolerance == 0:
             assert got == hf_greedy(reference, prompt_ids, CHECK_NEW, 2), f"sync {len(check.outputs)}"
@@ -61,8 +61,8 @@ def greedy_check(model_dir, prompt_ids, tie_tolerance: float = 0.0):
             assert len(gaps) >= len(prompt_ids) and max(gaps) <= tie_tolerance, (len(check.outputs), gaps)
         check.outputs.append(got)
         check.weight_sums.append(float(sum(t.double().abs().sum() for t in state.values())))
-        check.sleep_stats.append(trainer.roles.actor.run_on_ranks(sleep_stats))
-        check.engines = trainer.roles.engine.info()
+        check.sleep_stats.append(trainer.actor.run_on_ranks(sleep_stats))
+        check.engines = trainer.source.engine.info()
     check.outputs, check.sleep_stats, check.weight_sums, check.max_gap = [], [], [], 0.0
     return check
 
@@ -94,7 +94,7 @@ def test_gae_with_critic_and_reward_model_on_vllm(ray_cluster, demo_assets, demo
     trainer, steps, _ = run(demo_assets, tmp_path, "--advantage_estimator", "gae", "--reward_pretrain",
                             str(demo_reward_model), "--vllm_num_engines", "1", "--colocate_critic_reward",
                             "--vllm_sync_backend", "nccl", "--init_kl_coef", "0.01")
-    assert all("train/critic/value_loss" in s for s in steps) and trainer.roles.engine.sync_backend == "object"
+    assert all("train/critic/value_loss" in s for s in steps) and trainer.source.engine.sync_backend == "object"
 
 
 @needs_vllm

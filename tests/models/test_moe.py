@@ -150,6 +150,7 @@ def test_dpo_loss_adds_coef_times_router_loss(moe_dir):
 
 def test_rl_actor_loss_adds_coef_times_router_loss(moe_dir, world_of_one):
     from rlhfkit.config.rl import PPOConfig
+    from rlhfkit.config.rl_specs import actor_spec
     from rlhfkit.rl.experience import Experience
     from rlhfkit.rl.roles import ActorRole
 
@@ -165,7 +166,7 @@ def test_rl_actor_loss_adds_coef_times_router_loss(moe_dir, world_of_one):
         cfg.model.pretrain = str(moe_dir)
         cfg.strategy.zero_stage, cfg.strategy.train_batch_size, cfg.strategy.micro_train_batch_size = 0, 2, 2
         cfg.algo.aux_loss_coef = coef
-        actor = ActorRole(cfg, num_update_steps=1)
+        actor = ActorRole(actor_spec(cfg), num_update_steps=1)
         exp.action_log_probs = actor.log_probs(exp)
         return actor.train(copy.copy(exp))
 

@@ -81,6 +81,7 @@ def test_reused_old_log_probs_train_like_an_extra_forward(demo_assets, restore_e
     from rlhfkit.algorithms.masking import masked_mean
     from rlhfkit.config.base import parse_config
     from rlhfkit.config.rl import PPOConfig
+    from rlhfkit.config.rl_specs import actor_spec
     from rlhfkit.rl.roles import ActorRole
 
     cfg = parse_config(PPOConfig, [
@@ -95,7 +96,7 @@ def test_reused_old_log_probs_train_like_an_extra_forward(demo_assets, restore_e
                                    for p, r in [(3, 5), (6, 2), (2, 7), (4, 4), (5, 1), (3, 6)]], pad_id=0)
     exp.advantages = torch.randn(exp.action_mask.shape, generator=g) * exp.action_mask
     exp.base_action_log_probs = -torch.rand(exp.action_mask.shape, generator=g) * 3
-    extra_forward, reusing = ActorRole(cfg, 1), ActorRole(cfg, 1)
+    extra_forward, reusing = ActorRole(actor_spec(cfg), 1), ActorRole(actor_spec(cfg), 1)
     given = exp.to_dict()
     given["action_log_probs"] = extra_forward.log_probs(exp)
     expected = extra_forward.train(given, kl_coef=0.1, seed=3)

