@@ -67,11 +67,11 @@ SLOW = {
     "rollout/test_vllm_engine.py",
     "run/test_checkpoint.py::test_universal_checkpoint_resumes_exactly_at_another_zero_stage_and_world_size",
     "run/test_kill_safety.py",
-    "run/test_loop.py::test_nonfinite_sft_run_skips_counts_and_stops_with_its_checkpoints_intact",
     "run/test_preemption.py",
     "test_types.py",
     "trainers/test_dpo.py",
     "trainers/test_kto.py",
+    "trainers/test_offline.py::test_nonfinite_sft_run_skips_counts_and_stops_with_its_checkpoints_intact",
     "trainers/test_reward.py",
     "trainers/test_sft.py",
 }
