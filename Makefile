@@ -11,7 +11,7 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: install demo test lint bench docs clean
+.PHONY: install demo test test-fast lint bench docs clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -39,8 +39,13 @@ install: $(STAMP)
 demo: install
 	$(PY) -m rlhfkit.cli.demo --out $(DEMO_OUT)
 
+# The whole suite in two pytest-xdist workers: each module whole in one worker, every Ray test in one worker
+# (tests/selection.py, tests/group_scheduling.py). test-fast: the unit tests only (no Ray, no training subprocess).
 test: install
-	$(PY) -m pytest -q --durations=25 tests
+	$(PY) -m pytest -q -n 2 --durations=25 tests
+
+test-fast: install
+	$(PY) -m pytest -q -n 2 -m "not slow" --durations=10 tests
 
 # Side-by-side benchmarks against TRL 1.16.0 (installed into bench/.trl, never into the venv); each script writes
 # its section of bench/results/<date>-<machine>.md. BENCH_ARGS passes options to every script (e.g. --repeats 3).

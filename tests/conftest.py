@@ -79,3 +79,20 @@ def demo_reward_model(demo_assets, tmp_path_factory):
 
 # Session fixtures shared by tests/trainers, tests/rl and tests/inference (an SFT model of the demo addition task).
 from tests.sft_fixtures import max_assets, restore_env, sft_model_dir  # noqa: E402,F401
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the `slow` tests (left out by `make test-fast`); in an xdist worker, put the slow groups first."""
+    from tests.selection import mark_and_order
+
+    mark_and_order(items, under_xdist=hasattr(config, "workerinput"))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`-n 2` (xdist's default `--dist load`) schedules by the groups of tests/selection.py."""
+    if config.getvalue("dist") != "load":
+        return None
+    from tests.group_scheduling import GroupScheduling
+
+    return GroupScheduling(config, log)
