@@ -1,8 +1,8 @@
 """DeepSpeed ZeRO 0-3 behind one small interface: prepare models, step, reduce, save and load.
 
-At world size 1 without a DeepSpeed feature (fp32, no offload, ZeRO < 3) training runs on a plain-torch
-`LocalEngine` with the same interface and arithmetic (`rlhfkit/distributed/local_engine.py`): DeepSpeed's gradient
-all-reduce machinery costs time even over one rank.
+At world size 1 without a DeepSpeed feature (fp32, no offload, ZeRO < 3) training runs on a
+`PlainTorchEngine` with the same interface and arithmetic (`rlhfkit/distributed/plain_torch_engine.py`):
+DeepSpeed's gradient all-reduce machinery costs time even over one rank.
 
 Batching rule (shared by every trainer): an optimizer step consumes `train_batch_size` samples in total; each
 rank runs micro-batches of `micro_train_batch_size`; DeepSpeed accumulates
@@ -23,7 +23,7 @@ from torch import nn
 
 from rlhfkit.config.common import StrategyArgs, check_batch_split
 from rlhfkit.distributed.launch import default_ds_accelerator, init_distributed, world_size_from_env
-from rlhfkit.distributed.local_engine import LocalEngine
+from rlhfkit.distributed.plain_torch_engine import PlainTorchEngine
 
 default_ds_accelerator()
 
@@ -186,25 +186,25 @@ class DeepSpeedStrategy:
         return get_scheduler(self.args.lr_scheduler, optimizer, num_warmup_steps=warmup,
                              num_training_steps=max(num_update_steps, 1), scheduler_specific_kwargs=kwargs)
 
-    def uses_local_engine(self) -> bool:
+    def uses_plain_torch_engine(self) -> bool:
         """True when DeepSpeed would add only cost: one process, fp32, no optimizer offload, no ZeRO-3 sharding
-        (ZeRO-1/2 partition nothing over one rank). See `rlhfkit/distributed/local_engine.py`."""
+        (ZeRO-1/2 partition nothing over one rank). See `rlhfkit/distributed/plain_torch_engine.py`."""
         a = self.args
         return (self.world_size == 1 and not self.bf16 and not a.adam_offload and a.zero_stage < 3
                 and a.grad_accum_dtype in (None, "fp32"))
 
     def prepare_train(self, model: nn.Module, learning_rate: float, num_update_steps: int) -> Any:
         """A training engine that owns `model`, its AdamW optimizer and the LR schedule: a DeepSpeed engine, or
-        at world size 1 without a DeepSpeed feature a `LocalEngine` with the same interface and numbers."""
+        at world size 1 without a DeepSpeed feature a `PlainTorchEngine` with the same interface and numbers."""
         enable_checkpointing = getattr(model, "gradient_checkpointing_enable", None)  # a Transformers model's
         if self.gradient_checkpointing and enable_checkpointing is not None:
             enable_checkpointing(
                 gradient_checkpointing_kwargs={"use_reentrant": self.gradient_checkpointing_use_reentrant})
-        if self.uses_local_engine():
+        if self.uses_plain_torch_engine():
             model = model.to(self.device)
             optimizer = self.make_optimizer(model, learning_rate)
             scheduler = self.make_scheduler(optimizer, num_update_steps)
-            return LocalEngine(model, optimizer, scheduler, self.accumulation_steps, self.args.max_norm,
+            return PlainTorchEngine(model, optimizer, scheduler, self.accumulation_steps, self.args.max_norm,
                                self.args.train_batch_size)
         import deepspeed
 

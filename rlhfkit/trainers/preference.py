@@ -48,7 +48,7 @@ def add_sums(total: dict[str, list[float]], part: Sums) -> None:
 
 class PreferenceTrainer(OfflineTrainer):
     """The shared loop with named, weighted metrics. Subclasses define `loss(batch) -> (loss, Sums)` of one micro
-    batch, or override `train_step` (forward, backward, step) and `eval_step` (forward only), both returning
+    batch, or override `micro_step` (forward, backward, step) and `eval_step` (forward only), both returning
     `Sums`."""
 
     kind = "preference"
@@ -60,7 +60,7 @@ class PreferenceTrainer(OfflineTrainer):
     def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Sums]:
         raise NotImplementedError
 
-    def train_step(self, batch: dict[str, torch.Tensor]) -> Sums:
+    def micro_step(self, batch: dict[str, torch.Tensor]) -> Sums:
         loss, sums = self.loss(batch)
         self.backward_and_step(loss)
         return sums
@@ -91,7 +91,7 @@ class PreferenceTrainer(OfflineTrainer):
         per_rank = len(global_batch) / self.strategy.world_size
         for (batch, real), indices in zip(self.micro_batches(micro, global_batch), micro):
             self.micro_scale = len(indices) / per_rank
-            part = self.train_step(batch)
+            part = self.micro_step(batch)
             add_sums(sums, part if real else {k: (0.0, 0.0) for k in part})
         self.micro_scale = 1.0
         metrics = self.reduce(sums)

@@ -51,7 +51,7 @@ def unchanged(before: dict[str, torch.Tensor], module) -> bool:
     return all(torch.equal(before[n], p.detach()) for n, p in module.named_parameters())
 
 
-@pytest.mark.parametrize("zero_stage", [0, 2])  # both run on rlhfkit's LocalEngine at world size 1
+@pytest.mark.parametrize("zero_stage", [0, 2])  # both run on rlhfkit's PlainTorchEngine at world size 1
 def test_nonfinite_update_is_skipped_counted_and_too_many_in_a_row_stop(world_of_one, zero_stage):
     engine, module = tiny_engine(zero_stage=zero_stage)
     guard = NonFiniteGuard(limit=2, what="sft")

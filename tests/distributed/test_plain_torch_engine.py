@@ -1,4 +1,4 @@
-"""The single-process LocalEngine against DeepSpeed ZeRO-0 over one rank: same losses, same weights, checkpoints
+"""The single-process PlainTorchEngine against DeepSpeed ZeRO-0 over one rank: same losses, same weights, checkpoints
 that resume exactly (its own and DeepSpeed's), and the strategy choosing it only where DeepSpeed adds nothing."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rlhfkit.config.common import StrategyArgs
-from rlhfkit.distributed.local_engine import LocalEngine
+from rlhfkit.distributed.plain_torch_engine import PlainTorchEngine
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
 
 STEPS, MICRO, ACCUM = 3, 2, 2
@@ -29,7 +29,7 @@ def strategy(local: bool, **kw) -> DeepSpeedStrategy:
     s = DeepSpeedStrategy(args)
     s.setup_distributed()
     if not local:
-        s.uses_local_engine = lambda: False  # force the DeepSpeed engine for the comparison
+        s.uses_plain_torch_engine = lambda: False  # force the DeepSpeed engine for the comparison
     return s
 
 
@@ -52,12 +52,12 @@ def weights(engine) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in DeepSpeedStrategy.unwrap(engine).state_dict().items()}
 
 
-def test_local_engine_matches_deepspeed_zero0_and_reads_its_checkpoint(world_of_one, tmp_path):
+def test_plain_torch_engine_matches_deepspeed_zero0_and_reads_its_checkpoint(world_of_one, tmp_path):
     data = batches(STEPS * ACCUM)
     local_s, ds_s = strategy(True), strategy(False)
     local = local_s.prepare_train(tiny_llama(), 1e-2, STEPS)
     ds = ds_s.prepare_train(tiny_llama(), 1e-2, STEPS)
-    assert isinstance(local, LocalEngine) and not isinstance(ds, LocalEngine)
+    assert isinstance(local, PlainTorchEngine) and not isinstance(ds, PlainTorchEngine)
     assert local.optimizer.param_groups[0]["fused"] is True  # the fused AdamW kernel on CPU
     local_losses, ds_losses = train(local, data), train(ds, data)
     assert local_losses == pytest.approx(ds_losses, rel=1e-5, abs=1e-6)
@@ -66,7 +66,7 @@ def test_local_engine_matches_deepspeed_zero0_and_reads_its_checkpoint(world_of_
     for name, w in weights(ds).items():
         torch.testing.assert_close(weights(local)[name], w, rtol=1e-5, atol=1e-6)
 
-    # a DeepSpeed ZeRO-0 checkpoint resumes on the LocalEngine and continues like DeepSpeed itself
+    # a DeepSpeed ZeRO-0 checkpoint resumes on the PlainTorchEngine and continues like DeepSpeed itself
     ds.save_checkpoint(str(tmp_path), tag="ds")
     resumed = strategy(True).prepare_train(tiny_llama(seed=5), 1e-2, STEPS * 2)
     resumed.lr_scheduler = None  # compared below on weights only; the schedule spans different runs
@@ -95,9 +95,9 @@ def test_local_checkpoint_resumes_exactly(world_of_one, tmp_path):
 
 
 def test_deepspeed_is_kept_where_it_does_something(world_of_one):
-    assert strategy(True).uses_local_engine()
-    assert strategy(True, zero_stage=2).uses_local_engine()  # ZeRO-2 over one rank partitions nothing
-    assert not strategy(True, zero_stage=3).uses_local_engine()
-    assert not strategy(True, adam_offload=True).uses_local_engine()
+    assert strategy(True).uses_plain_torch_engine()
+    assert strategy(True, zero_stage=2).uses_plain_torch_engine()  # ZeRO-2 over one rank partitions nothing
+    assert not strategy(True, zero_stage=3).uses_plain_torch_engine()
+    assert not strategy(True, adam_offload=True).uses_plain_torch_engine()
     bf16 = DeepSpeedStrategy(StrategyArgs(train_batch_size=4, micro_train_batch_size=2), bf16=True)
-    assert not bf16.uses_local_engine()
+    assert not bf16.uses_plain_torch_engine()

@@ -2,7 +2,7 @@
 
 At world size 1 with fp32 weights and no optimizer offload, DeepSpeed adds nothing but cost: its gradient
 all-reduce path still flattens, "reduces" and copies back every gradient (measured: about 47 ms per optimizer step
-on 26.7M parameters, on top of a 75 ms unfused AdamW). `LocalEngine` does the same arithmetic in plain torch:
+on 26.7M parameters, on top of a 75 ms unfused AdamW). `PlainTorchEngine` does the same arithmetic in plain torch:
 the loss divided by the accumulation steps (unless `scale_wrt_gas=False`), gradients accumulated over the
 micro-batches, then at the accumulation boundary gradient clipping (norm of all gradients; grads scaled by
 min(1, max_norm / (norm + 1e-6)), DeepSpeed's formula), the optimizer step, zeroed gradients and the LR schedule.
@@ -25,7 +25,7 @@ MODEL_STATES = "mp_rank_00_model_states.pt"
 _OPTIMIZER_FLAGS = ("fused", "foreach")  # how our optimizer runs, not state: kept when loading an older checkpoint
 
 
-class LocalEngine(nn.Module):
+class PlainTorchEngine(nn.Module):
     """`engine(**inputs)`, `backward`, `step`, `get_lr`, `get_global_grad_norm`, `save_checkpoint`,
     `load_checkpoint`, and `module` / `optimizer` / `lr_scheduler` attributes, as on a DeepSpeed engine."""
 
