@@ -36,8 +36,12 @@ def auto_bf16() -> bool:
     return cuda_available()
 
 
+def flash_attn_installed() -> bool:
+    return importlib.util.find_spec("flash_attn") is not None
+
+
 def auto_attn_implementation() -> str:
-    if cuda_available() and importlib.util.find_spec("flash_attn") is not None:
+    if cuda_available() and flash_attn_installed():
         return "flash_attention_2"
     return "sdpa"
 
