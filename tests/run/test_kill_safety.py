@@ -89,8 +89,8 @@ def sft_reference(demo_assets, tmp_path_factory):
 
 def sft_args(assets, save: Path, *extra: str) -> list[str]:
     return ["rlhfkit.cli.train_sft", "--pretrain", str(assets.model_dir), "--dataset", str(assets.sft_train),
-            "--max_samples", "32", "--input_key", "question", "--output_key", "response", "--input_template",
-            TEMPLATE, "--max_len", "40", "--train_batch_size", "8", "--micro_train_batch_size", "4",
+            "--max_samples", "32", "--max_epochs", "1", "--input_key", "question", "--output_key", "response",
+            "--input_template", TEMPLATE, "--max_len", "40", "--train_batch_size", "8", "--micro_train_batch_size", "4",
             "--learning_rate", "1e-3", "--zero_stage", "0", "--save_path", str(save), "--disable_progress_bar",
             *extra]
 
