@@ -299,8 +299,9 @@ def parse_config_given(cls: type[T], argv: Sequence[str] | None, prog: str,
     _apply_adapted(cls, ns, adapted, context=file_values)
     cfg = _construct(cls, {**file_values, **ns})
     validate(cfg)
-    resolve_device_defaults(cfg)
-    return cfg, frozenset(file_values) | frozenset(ns)
+    given = frozenset(file_values) | frozenset(ns)
+    resolve_device_defaults(cfg, given)
+    return cfg, given
 
 
 def validate(cfg: Any) -> None:

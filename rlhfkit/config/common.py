@@ -27,7 +27,7 @@ def _need(ok: bool, flag: str, value: object, rule: str) -> None:
 class ModelArgs:
     pretrain: str | None = arg(None, "Model to train: a local Hugging Face model directory, or a hub name "
                                      "(fetched only when you name one and the hub is reachable).")
-    bf16: bool | None = arg(None, BF16_HELP)
+    bf16: bool = arg(False, BF16_HELP)
     attn_implementation: str = arg(AUTO, ATTN_HELP, choices=ATTN_CHOICES)
     flash_attn: bool = arg(False, "Use flash_attention_2 (the same as --attn_implementation flash_attention_2).")
     gradient_checkpointing: bool = arg(False, "Recompute activations in the backward pass to save memory.")

@@ -5,8 +5,9 @@ OpenRLHF 0.11 trains in bf16 with flash_attention_2 unless told otherwise; neith
 default is "auto" for both: bf16 when a CUDA GPU is visible to the process that parses the flags, fp32 otherwise;
 flash_attention_2 when, besides the GPU, the flash-attn package is importable, sdpa otherwise. A value given on the
 command line or in a `--config` file is used as given (`--param_dtype fp32` or `--attn_implementation sdpa` on a
-GPU). A config built in code without `parse_config` is resolved by `resolve_device_defaults` too, or where the
-attention kernel is chosen (`rlhfkit.models.loading.resolve_attn_implementation`); an unset bf16 is fp32 there.
+GPU). `--bf16` keeps its type (a bool, False in the dataclass): not given, `resolve_device_defaults` sets it. A
+config built in code without `parse_config` trains in fp32 unless it sets bf16, and its "auto" kernel is resolved
+where the kernel is chosen (`rlhfkit.models.loading.resolve_attn_implementation`).
 """
 
 from __future__ import annotations
@@ -46,12 +47,13 @@ def auto_attn_implementation() -> str:
     return "sdpa"
 
 
-def resolve_device_defaults(cfg: Any) -> None:
-    """Set every "auto" attention kernel and every unset `bf16` of `cfg` and its sections to this machine's choice."""
+def resolve_device_defaults(cfg: Any, given: frozenset[str]) -> None:
+    """Set every "auto" attention kernel of `cfg` and its sections, and `bf16` unless the command gave it (`given`:
+    the fields set by a flag or the config file), to this machine's choice."""
     for section in _sections(cfg):
         if getattr(section, "attn_implementation", None) == AUTO:
             section.attn_implementation = auto_attn_implementation()
-        if hasattr(section, "bf16") and section.bf16 is None:
+        if hasattr(section, "bf16") and "bf16" not in given:
             section.bf16 = auto_bf16()
 
 

@@ -236,8 +236,8 @@ class ServeRMConfig:
                                         "unscored queries are dropped.")
     client_timeout: float = arg(30.0, "Seconds a client may take to send its whole request body (slower ones get "
                                       "408).")
-    bf16: bool | None = arg(None, "Run the reward model in bfloat16. Not given: bf16 on a CUDA GPU (OpenRLHF's "
-                                  "default), fp32 on CPU; --param_dtype fp32 keeps fp32 on a GPU.")
+    bf16: bool = arg(False, "Run the reward model in bfloat16. Not given: bf16 on a CUDA GPU (OpenRLHF's default), "
+                            "fp32 on CPU; --param_dtype fp32 keeps fp32 on a GPU.")
     attn_implementation: str = arg(AUTO, ATTN_HELP, choices=ATTN_CHOICES)
     flash_attn: bool = arg(False, "Use flash_attention_2.")
     disable_fast_tokenizer: bool = arg(False, "Load the slow (Python) tokenizer.")
