@@ -89,9 +89,9 @@ class AgentInstanceBase:
         raise NotImplementedError("AgentInstance.step(states) must return rewards, environment_feedback and done")
 
 
-async def create_instance(cls: type, *args: Any, **kwargs: Any) -> Any:
+async def create_instance(cls: Any, *args: Any, **kwargs: Any) -> Any:
     """`cls(*args, **kwargs)`, awaiting an `async def __init__` (calling such a class directly raises TypeError:
-    __init__() should return None, not 'coroutine')."""
+    __init__() should return None, not 'coroutine'). `cls` is typed Any: no class type has an async __init__."""
     if inspect.iscoroutinefunction(cls.__init__):
         instance = cls.__new__(cls)
         await cls.__init__(instance, *args, **kwargs)
@@ -145,6 +145,13 @@ class AgentExecutorBase:
         self.step_timeout = step_timeout
         return self
 
+    def _budget(self, max_length: int | None) -> int:
+        """The episode's response budget: execute()'s max_length, else the one bound to the executor."""
+        budget = max_length or self.max_length
+        if budget is None:
+            raise TypeError("AgentExecutorBase needs max_length: from the constructor, bind() or execute()")
+        return int(budget)
+
     async def _user(self, what: str, call: Any) -> Any:
         """Await the agent's own code with the run's timeout; its failures become AgentFailure."""
         timeout = getattr(self, "step_timeout", None)
@@ -171,7 +178,7 @@ class AgentExecutorBase:
         """One episode of the multi-turn loop; returns its token trace and rewards."""
         tokenizer = hf_tokenizer or self.hf_tokenizer
         engine = llm_engine or self.llm_engine
-        budget = int(max_length or self.max_length)
+        budget = self._budget(max_length)
         if self.agent_instance_cls is None:
             raise TypeError("AgentExecutorBase needs the AgentInstance class: super().__init__(AgentInstance, ...)")
         episode = Episode(prompt_ids=self._prompt_ids(str(prompt), prompt))

@@ -116,7 +116,7 @@ def load_agent_executor(path: str) -> type:
     return cls
 
 
-def make_executor(cls: type, max_steps: int, max_length: int, llm_engine: Any, tokenizer: Any,
+def make_executor(cls: type[Any], max_steps: int, max_length: int, llm_engine: Any, tokenizer: Any,
                   step_timeout: float | None = None) -> AgentExecutorBase:
     """Build the file's AgentExecutor in the form it is written in, then bind what the run provides."""
     params = [p for p in inspect.signature(cls.__init__).parameters.values()

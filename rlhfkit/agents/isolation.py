@@ -53,7 +53,8 @@ def isolate(executor: AgentExecutorBase, agent_path: str, workers: int, timeout:
     keys: list[str] = []
 
     class RemoteAgentInstance:
-        async def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # An async __init__ (OpenRLHF's AgentInstance allows one); create_instance awaits it.
+        async def __init__(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[misc]
             self.key = uuid.uuid4().hex
             keys.append(self.key)
             await _remote(pool.new, name, self.key, *args, **kwargs)

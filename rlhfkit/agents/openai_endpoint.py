@@ -74,6 +74,8 @@ class Trace:
     def record(self, context: list[int], sample: Any) -> None:
         action = list(sample.response_ids)
         episode = self.episode
+        if episode is None:
+            raise RuntimeError("Trace.record() before Trace.context() opened the episode")
         episode.response_ids += action
         episode.logprobs += list(sample.logprobs) + [0.0] * (len(action) - len(sample.logprobs))
         episode.action_mask += [1] * len(action)
@@ -229,7 +231,7 @@ class OpenAIAgentExecutor(AgentExecutorBase):
     async def execute(self, prompt: str, label: Any, sampling_params: Any, max_length: int | None = None,
                       hf_tokenizer: Any = None, llm_engine: Any = None) -> Episode:
         tokenizer = hf_tokenizer or self.hf_tokenizer
-        trace = Trace(tokenizer, int(max_length or self.max_length), self.max_steps)
+        trace = Trace(tokenizer, self._budget(max_length), self.max_steps)
         endpoint = PolicyEndpoint(trace, llm_engine or self.llm_engine, dict(sampling_params or {}),
                                   asyncio.get_running_loop())
         failure = None

@@ -134,7 +134,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         dual_active = (advantages < 0) & (loss > bound)
         loss = torch.where(advantages < 0, torch.min(loss, bound), loss)
         info["dual_clip_fraction"] = masked_mean(dual_active.float(), mask)
-    if rollout_logp is not None:
+    if rollout_logp is not None and tis_cap is not None:  # both or neither (checked above)
         if tis_cap <= 0:
             raise ValueError(f"the importance-sampling cap must be > 0 (got {tis_cap})")
         weights = is_correction_weights(old_logp, rollout_logp, mask, is_correction, is_low, tis_cap)

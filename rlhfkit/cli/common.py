@@ -135,12 +135,13 @@ def run_config(config_cls: type, argv: Sequence[str] | None, prog: str, doc: str
     from rlhfkit.config.base import parse_config_given
 
     quiet_libraries()
-    cfg, given = parse_config_given(config_cls, argv, prog, doc)
+    cfg: Any
+    cfg, given = parse_config_given(config_cls, argv, prog, doc or "")
     note_openrlhf_defaults(prog, cfg, given)
     planning = plan_as is not None and cfg.plan.dry_run
     if validate is not None and (validate_always or planning):
         validate(cfg)
-    if planning and dry_run(cfg, plan_as, prog):
+    if plan_as is not None and dry_run(cfg, plan_as, prog):  # False without --dry_run
         return 0
     module, _, function = runner.partition(":")
     getattr(importlib.import_module(module), function)(cfg)

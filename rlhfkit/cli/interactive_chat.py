@@ -44,7 +44,7 @@ def build_session(cfg: ChatConfig):  # -> ChatSession
     model = load_causal_lm(path, attn_implementation=resolve_attn_implementation(cfg.attn_implementation, False),
                            dtype=torch.bfloat16 if cfg.bf16 else torch.float32)
     if torch.cuda.is_available():
-        model = model.cuda()
+        model = model.cuda()  # type: ignore[call-arg]  # transformers' @wraps(Module.cuda) types away `self`
     greedy = cfg.greedy_sampling or cfg.temperature == 0
     sampling = {"do_sample": not greedy, "repetition_penalty": cfg.repetition_penalty}
     if not greedy:

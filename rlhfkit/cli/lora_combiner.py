@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from rlhfkit.cli.common import quiet_libraries, run_cli
-from rlhfkit.config.base import parse_config
+from rlhfkit.config.base import parse_config, required
 from rlhfkit.config.lora_combiner import LoraCombinerConfig
 
 PROG = "rlhfkit.cli.lora_combiner"
@@ -27,11 +27,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rlhfkit.models.lora import merge_adapter
 
     dtype = torch.bfloat16 if cfg.bf16 else torch.float32
-    model = merge_adapter(cfg.model_path, cfg.lora_path, is_rm=cfg.is_rm, value_head_prefix=cfg.value_head_prefix,
-                          dtype=dtype)
-    tokenizer = load_tokenizer(cfg.model_path, flag="--model_path")
-    model.save_pretrained(cfg.output_path, safe_serialization=True)
-    tokenizer.save_pretrained(cfg.output_path)
+    model_path, output_path = required(cfg.model_path, "model_path"), required(cfg.output_path, "output_path")
+    model = merge_adapter(model_path, required(cfg.lora_path, "lora_path"), is_rm=cfg.is_rm,
+                          value_head_prefix=cfg.value_head_prefix, dtype=dtype)
+    tokenizer = load_tokenizer(model_path, flag="--model_path")
+    model.save_pretrained(output_path, safe_serialization=True)
+    tokenizer.save_pretrained(output_path)
     kind = "reward model" if cfg.is_rm else "model"
     print(f"lora_combiner: merged {cfg.lora_path} into {cfg.model_path}; {kind} saved to {cfg.output_path}")
     return 0

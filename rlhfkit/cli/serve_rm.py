@@ -13,7 +13,7 @@ import threading
 from collections.abc import Sequence
 
 from rlhfkit.cli.common import note_openrlhf_defaults, quiet_libraries, run_cli
-from rlhfkit.config.base import parse_config_given
+from rlhfkit.config.base import parse_config_given, required
 from rlhfkit.config.preference import ServeRMConfig
 
 PROG = "rlhfkit.cli.serve_rm"
@@ -29,8 +29,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rlhfkit.rewards.server import RewardServer
 
     attn = resolve_attn_implementation(cfg.attn_implementation, cfg.flash_attn)
-    scorer = load_scorer(cfg.reward_pretrain, value_head_prefix=cfg.value_head_prefix, max_len=cfg.max_len,
-                         normalize=cfg.normalize_reward, batch_size=cfg.batch_size, bf16=cfg.bf16,
+    scorer = load_scorer(required(cfg.reward_pretrain, "reward_pretrain"), value_head_prefix=cfg.value_head_prefix,
+                         max_len=cfg.max_len, normalize=cfg.normalize_reward, batch_size=cfg.batch_size, bf16=cfg.bf16,
                          attn_implementation=attn, use_fast_tokenizer=not cfg.disable_fast_tokenizer)
     server = RewardServer(scorer, host=cfg.host, port=cfg.port, api_key=cfg.api_key, batch_size=cfg.batch_size,
                           batch_wait_ms=cfg.batch_wait_ms, max_body_bytes=cfg.max_body_bytes,

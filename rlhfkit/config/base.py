@@ -24,13 +24,18 @@ import sys
 import typing
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rlhfkit.config import openrlhf_names as theirs
 from rlhfkit.config.devices import resolve_device_defaults
 from rlhfkit.errors import UserError
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+# A config class: parse_config and _construct build dataclasses only.
+T = TypeVar("T", bound="DataclassInstance")
+V = TypeVar("V")
 
 
 def arg(default: Any = None, help: str = "", *, choices: Sequence[Any] | None = None,
@@ -59,7 +64,7 @@ def iter_fields(cls: type, section: str = "") -> Iterator[tuple[str, str, datacl
     hints = _resolved_hints(cls)
     for f in dataclasses.fields(cls):
         ftype = hints[f.name]
-        if dataclasses.is_dataclass(ftype):
+        if isinstance(ftype, type) and dataclasses.is_dataclass(ftype):
             yield from iter_fields(ftype, f.name)
         else:
             yield section, f.name, f, ftype
@@ -76,8 +81,8 @@ def _base_type(ftype: Any) -> Any:
 def _default_of(f: dataclasses.Field) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        return f.default_factory()  # type: ignore[misc]
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
     return None
 
 
@@ -174,6 +179,7 @@ def build_parser(cls: type, prog: str, description: str = "") -> argparse.Argume
             # given --data.prompt_dataset) still fails with its reason but does not clutter this command's help.
             action = unsupported.add_argument(f"--{flag}", action=_NotSupported, nargs="*", metavar="...",
                                               help=reason, default=argparse.SUPPRESS)
+            assert isinstance(action, _NotSupported)
             action.reason = reason
             if flag not in theirs.NOT_SUPPORTED:
                 action.help = argparse.SUPPRESS
@@ -269,7 +275,7 @@ def _construct(cls: type[T], values: dict[str, Any]) -> T:
     kwargs = {}
     for f in dataclasses.fields(cls):
         ftype = hints[f.name]
-        if dataclasses.is_dataclass(ftype):
+        if isinstance(ftype, type) and dataclasses.is_dataclass(ftype):
             kwargs[f.name] = _construct(ftype, values)
         elif f.name in values:
             kwargs[f.name] = values[f.name]
@@ -302,6 +308,14 @@ def parse_config_given(cls: type[T], argv: Sequence[str] | None, prog: str,
     given = frozenset(file_values) | frozenset(ns)
     resolve_device_defaults(cfg, given)
     return cfg, given
+
+
+def required(value: V | None, flag: str) -> V:
+    """The value of a flag that the config's checks (`validate`, `check_inputs`) require, typed without None.
+    None here means those checks were skipped: a UserError naming the flag."""
+    if value is None:
+        raise UserError(f"--{flag} is required")
+    return value
 
 
 def validate(cfg: Any) -> None:

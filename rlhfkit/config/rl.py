@@ -181,8 +181,8 @@ def _validate_algorithm(cfg: PPOConfig) -> None:
     if a.reward_clip_range is not None:
         if len(a.reward_clip_range) not in (1, 2):
             raise UserError(f"--reward_clip_range takes one or two numbers (got {a.reward_clip_range})")
-        low_r, high_r = reward_clip_bounds(cfg)
-        if not low_r < high_r:
+        bounds = reward_clip_bounds(cfg)
+        if bounds is not None and not bounds[0] < bounds[1]:
             raise UserError(f"--reward_clip_range {a.reward_clip_range}: low must be below high")
     _positive({"actor_learning_rate": a.actor_learning_rate})
     if needs_critic(cfg):
@@ -291,10 +291,10 @@ def _check_sources(cfg: PPOConfig) -> None:
     elif not m.reward_pretrain and not remote_reward_urls(cfg):
         raise UserError("no reward source: pass --reward_pretrain (a reward model) or --remote_rm_url (a Python "
                         "file with reward_func, or http://host:port/get_reward)")
-    for path in (u for u in remote_reward_urls(cfg) if not is_http(u)):
-        p = Path(path).expanduser()
+    for url in (u for u in remote_reward_urls(cfg) if not is_http(u)):
+        p = Path(url).expanduser()
         if p.suffix != ".py" or not p.is_file():
-            raise UserError(f"--remote_rm_url {path}: not an http(s) URL and not an existing .py file")
+            raise UserError(f"--remote_rm_url {url}: not an http(s) URL and not an existing .py file")
 
 
 ROLES = ("actor", "critic", "ref", "reward")

@@ -19,6 +19,7 @@ is given the same `--input_template` / `--apply_chat_template` flags.
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -94,7 +95,8 @@ def conditional_sft(samples: Sequence[Sample], template: str, num_buckets: int =
     out = []
     for sample, tag in zip(samples, tags):
         filled = template.replace("{reward}", tag)
-        out.append({"input": edit_prompt(sample["input"], lambda text, f=filled: f.replace("{input}", text)),
+        fill_input = functools.partial(str.replace, filled, "{input}")  # text -> `filled` with text for {input}
+        out.append({"input": edit_prompt(sample["input"], fill_input),
                     "output": sample["output"], "reward": sample["reward"], "condition": tag})
     return out
 

@@ -85,7 +85,7 @@ MAX_RECORD_CHARS = 4 * 2**20
 
 
 def _read_jsonl_text(text: str, source: str) -> list[Any]:
-    rows = []
+    rows: list[Any] = []
     for lineno, line in enumerate(_lines(text), start=1):
         if not line.strip():
             continue

@@ -22,6 +22,7 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rlhfkit.demo.data import build_all_records
 from rlhfkit.demo.tasks import DEFAULT_TASK_MIX, DEMO_INPUT_TEMPLATE, TASKS
@@ -79,7 +80,7 @@ def tiny_llama_config(vocab_size: int, bos_token_id: int, eos_token_id: int, pad
     """
     from transformers import LlamaConfig
 
-    shape = dict(hidden_size=128, intermediate_size=344, num_hidden_layers=4, num_attention_heads=4,
+    shape: dict[str, Any] = dict(hidden_size=128, intermediate_size=344, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
                  rms_norm_eps=1e-5, initializer_range=0.06)
     shape.update(overrides)

@@ -73,7 +73,8 @@ class LocalEngine(nn.Module):
         """Count a micro-batch; at the accumulation boundary clip, step the optimizer and the LR schedule."""
         if self.is_gradient_accumulation_boundary():
             params = self._parameters_with_grads()
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.zeros(())
+            grads = [p.grad for p in params if p.grad is not None]  # all of them; the test narrows the type
+            norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
             self._grad_norm = float(norm) if self.max_norm > 0 or not torch.isfinite(norm) else None
             if not torch.isfinite(norm):
                 # As DeepSpeed ZeRO 1/2 do: a non-finite gradient skips the update (weights, optimizer moments and

@@ -202,6 +202,7 @@ class ResourcePlan:
 
 def connect_ray(min_cpus: float) -> bool:
     """Join the cluster named by RAY_ADDRESS, or start a local one; True when this call started Ray."""
+    import logging
     import math
     import os
 
@@ -212,11 +213,11 @@ def connect_ray(min_cpus: float) -> bool:
     for key, value in {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}.items():
         os.environ.setdefault(key, value)
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(address="auto", logging_level="ERROR")
+        ray.init(address="auto", logging_level=logging.ERROR)
     else:  # a new local cluster (never a stale `ray start` address); logical CPUs: roles mostly take turns, so
         # a small machine may host more bundles than cores
         ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(min_cpus)), include_dashboard=False,
-                 logging_level="ERROR")
+                 logging_level=logging.ERROR)
     return True
 
 

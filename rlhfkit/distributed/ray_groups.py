@@ -93,8 +93,8 @@ def split_for_ranks(value: Any, n: int) -> list[Any]:
         parts = {k: split_for_ranks(v, n) for k, v in value.items()}
         return [{k: parts[k][i] for k in value} for i in range(n)]
     if isinstance(value, tuple):
-        parts = [split_for_ranks(v, n) for v in value]
-        return [tuple(p[i] for p in parts) for i in range(n)]
+        columns = [split_for_ranks(v, n) for v in value]
+        return [tuple(c[i] for c in columns) for i in range(n)]
     if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
         size, extra = divmod(len(value), n)
         out, start = [], 0

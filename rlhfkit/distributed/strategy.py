@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import torch
@@ -108,10 +108,15 @@ class DeepSpeedStrategy:
         if self.is_rank0:
             print(*args, flush=True)
 
+    @overload
+    def all_reduce(self, value: float, op: str = "mean") -> float: ...
+    @overload
+    def all_reduce(self, value: torch.Tensor, op: str = "mean") -> torch.Tensor: ...
+
     def all_reduce(self, value: float | torch.Tensor, op: str = "mean") -> float | torch.Tensor:
         """Reduce a number or tensor over ranks (`mean`, `sum` or `max`)."""
         is_number = not isinstance(value, torch.Tensor)
-        t = torch.as_tensor(value, dtype=torch.float64).clone() if is_number else value.detach().clone()
+        t = (value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(value, dtype=torch.float64)).clone()
         if self.world_size > 1:
             reduce_op = {"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
             device_t = t.to(self.device)
@@ -157,14 +162,16 @@ class DeepSpeedStrategy:
     def make_optimizer(self, model: nn.Module, learning_rate: float) -> torch.optim.Optimizer:
         """AdamW with no decay on biases and norms. A client optimizer avoids DeepSpeed's fused-Adam compile;
         with --adam_offload DeepSpeed's CPU Adam is required (it compiles once)."""
-        decay, no_decay = [], []
+        decay: list[nn.Parameter] = []
+        no_decay: list[nn.Parameter] = []
         for name, p in model.named_parameters():
             if not p.requires_grad:
                 continue
             (no_decay if p.ndim < 2 or "norm" in name.lower() or name.endswith(".bias") else decay).append(p)
         groups = [{"params": decay, "weight_decay": self.args.l2}, {"params": no_decay, "weight_decay": 0.0}]
         groups = [g for g in groups if g["params"]]  # LoRA has no 1-D trainable parameters
-        betas = tuple(self.args.adam_betas)
+        beta1, beta2 = self.args.adam_betas
+        betas = (beta1, beta2)
         if self.args.adam_offload:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
@@ -189,8 +196,9 @@ class DeepSpeedStrategy:
     def prepare_train(self, model: nn.Module, learning_rate: float, num_update_steps: int) -> Any:
         """A training engine that owns `model`, its AdamW optimizer and the LR schedule: a DeepSpeed engine, or
         at world size 1 without a DeepSpeed feature a `LocalEngine` with the same interface and numbers."""
-        if self.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
-            model.gradient_checkpointing_enable(
+        enable_checkpointing = getattr(model, "gradient_checkpointing_enable", None)  # a Transformers model's
+        if self.gradient_checkpointing and enable_checkpointing is not None:
+            enable_checkpointing(
                 gradient_checkpointing_kwargs={"use_reentrant": self.gradient_checkpointing_use_reentrant})
         if self.uses_local_engine():
             model = model.to(self.device)
@@ -226,8 +234,9 @@ class DeepSpeedStrategy:
     def full_state_dict(self, engine: nn.Module) -> dict[str, torch.Tensor] | None:
         """All weights on rank 0 (gathered from ZeRO-3 shards), None on the other ranks."""
         module = self.unwrap(engine)
-        if self.args.zero_stage == 3 and hasattr(engine, "_zero3_consolidated_16bit_state_dict"):
-            state = engine._zero3_consolidated_16bit_state_dict()
+        consolidated = getattr(engine, "_zero3_consolidated_16bit_state_dict", None)  # a DeepSpeed engine's
+        if self.args.zero_stage == 3 and consolidated is not None:
+            state = consolidated()
             return state if self.is_rank0 else None
         if not self.is_rank0:
             return None
@@ -240,7 +249,7 @@ class DeepSpeedStrategy:
 
         state = self.full_state_dict(engine)
         if self.is_rank0:  # written beside `path`, then moved in config.json last: a kill leaves no half model
-            module = self.unwrap(engine)
+            module: Any = self.unwrap(engine)  # a Transformers or PEFT model: both have save_pretrained
             staging = staging_dir(path)
             if hasattr(module, "peft_config"):
                 module.save_pretrained(str(staging / "lora_adapter"), state_dict=state)

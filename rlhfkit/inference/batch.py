@@ -19,13 +19,17 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm import tqdm
 
+from rlhfkit.config.base import required
 from rlhfkit.config.batch_inference import BatchInferenceConfig, reward_model_path
 from rlhfkit.errors import UserError
+
+if TYPE_CHECKING:
+    from rlhfkit.distributed.placement import ResourcePlan
 
 
 def write_jsonl_atomic(path: str, records: Iterable[Mapping[str, Any]]) -> int:
@@ -65,7 +69,8 @@ def load_records(cfg: BatchInferenceConfig) -> list[Any]:
     from rlhfkit.data.readers import load_mixture
 
     d = cfg.data
-    records = load_mixture(d.dataset, d.dataset_probs, d.dataset_split, d.max_samples, cfg.model.seed)
+    records = load_mixture(required(d.dataset, "dataset"), d.dataset_probs, d.dataset_split, d.max_samples,
+                           cfg.model.seed)
     if d.iter is not None:
         start = d.iter * d.rollout_batch_size
         if start >= len(records):
@@ -120,8 +125,9 @@ def _vllm_args(cfg: BatchInferenceConfig, use_gpu: bool) -> Any:
     from rlhfkit.rollout.vllm_engine import VLLMEngineArgs
 
     g, d = cfg.generation, cfg.data
-    limit = getattr(AutoConfig.from_pretrained(cfg.model.pretrain), "max_position_embeddings", None) or 10**9
-    return VLLMEngineArgs(model=cfg.model.pretrain, tensor_parallel_size=g.tp_size,
+    pretrain = required(cfg.model.pretrain, "pretrain")
+    limit = getattr(AutoConfig.from_pretrained(pretrain), "max_position_embeddings", None) or 10**9
+    return VLLMEngineArgs(model=pretrain, tensor_parallel_size=g.tp_size,
                           gpu_memory_utilization=g.vllm_gpu_memory_utilization, enforce_eager=not use_gpu,
                           enable_prefix_caching=g.enable_prefix_caching,
                           dtype="bfloat16" if cfg.model.bf16 else "float32", seed=cfg.model.seed,
@@ -140,7 +146,7 @@ class Engines:
         self.vllm = g.eval_task == "generate_vllm"
         if self.vllm:
             check_vllm_args(g.num_engines, g.tp_size, self.use_gpu or bool(os.environ.get("RAY_ADDRESS")))
-        self.plan = None
+        self.plan: ResourcePlan | None = None
         self.started_ray = False
         if g.num_engines == 1:
             self.engine = self._local(cfg, tokenizer)
@@ -157,7 +163,7 @@ class Engines:
 
         m = cfg.model
         return HFRolloutEngine.from_pretrained(
-            m.pretrain, tokenizer, dtype=torch.bfloat16 if m.bf16 else torch.float32,
+            required(m.pretrain, "pretrain"), tokenizer, dtype=torch.bfloat16 if m.bf16 else torch.float32,
             attn_implementation=resolve_attn_implementation(m.attn_implementation, m.flash_attn),
             max_batch_size=self.g.micro_batch_size, device="cuda" if self.use_gpu else None)
 
@@ -174,14 +180,14 @@ class Engines:
         demand = RoleDemand(role, g.num_engines, g.tp_size if self.vllm else 1)
         self.started_ray = connect_ray(demand.devices * cpus)
         use_gpu = ray.cluster_resources().get("GPU", 0) > 0
-        self.plan = ResourcePlan.make([demand], use_gpu=use_gpu, cpus_per_bundle=cpus).create()
+        plan = self.plan = ResourcePlan.make([demand], use_gpu=use_gpu, cpus_per_bundle=cpus).create()
         try:
-            slots = self.plan.slots[role]
+            slots = plan.slots[role]
             if self.vllm:
-                actors = create_vllm_engines(self.plan, slots, _vllm_args(cfg, use_gpu))
+                actors = create_vllm_engines(plan, slots, _vllm_args(cfg, use_gpu))
             else:
                 engine_cfg = _engine_config(cfg)
-                actors = create_engine_actors(HFEngineActor, self.plan, slots, lambda i: engine_cfg)
+                actors = create_engine_actors(HFEngineActor, plan, slots, lambda i: engine_cfg)
         except ray.exceptions.RayTaskError as e:
             self.close()
             raise unwrap_user_error(e) from None
@@ -359,7 +365,7 @@ def run_batch_inference(cfg: BatchInferenceConfig) -> dict[str, Any]:
     if not records:
         raise UserError(f"--post_processor {cfg.scoring.post_processor}: nothing to write ({what}); sample more "
                         "responses per prompt (--best_of_n) or at a higher --temperature")
-    count = write_jsonl_atomic(cfg.data.output_path, records)
+    count = write_jsonl_atomic(required(cfg.data.output_path, "output_path"), records)
     summary: dict[str, Any] = {"written": count, "samples": len(samples), "seconds": time.perf_counter() - started}
     rewards = [x["reward"] for x in samples if "reward" in x]
     if rewards:

@@ -53,12 +53,14 @@ class MetricsLogger:
 
             self._tb = SummaryWriter(log_dir=os.path.join(args.use_tensorboard, run_name))
         if args.use_wandb:
-            self._wandb = _start_wandb(args, run_name, config, run_dir)
+            self._wandb = _start_wandb(args, args.use_wandb, run_name, config, run_dir)
 
     def log(self, step: int, metrics: dict[str, Any], prefix: str = "train") -> None:
         if not self.enabled:
             return
         values = _clean(metrics)
+        if self._file is None:
+            raise RuntimeError("MetricsLogger.log() after close()")
         record = {"step": step, "time": time.time(), **{f"{prefix}/{k}": v for k, v in values.items()}}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
@@ -91,10 +93,10 @@ class MetricsLogger:
             self._wandb.finish()
 
 
-def _start_wandb(args: LoggingArgs, run_name: str, config: dict[str, Any], run_dir: str) -> Any:
+def _start_wandb(args: LoggingArgs, key: str, run_name: str, config: dict[str, Any], run_dir: str) -> Any:
+    """`key` is --use_wandb: an API key, "offline", or true/1/yes to use the login already on the machine."""
     import wandb
 
-    key = args.use_wandb
     if key.lower() == "offline":
         os.environ["WANDB_MODE"] = "offline"
     elif key.lower() not in ("true", "1", "yes") and os.environ.get("WANDB_MODE") != "offline":

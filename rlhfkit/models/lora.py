@@ -9,7 +9,7 @@ from transformers import PreTrainedModel
 
 
 def apply_lora(model: PreTrainedModel, rank: int, alpha: int, dropout: float,
-               target_modules: list[str] | None, *, head: str | None = None) -> PreTrainedModel:
+               target_modules: list[str] | None, *, head: str | None = None) -> PeftModel:
     """Wrap `model` so only LoRA matrices train; every linear layer is adapted unless names are given.
 
     `head`: a reward/critic model's value head (e.g. "score"), freshly initialised, so it trains in full
@@ -31,7 +31,7 @@ def apply_lora(model: PreTrainedModel, rank: int, alpha: int, dropout: float,
     return get_peft_model(model, config)
 
 
-def merged_for_saving(model: PreTrainedModel) -> PreTrainedModel:
+def merged_for_saving(model: PreTrainedModel | PeftModel) -> PreTrainedModel:
     """A plain Transformers model with the LoRA weights merged in (loads without PEFT)."""
     if isinstance(model, PeftModel):
         return model.merge_and_unload()

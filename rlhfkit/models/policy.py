@@ -78,8 +78,9 @@ def from_position(batch: dict[str, torch.Tensor], start: int) -> dict[str, torch
 def keep_logits_from(model: nn.Module, batch: dict[str, torch.Tensor], start: int) -> dict[str, int]:
     """Forward-pass kwargs that run the LM head from position `start` on only (Hugging Face's `logits_to_keep`),
     where the model takes it: {} otherwise. Either way `logits[:, start - T:]` are the logits from `start` on."""
-    inner = base_model(model)
-    return {"logits_to_keep": batch["input_ids"].shape[1] - start} if start > 0 and keeps_logits(type(inner)) else {}
+    if start <= 0 or not keeps_logits(type(base_model(model)).forward):
+        return {}
+    return {"logits_to_keep": batch["input_ids"].shape[1] - start}
 
 
 def forward_logits(model: nn.Module, batch: dict[str, torch.Tensor], start: int = 0) -> torch.Tensor:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,20 +25,24 @@ TRIMMABLE_LAYERS = frozenset({"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2
 _LAYER_PARTS = ("self_attn", "input_layernorm", "post_attention_layernorm", "mlp")
 _ATTN_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling", "layer_idx")
 
+# A Hugging Face decoder layer or attention module, read by duck typing after `_trimmable` checked its parts
+# (nn.Module's __getattr__ types every child as `Tensor | Module`, which no call site here can use).
+HFModule = Any
+
 
 @functools.cache
-def keeps_logits(model_type: type) -> bool:
-    """Whether the class's forward takes Hugging Face's `logits_to_keep`."""
-    return "logits_to_keep" in inspect.signature(model_type.forward).parameters
+def keeps_logits(forward: Callable[..., Any]) -> bool:
+    """Whether a model class's forward (`type(model).forward`) takes Hugging Face's `logits_to_keep`."""
+    return "logits_to_keep" in inspect.signature(forward).parameters
 
 
 def base_model(model: nn.Module) -> nn.Module:
     """The Transformers model inside a DeepSpeed engine (`.module`) and/or a PEFT wrapper (`get_base_model()`)."""
-    inner = getattr(model, "module", model)
+    inner: HFModule = getattr(model, "module", model)
     return inner.get_base_model() if hasattr(inner, "get_base_model") else inner
 
 
-def _last_layer(base: nn.Module) -> nn.Module | None:
+def _last_layer(base: nn.Module) -> HFModule | None:
     decoder = getattr(base, "model", None)
     layers = getattr(decoder, "layers", None)
     count = getattr(getattr(base, "config", None), "num_hidden_layers", None)
@@ -46,13 +51,13 @@ def _last_layer(base: nn.Module) -> nn.Module | None:
     return layers[count - 1]
 
 
-def _trimmable(base: nn.Module, kv_length: int, hf_kwargs: dict[str, Any]) -> nn.Module | None:
+def _trimmable(base: nn.Module, kv_length: int, hf_kwargs: dict[str, Any]) -> HFModule | None:
     """The last decoder layer when `trimmed_forward` can run it on the kept positions only, else None."""
     config = getattr(base, "config", None)
     layer = _last_layer(base)
     if layer is None or type(layer).__name__ not in TRIMMABLE_LAYERS:
         return None
-    attn = getattr(layer, "self_attn", None)
+    attn: HFModule = getattr(layer, "self_attn", None)
     if not all(hasattr(layer, a) for a in _LAYER_PARTS) or not all(hasattr(attn, a) for a in _ATTN_PARTS):
         return None
     if getattr(config, "_attn_implementation", None) not in ("sdpa", "eager"):
@@ -88,7 +93,7 @@ def _mask_rows(mask: torch.Tensor | None, keep: torch.Tensor, kv_length: int, qu
     return rows.masked_fill_(~allowed, torch.finfo(like.dtype).min)[None, None]
 
 
-def _trimmed_attention_forward(attn: nn.Module, keep: torch.Tensor, hidden_states: torch.Tensor,
+def _trimmed_attention_forward(attn: HFModule, keep: torch.Tensor, hidden_states: torch.Tensor,
                                position_embeddings: tuple[torch.Tensor, torch.Tensor],
                                attention_mask: torch.Tensor | None = None, past_key_values: Any = None,
                                **kwargs: Any) -> tuple[torch.Tensor, None]:
@@ -118,7 +123,7 @@ def _trimmed_attention_forward(attn: nn.Module, keep: torch.Tensor, hidden_state
     return attn.o_proj(out.reshape(rows, len(keep), -1)), None
 
 
-def _trimmed_layer_forward(layer: nn.Module, keep: torch.Tensor, hidden_states: torch.Tensor,
+def _trimmed_layer_forward(layer: HFModule, keep: torch.Tensor, hidden_states: torch.Tensor,
                            attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
                            past_key_values: Any = None, use_cache: bool | None = False,
                            position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -132,7 +137,7 @@ def _trimmed_layer_forward(layer: nn.Module, keep: torch.Tensor, hidden_states: 
     return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
 
 
-def trimmed_forward(model: nn.Module, keep: torch.LongTensor, **hf_kwargs: Any) -> torch.Tensor:
+def trimmed_forward(model: nn.Module, keep: torch.Tensor, **hf_kwargs: Any) -> torch.Tensor:
     """Logits [rows, len(keep), vocab] at positions `keep` (1-D, increasing, the same for every row) of the causal
     LM `model` (plain, PEFT-wrapped or in a DeepSpeed engine) called with `hf_kwargs` (input_ids or inputs_embeds,
     attention_mask (2D or 4D), position_ids, past_key_values (a cache the caller owns), use_cache, ...).
@@ -150,19 +155,20 @@ def trimmed_forward(model: nn.Module, keep: torch.LongTensor, **hf_kwargs: Any) 
         return model(**hf_kwargs).logits
     layer = _trimmable(base, kv_length, hf_kwargs) if keep.numel() else None
     if layer is None:
-        if keeps_logits(type(base)):
+        if keeps_logits(type(base).forward):
             return model(**hf_kwargs, logits_to_keep=keep).logits
         return model(**hf_kwargs).logits[:, keep]
-    patched = [(layer, _trimmed_layer_forward), (layer.self_attn, _trimmed_attention_forward)]
+    patched: list[tuple[nn.Module, Callable[..., Any]]] = [(layer, _trimmed_layer_forward),
+                                                            (layer.self_attn, _trimmed_attention_forward)]
     saved = [module.__dict__.get("forward") for module, _ in patched]
     try:
         for module, forward in patched:  # instance attributes: the modules' __call__ (and hooks) stay
             module.forward = functools.partial(forward, module, keep)
-        extra = {"logits_to_keep": len(keep)} if keeps_logits(type(base)) else {}
+        extra = {"logits_to_keep": len(keep)} if keeps_logits(type(base).forward) else {}
         return model(**hf_kwargs, **extra).logits
     finally:
-        for (module, _), forward in zip(patched, saved, strict=True):
-            if forward is not None:
-                module.forward = forward
+        for (module, _), original in zip(patched, saved, strict=True):
+            if original is not None:
+                module.forward = original
             elif "forward" in module.__dict__:
                 del module.forward

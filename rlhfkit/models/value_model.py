@@ -9,6 +9,8 @@ Reward statistics for `--normalize_reward` are stored in the config as `reward_m
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrainedModel
@@ -81,12 +83,13 @@ def _head_was_loaded(path: str, prefix: str) -> bool:
     return False
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
+def _unwrap(model: nn.Module) -> PreTrainedModel:
     """The Transformers model inside a DeepSpeed engine and/or a PEFT wrapper (LoRA layers stay in place)."""
     from peft import PeftModel
 
     inner = getattr(model, "module", model)
-    return inner.get_base_model() if isinstance(inner, PeftModel) else inner
+    base = inner.get_base_model() if isinstance(inner, PeftModel) else inner
+    return cast(PreTrainedModel, base)  # what load_value_model builds: a Transformers sequence classifier
 
 
 def token_values(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -68,5 +68,5 @@ def load_scorer(path: str, *, value_head_prefix: str = "score", max_len: int = 2
                              dtype=torch.bfloat16 if bf16 else torch.float32, flag="--reward_pretrain")
     model.requires_grad_(False)
     if torch.cuda.is_available():
-        model = model.cuda()
+        model = model.cuda()  # type: ignore[call-arg]  # transformers' @wraps(Module.cuda) types away `self`
     return RewardScorer(model, tokenizer, max_len=max_len, normalize=normalize, batch_size=batch_size)

@@ -175,7 +175,7 @@ class RewardFunction:
         failures: list[tuple[int, int, str, str]] = []  # (first sample, samples, kind, one-line reason)
         logs: list[tuple[dict[str, float], int]] = []
         for (lo, hi), result in zip(spans, results):
-            if not result.ok:
+            if result.kind is not None:  # not result.ok
                 failures.append((lo, hi - lo, result.kind, result.error))
                 continue
             try:

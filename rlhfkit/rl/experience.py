@@ -105,7 +105,7 @@ class Experience:
 
     # -- conversions --------------------------------------------------------------------------------------
     def _map(self, fn: Any) -> Experience:
-        values = {f.name: (fn(getattr(self, f.name)) if getattr(self, f.name) is not None else None)
+        values: dict[str, Any] = {f.name: (fn(getattr(self, f.name)) if getattr(self, f.name) is not None else None)
                   for f in dataclasses.fields(self) if f.name != "info"}
         return Experience(**values, info={k: fn(v) for k, v in self.info.items()})
 
@@ -203,10 +203,10 @@ def experience_from_samples(samples: Sequence[SampledSequence], pad_id: int) -> 
         "response_length": torch.tensor([len(s.response_ids) for s in samples], dtype=torch.float32),
         "truncated": torch.tensor([s.finish_reason == FINISH_LENGTH for s in samples], dtype=torch.float32),
     }
-    if samples and all(s.versions is not None for s in samples):  # async: oldest and newest sampling policy
-        info["policy_version"] = torch.tensor([min(s.versions, default=-1) for s in samples], dtype=torch.float32)
-        info["policy_version_max"] = torch.tensor([max(s.versions, default=-1) for s in samples],
-                                                  dtype=torch.float32)
+    versions = [s.versions for s in samples if s.versions is not None]
+    if samples and len(versions) == len(samples):  # async: oldest and newest sampling policy
+        info["policy_version"] = torch.tensor([min(v, default=-1) for v in versions], dtype=torch.float32)
+        info["policy_version_max"] = torch.tensor([max(v, default=-1) for v in versions], dtype=torch.float32)
     return Experience(sequences=sequences, attention_mask=attention_mask,
                       prompt_lengths=torch.tensor([len(s.prompt_ids) for s in samples], dtype=torch.long),
                       action_mask=action_mask, rollout_log_probs=rollout_log_probs, info=info)

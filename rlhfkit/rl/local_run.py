@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from rlhfkit.config.base import required
 from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference, validate_single_process
 
 
@@ -20,11 +21,11 @@ def run_ppo(cfg: PPOConfig) -> Any:
     from rlhfkit.rl.loop import RLTrainer, RoleHandles
     from rlhfkit.rl.roles import ActorRole, CriticRole, ReferenceRole, RewardModelRole
     from rlhfkit.rollout.hf_engine import HFRolloutEngine
-    from rlhfkit.run.setup import build_strategy, load_rl_inputs, prepare_run, train_rl
+    from rlhfkit.run.setup import build_strategy, load_rl_inputs, prepare_rl_run, train_rl
 
     cfg.check_inputs()  # the flags were validated when parsed
     validate_single_process(cfg)
-    run = prepare_run(cfg, "ppo")
+    run = prepare_rl_run(cfg, "ppo")
     check_aux_loss_coef(cfg.algo.aux_loss_coef, cfg.model.pretrain)
     inputs = load_rl_inputs(cfg)
     try:
@@ -36,7 +37,8 @@ def run_ppo(cfg: PPOConfig) -> Any:
         roles = RoleHandles(
             actor=ActorRole(cfg, steps),
             engine=HFRolloutEngine.from_pretrained(
-                cfg.model.pretrain, inputs.tokenizer, dtype=torch.bfloat16 if cfg.model.bf16 else torch.float32,
+                required(cfg.model.pretrain, "pretrain"), inputs.tokenizer,
+                dtype=torch.bfloat16 if cfg.model.bf16 else torch.float32,
                 attn_implementation=resolve_attn_implementation(cfg.model.attn_implementation, cfg.model.flash_attn),
                 max_batch_size=max(cfg.rollout.micro_rollout_batch_size, 256), device=strategy.device),
             reward=text_reward if text_reward is not None else RewardModelRole(cfg) if cfg.rl_model.reward_pretrain

@@ -212,11 +212,11 @@ def build_ray_roles(cfg: PPOConfig, run: RayRunPlan) -> tuple[Any, RayRoles]:
 def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None, after_sync: list[Any] | None = None,
                 save: bool = True) -> RayRLTrainer:
     """Validate, start (or join) Ray, build the role groups and engines, run the RL loop, save, tear down."""
-    from rlhfkit.run.setup import prepare_run, train_rl
+    from rlhfkit.run.setup import prepare_rl_run, train_rl
 
     cpus = cpus_per_bundle or float(os.environ.get("RLHFKIT_RAY_CPUS_PER_BUNDLE", "1"))
     run = prepare_ray_run(cfg, cpus_per_bundle=cpus)
-    run_info = prepare_run(cfg, "ppo_ray")
+    run_info = prepare_rl_run(cfg, "ppo_ray")
 
     from rlhfkit.distributed.ray_groups import set_call_timeout
 

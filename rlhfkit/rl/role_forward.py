@@ -13,6 +13,7 @@ import torch
 from rlhfkit.algorithms.kl import compute_approx_kl
 from rlhfkit.algorithms.logprobs import token_logprobs
 from rlhfkit.algorithms.masking import masked_mean
+from rlhfkit.config.base import required
 from rlhfkit.config.rl import PPOConfig
 from rlhfkit.data.token_budget import plan_micro_batches
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
@@ -33,7 +34,7 @@ def per_chunk(exp: Experience, cfg: PPOConfig, strategy: DeepSpeedStrategy,
     s = cfg.strategy
     if s.use_dynamic_batch:
         lengths = exp.attention_mask.sum(dim=1).tolist()
-        chunks = plan_micro_batches(lengths, s.max_tokens_per_gpu,
+        chunks = plan_micro_batches(lengths, required(s.max_tokens_per_gpu, "max_tokens_per_gpu"),
                                     widths=None if cfg.data.packing_samples else lengths)[0]
     else:
         size = cfg.rollout.micro_rollout_batch_size
@@ -126,7 +127,7 @@ def reused_old_log_probs(logp: torch.Tensor, micro: Experience, kl_estimator: st
 
 def hf_state_dict(strategy: DeepSpeedStrategy, engine: Any) -> dict[str, torch.Tensor] | None:
     """The policy's weights under Transformers names (LoRA merged in), on CPU; None off rank 0."""
-    module = strategy.unwrap(engine)
+    module: Any = strategy.unwrap(engine)  # a Transformers or PEFT model (nn.Module types its methods badly)
     if not hasattr(module, "peft_config"):
         return strategy.full_state_dict(engine)
     module.merge_adapter()

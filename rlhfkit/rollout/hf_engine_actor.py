@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from rlhfkit.config.base import required
 from rlhfkit.config.rl import PPOConfig
 from rlhfkit.models.loading import load_tokenizer_for, resolve_attn_implementation
 from rlhfkit.rollout.hf_engine import HFRolloutEngine
@@ -25,7 +26,7 @@ class HFEngineActor(StagedWeights):
         device = torch.device("cuda") if torch.cuda.is_available() else None
         dtype = torch.bfloat16 if cfg.model.bf16 else torch.float32
         self.engine = HFRolloutEngine.from_pretrained(
-            cfg.model.pretrain, load_tokenizer_for(cfg.model), dtype=dtype,
+            required(cfg.model.pretrain, "pretrain"), load_tokenizer_for(cfg.model), dtype=dtype,
             attn_implementation=resolve_attn_implementation(cfg.model.attn_implementation, cfg.model.flash_attn),
             max_batch_size=max(cfg.rollout.micro_rollout_batch_size, 256), device=device)
         self._staged = []

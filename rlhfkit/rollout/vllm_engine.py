@@ -283,7 +283,7 @@ def create_engine_actors(engine_cls: type, plan: Any, slots: Sequence[Any], make
 
     from rlhfkit.distributed.ray_groups import ray_get, worker_env
 
-    remote_cls = ray.remote(engine_cls)
+    remote_cls: Any = ray.remote(engine_cls)
     engines = []
     for i, slot in enumerate(slots):
         # The env travels as a constructor argument, not a Ray runtime_env, so Ray reuses prestarted workers.

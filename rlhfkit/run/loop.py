@@ -1,217 +1,269 @@
-"""The training loop every offline trainer (SFT, reward model, DPO, KTO) runs, and the helpers they share.
+"""The training loop's cadence, written once for every trainer (SFT, reward model, DPO, KTO and the RL driver).
 
-The loop is written out in full (nanoGPT style): for each global batch, every rank runs its micro-batches,
-DeepSpeed accumulates and steps; metrics are reduced over ranks and logged by rank 0. A trainer subclasses
-`TrainerLoop` and says what one optimizer step (`train_batch`) and an evaluation (`evaluate`) are.
+A trainer says what one step is; `TrainingLoop` does the rest, in this order after every step:
 
-Micro-batches hold --micro_train_batch_size samples, or with --use_dynamic_batch as many as fit in
---max_tokens_per_gpu tokens (`rlhfkit.data.token_budget`; every rank runs the same number, a rank with fewer runs
-zero-weight fillers). Either way a trainer weights a micro-batch's loss by the optimizer step's true totals (all
-ranks), so the step's gradient does not depend on how the step is split into micro-batches or ranks. The loop owns
-the accumulation boundary (the last micro-batch of a step), as a token budget varies the micro-batches per step.
+    resume (--load_checkpoint) -> trainer.start
+    until the step cap (or the data) is used up:
+        pause point "between" -> trainer.next_work -> trainer.step -> global_step + 1
+        -> log the metrics (every --logging_steps) -> log a few samples (trainers that have them, ~5 steps a run)
+        -> progress bar -> evaluate (every --eval_steps, or at the end of each pass with -1; the best metric kept)
+        -> checkpoint (every --save_steps) -> SIGTERM: checkpoint, raise Preempted
+
+The data position (`LoopState`: the pass over the data and the batch in it) is the trainer's to advance: an
+offline trainer draws one global batch per step, an RL step may draw more prompts (dynamic filtering) or adopt the
+position of a batch generated ahead (async). Everything in `LoopState`, with the trainer's own `extra_state` (RL:
+the KL controller's coefficient), is saved in each checkpoint's `state.json` and restored by resume.
 """
 
 from __future__ import annotations
 
-import math
-import time
-from collections.abc import Callable, Iterable, Sequence
+import json
+import os
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from functools import lru_cache
+from typing import Any, Protocol
 
 from rlhfkit.config.common import CheckpointArgs, LoggingArgs
-from rlhfkit.data.sampler import global_batches, micro_batches_for_rank
-from rlhfkit.data.token_budget import plan_micro_batches
-from rlhfkit.distributed.accumulation import mark_accumulation_boundary
-from rlhfkit.distributed.nonfinite import NonFiniteGuard
+from rlhfkit.data.sampler import global_batches
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
-from rlhfkit.errors import Preempted
+from rlhfkit.errors import Preempted, UserError
 from rlhfkit.logging.metrics import MetricsLogger, Progress
 from rlhfkit.run.checkpoint import resume, save_checkpoint
-from rlhfkit.run.pause_points import pause_point, pausing_after_first
+from rlhfkit.run.pause_points import pause_point
 from rlhfkit.run.preemption import PreemptionWatch, preemption_message
 from rlhfkit.run.runs import RunInfo
 
-Collate = Callable[[Sequence[Any]], dict[str, torch.Tensor]]
+REPORT_SAMPLE_STEPS = 5  # the run report shows samples of the first and last step and of about this many more
+
+
+@lru_cache(maxsize=2)
+def _pass_batches(num_items: int, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+    """One pass's shuffled global batches (cached: each step draws one of them)."""
+    return global_batches(num_items, batch_size, seed, epoch)
 
 
 @dataclass
 class LoopState:
-    """Where training is: restored on resume so the data order continues exactly."""
+    """Where training is; saved in every checkpoint so a resumed run continues with the same data order."""
 
-    epoch: int = 0
-    batch_in_epoch: int = 0
-    global_step: int = 0
+    global_step: int = 0  # steps finished
+    epoch: int = 0  # the pass over the data (an RL run calls it the episode, --num_episodes)
+    batch_in_epoch: int = 0  # global batches of that pass already drawn
+    best_metric: float | None = None  # --best_metric_key: the best value so far (its model is in <save_path>/best)
+
+    def next_batch(self, num_items: int, batch_size: int, seed: int, max_epochs: int) -> list[int] | None:
+        """The next global batch (item indices) of the data shuffled per pass, advancing the position; None when
+        `max_epochs` passes are used up. A pass is finished lazily, when the next batch is drawn, so a checkpoint
+        saved after a pass's last batch resumes into the next pass."""
+        if self.batch_in_epoch >= num_items // batch_size:
+            self.epoch += 1
+            self.batch_in_epoch = 0
+        if self.epoch >= max_epochs:
+            return None
+        batch = list(_pass_batches(num_items, batch_size, seed, self.epoch)[self.batch_in_epoch])  # the caller's
+        self.batch_in_epoch += 1
+        return batch
+
+    def saved(self, pass_name: str, extra: dict[str, Any]) -> dict[str, Any]:
+        """What `state.json` holds (the checkpoint adds global_step); a pass is named as the trainer names it."""
+        out = {pass_name: self.epoch, f"batch_in_{pass_name}": self.batch_in_epoch, **extra}
+        if self.best_metric is not None:
+            out["best_metric"] = self.best_metric
+        return out
+
+    def restore(self, saved: dict[str, Any], pass_name: str) -> None:
+        """Take the position `saved` (a state.json) holds, in place: the loop keeps one LoopState a whole run."""
+        self.global_step = saved["global_step"]
+        self.epoch = saved[pass_name]
+        self.batch_in_epoch = saved[f"batch_in_{pass_name}"]
+        self.best_metric = saved.get("best_metric")
 
 
-def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
-
-
-class TrainerLoop:
-    """Epochs of global batches, logging, periodic evaluation and checkpoints, resume. Subclasses define
-    `train_batch` (one optimizer step over this rank's micro batches), `evaluate` and `progress_fields`."""
-
-    kind = "loop"
-
-    def __init__(self, strategy: DeepSpeedStrategy, engine: Any, tokenizer: Any, train_samples: Sequence[Any],
-                 eval_samples: Sequence[Any] | None, collate: Collate, *, max_epochs: int, max_steps: int,
-                 logging_args: LoggingArgs, ckpt_args: CheckpointArgs, logger: MetricsLogger,
-                 aux_loss_coef: float = 0.0, packing: bool = False,
-                 run: RunInfo | None = None):
-        self.strategy = strategy
-        self.engine = engine
-        self.tokenizer = tokenizer
-        self.train_samples = train_samples
-        self.eval_samples = eval_samples
-        self.collate = collate
-        self.max_epochs = max_epochs
-        self.max_steps = max_steps
-        self.log_args = logging_args
-        self.ckpt_args = ckpt_args
-        self.logger = logger
-        self.aux_loss_coef = aux_loss_coef
-        self.packing = packing  # the collate packs: a token budget counts tokens, not rows x longest row
-        self.args = strategy.args
-        self.micro_scale = 1.0  # weight of the current micro-batch's loss in its optimizer step (set per micro)
-        self.state = LoopState()
-        self.run = run or RunInfo(self.kind)  # identity written into (and checked against) the checkpoints
-        self.history: list[dict[str, float]] = []  # per-step training metrics of the latest fit()
+class Trainer(Protocol):
+    """What a trainer supplies to `TrainingLoop`. The first six are required; the rest have defaults (a trainer that
+    subclasses this protocol inherits them)."""
 
     def steps_per_epoch(self) -> int:
-        return len(self.train_samples) // self.args.train_batch_size
+        """Steps of one pass over the data (global batches, or rollout batches of prompts)."""
+        ...
 
-    def total_steps(self) -> int:
-        return self.steps_per_epoch() * self.max_epochs
+    def next_work(self, state: LoopState) -> Any | None:
+        """What the next step trains on (e.g. `state.next_batch(...)`), advancing the data position; None: no
+        data left."""
+        ...
 
-    def train_batch(self, micro: Sequence[Sequence[int]], started: float,
-                    global_batch: Sequence[int]) -> dict[str, float]:
-        """One optimizer step over this rank's micro batches (sample indices, `step_micro_batches`) of
-        `global_batch`; returns the step's metrics."""
-        raise NotImplementedError
-
-    # -- micro-batches --------------------------------------------------------------------------------------
-    rows_per_sample = 1  # rows a sample becomes in a padded batch
-
-    def sample_size(self, sample: Any) -> tuple[int, int]:
-        """(tokens, longest row) of one training sample, for the token budget."""
-        n = len(sample["input_ids"])
-        return n, n
-
-    def step_micro_batches(self, global_batch: Sequence[int]) -> list[list[int]]:
-        """This rank's micro-batches (sample indices) of one optimizer step; [] is a zero-weight filler."""
-        rank, world = self.strategy.rank, self.strategy.world_size
-        if not self.args.use_dynamic_batch:
-            return micro_batches_for_rank(list(global_batch), self.args.micro_train_batch_size, rank, world)
-        lengths, widths = zip(*(self.sample_size(self.train_samples[i]) for i in global_batch))
-        plan = plan_micro_batches(lengths, self.args.max_tokens_per_gpu, world,
-                                  widths=None if self.packing else widths, rows_per_sample=self.rows_per_sample)
-        return [[global_batch[j] for j in micro] for micro in plan[rank]]
-
-    def micro_batches(self, micro: Sequence[Sequence[int]], global_batch: Sequence[int]
-                      ) -> Iterable[tuple[dict[str, torch.Tensor], bool]]:
-        """Collated micro-batches with whether each is real, marking the step's last one as the accumulation
-        boundary before its forward. A filler reruns the step's first sample (its loss is weighted by 0)."""
-        for k, indices in enumerate(micro):
-            mark_accumulation_boundary(self.engine, k == len(micro) - 1, self.args.use_dynamic_batch)
-            yield self.collate([self.train_samples[i] for i in (indices or global_batch[:1])]), bool(indices)
-
-    def sharded_batches(self, samples: Sequence[Any], limit: int | None = None
-                        ) -> Iterable[tuple[dict[str, torch.Tensor], bool]]:
-        """This rank's share of the first `limit` `samples` (all by default) in micro batches, yielded as
-        (batch, is_real). Every rank yields the same number of batches, because ZeRO-3 forward passes are
-        collective: a rank whose shard runs out (an eval set whose size is not a multiple of world size x micro
-        batch) pads with sample 0, marked is_real False, and the caller leaves that batch out of its metrics."""
-        n = len(samples) if limit is None or limit < 0 else min(limit, len(samples))
-        rank, world, m = self.strategy.rank, self.strategy.world_size, self.args.micro_train_batch_size
-        mine = list(range(rank, n, world))
-        num_batches = math.ceil(math.ceil(n / world) / m)
-        for b in range(num_batches):
-            chunk = mine[b * m:(b + 1) * m]
-            yield self.collate([samples[i] for i in (chunk or [0])]), bool(chunk)
-
-    def backward_and_step(self, loss: torch.Tensor) -> None:
-        """Backward a micro-batch loss already weighted for the whole step (no DeepSpeed 1/accumulation scaling),
-        times `micro_scale`; the engine steps the optimizer at the boundary."""
-        self.engine.backward(loss * self.micro_scale, scale_wrt_gas=False)
-        self.engine.step()
+    def step(self, work: Any, state: LoopState) -> dict[str, float]:
+        """Train one step on `work` (`state.global_step` steps are finished); returns the step's metrics."""
+        ...
 
     def progress_fields(self, metrics: dict[str, float]) -> dict[str, float]:
         """What the progress bar shows of a step's metrics."""
-        raise NotImplementedError
+        ...
 
-    def evaluate(self, step: int) -> Any:
-        raise NotImplementedError
+    def evaluate(self, step: int) -> dict[str, float] | None:
+        """Evaluate and log (prefix `eval`); returns the metrics (for --best_metric_key), None: nothing to
+        evaluate on."""
+        ...
 
-    # -- the loop -------------------------------------------------------------------------------------------
+    def checkpoint_targets(self) -> dict[str, Any]:
+        """What a checkpoint saves by name: DeepSpeed engines, or roles that save themselves (`save_checkpoint`)."""
+        ...
+
+    def start(self, state: LoopState) -> None:
+        """Called once before the first step, after any resume (RL: the first weight sync)."""
+        return None
+
+    def report_rows(self) -> list[dict[str, Any]]:
+        """A few samples of the latest step for the run report (RL: prompt, response, reward)."""
+        return []
+
+    def save_best(self, path: str) -> None:
+        """Export the model as it is now to `path` (--best_metric_key)."""
+        raise TypeError(f"{type(self).__name__} cannot export a best model (--best_metric_key)")
+
+    def extra_state(self) -> dict[str, Any]:
+        """The trainer's own resumable state, saved next to `LoopState` (RL: {"kl_coef": ...})."""
+        return {}
+
+    def load_extra_state(self, saved: dict[str, Any]) -> None:
+        """Restore what `extra_state` saved (`saved` is the whole state.json)."""
+        return None
+
+
+@dataclass
+class LoopSettings:
+    """How often the loop logs, evaluates and saves, and how long it runs."""
+
+    name: str  # the progress bar's label
+    max_epochs: int  # passes over the data (RL: --num_episodes)
+    max_steps: int  # step cap, -1: none (RL: --max_rl_steps)
+    logging: LoggingArgs
+    checkpoint: CheckpointArgs
+    best_metric_key: str | None = None  # "eval/<metric>": export the model whenever it beats every earlier eval
+    eval_at_end: bool = False  # with --eval_steps -1: also evaluate after a last step that ended no pass
+    pass_name: str = "epoch"  # what state.json calls a pass over the data ("episode" in RL checkpoints)
+
+
+def best_model_path(save_path: str) -> str:
+    """Where --best_metric_key exports the best model: <save_path>/best."""
+    return os.path.join(save_path, "best")
+
+
+class TrainingLoop:
+    """Runs a `Trainer` with the cadence of the module docstring. `state` is where training is; `history` the
+    per-step metrics of the latest `fit`."""
+
+    def __init__(self, trainer: Trainer, settings: LoopSettings, strategy: DeepSpeedStrategy,
+                 logger: MetricsLogger, run: RunInfo):
+        self.trainer = trainer
+        self.settings = settings
+        self.strategy = strategy
+        self.logger = logger
+        self.run = run  # the identity written into (and checked against) the checkpoints
+        self.state = LoopState()
+        self.history: list[dict[str, float]] = []
+        self._last_eval_step = -1
+
+    def total_steps(self) -> int:
+        """Steps this run trains: every pass, or fewer with a step cap."""
+        steps = self.trainer.steps_per_epoch() * self.settings.max_epochs
+        return steps if self.settings.max_steps < 0 else min(steps, self.settings.max_steps)
+
     def fit(self) -> list[dict[str, float]]:
-        """Train; returns the per-step metrics (rank 0 also logs them), also kept as `self.history`. On SIGTERM it
-        saves a checkpoint at the next step boundary and raises Preempted (the CLI exits 0)."""
-        with PreemptionWatch(self.strategy) as self._preemption:
-            return self._fit()
-
-    def _fit(self) -> list[dict[str, float]]:
-        if self.ckpt_args.load_checkpoint:
-            self.resume()
-        history: list[dict[str, float]] = []
-        self.history = history
-        total = self.total_steps() if self.max_steps < 0 else min(self.max_steps, self.total_steps())
-        nonfinite = NonFiniteGuard(self.args.max_nonfinite_steps, self.kind)
-        nonfinite.watch(self.engine)
-        bar = Progress(total, self.state.global_step, self.kind, self.strategy.is_rank0 and
-                       not self.log_args.disable_progress_bar)
-        while self.state.epoch < self.max_epochs and self.state.global_step < total:
-            batches = global_batches(len(self.train_samples), self.args.train_batch_size, self.args.seed,
-                                     self.state.epoch)
-            while self.state.batch_in_epoch < len(batches) and self.state.global_step < total:
+        """Train; returns the per-step metrics (rank 0 also logs them). On SIGTERM it saves a checkpoint at the next
+        step boundary and raises Preempted (the CLI exits 0)."""
+        with PreemptionWatch(self.strategy) as preemption:
+            if self.settings.checkpoint.load_checkpoint:
+                self.resume()
+            self.trainer.start(self.state)
+            self.history = []
+            total = self.total_steps()
+            bar = Progress(total, self.state.global_step, self.settings.name,
+                           self.strategy.is_rank0 and not self.settings.logging.disable_progress_bar)
+            while self.state.global_step < total:
                 pause_point("between", self.state.global_step)
-                started = time.perf_counter()
-                global_batch = batches[self.state.batch_in_epoch]
-                micro = pausing_after_first(self.step_micro_batches(global_batch), self.state.global_step + 1)
-                metrics = self.train_batch(micro, started, global_batch)
-                self.state.batch_in_epoch += 1
+                work = self.trainer.next_work(self.state)
+                if work is None:
+                    break
+                metrics = self.trainer.step(work, self.state)
                 self.state.global_step += 1
-                metrics["nonfinite_skipped"] = nonfinite.after_step(self.state.global_step, self.engine)
-                history.append(metrics)
-                step = self.state.global_step
-                if step % self.log_args.logging_steps == 0:
-                    self.logger.log(step, metrics)
-                bar.update(self.progress_fields(metrics))
-                if self.log_args.eval_steps > 0 and step % self.log_args.eval_steps == 0:
-                    self.evaluate(step)
-                saved = self.ckpt_args.save_steps > 0 and step % self.ckpt_args.save_steps == 0
-                if saved:
-                    self.save_checkpoint()
-                if self._preemption.requested():
-                    bar.close()
-                    self.stop_for_preemption(already_saved=saved)
-            if self.state.batch_in_epoch >= len(batches):
-                if self.log_args.eval_steps < 0:
-                    self.evaluate(self.state.global_step)
-                self.state.epoch += 1
-                self.state.batch_in_epoch = 0
-        bar.close()
-        return history
+                self.history.append(metrics)
+                self._after_step(metrics, total, bar, preemption)
+            if self.settings.eval_at_end and self._evaluates_per_pass() and \
+                    self._last_eval_step != self.state.global_step:
+                self.evaluate(self.state.global_step)  # a step cap ended the run inside a pass
+            bar.close()
+        return self.history
+
+    def _evaluates_per_pass(self) -> bool:
+        return self.settings.logging.eval_steps < 0
+
+    def _after_step(self, metrics: dict[str, float], total: int, bar: Progress, preemption: PreemptionWatch) -> None:
+        """Logging, evaluation, checkpoint and the preemption check after step `state.global_step`."""
+        log, step = self.settings.logging, self.state.global_step
+        if step % log.logging_steps == 0:
+            self.logger.log(step, metrics)
+        if step == 1 or step == total or step % max(total // REPORT_SAMPLE_STEPS, 1) == 0:
+            self.logger.log_samples(step, self.trainer.report_rows())
+        bar.update(self.trainer.progress_fields(metrics))
+        pass_done = self.state.batch_in_epoch >= self.trainer.steps_per_epoch()
+        if (log.eval_steps > 0 and step % log.eval_steps == 0) or (self._evaluates_per_pass() and pass_done):
+            self.evaluate(step)
+        c = self.settings.checkpoint
+        saved = c.save_steps > 0 and step % c.save_steps == 0
+        if saved:
+            self.save_checkpoint()
+        if preemption.requested():
+            bar.close()
+            if not saved:
+                self.save_checkpoint()
+            raise Preempted(preemption_message(step, c.ckpt_path))
+
+    # -- evaluation and the best model ----------------------------------------------------------------------
+    def evaluate(self, step: int) -> dict[str, float] | None:
+        metrics = self.trainer.evaluate(step)
+        if metrics is not None:
+            self._last_eval_step = step
+            self._keep_best(step, metrics)
+        return metrics
+
+    def _keep_best(self, step: int, metrics: dict[str, float]) -> None:
+        """--best_metric_key: export the model to <save_path>/best when the metric beats every earlier eval."""
+        key = self.settings.best_metric_key
+        if key is None:
+            return
+        name = key.removeprefix("eval/")
+        if name not in metrics:
+            raise UserError(f"--best_metric_key {key}: evaluation logs no such metric; it logs "
+                            f"{', '.join('eval/' + k for k in sorted(metrics))}")
+        value = metrics[name]
+        if self.state.best_metric is not None and value <= self.state.best_metric:
+            return
+        self.state.best_metric = value
+        path = best_model_path(self.settings.checkpoint.save_path)
+        self.trainer.save_best(path)
+        if self.strategy.is_rank0:
+            with open(os.path.join(path, "best_metric.json"), "w") as f:
+                json.dump({"metric": key, "value": value, "step": step}, f)
 
     # -- checkpoints ----------------------------------------------------------------------------------------
-    def stop_for_preemption(self, already_saved: bool) -> None:
-        if not already_saved:
-            self.save_checkpoint()
-        raise Preempted(preemption_message(self.state.global_step, self.ckpt_args.ckpt_path))
-
     def save_checkpoint(self) -> None:
-        c = self.ckpt_args
-        save_checkpoint(self.strategy, c.ckpt_path, self.state.global_step, {"model": self.engine}, vars(self.state),
-                        c.max_ckpt_num, max_gb=c.max_ckpt_mem, universal=c.use_ds_universal_ckpt, run=self.run)
+        """The trainer's checkpoint targets, `LoopState` and the trainer's extra state at `state.global_step`."""
+        c = self.settings.checkpoint
+        state = self.state.saved(self.settings.pass_name, self.trainer.extra_state())
+        save_checkpoint(self.strategy, c.ckpt_path, self.state.global_step, self.trainer.checkpoint_targets(),
+                        state, c.max_ckpt_num, max_gb=c.max_ckpt_mem, universal=c.use_ds_universal_ckpt,
+                        run=self.run)
 
     def resume(self) -> None:
-        found = resume(self.strategy, self.ckpt_args.ckpt_path, {"model": self.engine}, self.run)
+        """Load the newest complete checkpoint of --ckpt_path into the targets, the state and the trainer's extra
+        state; nothing there: start from scratch."""
+        ckpt_path = self.settings.checkpoint.ckpt_path
+        found = resume(self.strategy, ckpt_path, self.trainer.checkpoint_targets(), self.run)
         if found is None:
-            self.strategy.print(f"no checkpoint in {self.ckpt_args.ckpt_path}; starting from scratch")
+            self.strategy.print(f"no checkpoint in {ckpt_path}; starting from scratch")
             return
         path, saved = found
-        self.state = LoopState(epoch=saved["epoch"], batch_in_epoch=saved["batch_in_epoch"],
-                               global_step=saved["global_step"])
+        self.state.restore(saved, self.settings.pass_name)
+        self.trainer.load_extra_state(saved)
         self.strategy.print(f"resumed from {path} at step {self.state.global_step}")

@@ -151,7 +151,7 @@ def claim_ckpt_dir(ckpt_path: str, *, resume: bool, overwrite: bool, rank0: bool
     root = Path(ckpt_path)
     if not root.is_dir():
         return []
-    notes = []
+    notes: list[str] = []
     if rank0:
         shutil.rmtree(root / INCOMPLETE, ignore_errors=True)
     existing = step_dirs(root)

@@ -1,6 +1,11 @@
 """Run assembly, written once for every trainer: strategy, tokenizer, datasets, model (with LoRA), logger, run
-directory. `assemble_offline` builds an SFT / reward-model / DPO / KTO run; `load_rl_inputs` gives both RL runners
-(`rl_run.py`, `ray_run.py`) their tokenizer, prompts, reward source and step count."""
+directory. `assemble_offline` builds an SFT / reward-model / DPO / KTO run; `prepare_rl_run` and `load_rl_inputs`
+give both RL runners (`rl/local_run.py`, `rl/ray_run.py`) their checks, tokenizer, prompts, reward source and step
+count.
+
+The configs are typed: `OfflineConfig` is one of the four offline trainers' configs, `RunConfig` any trainer's; what
+only an RL run has (a critic's output twin, value-head checks) is in the RL functions, not a branch on the config.
+"""
 
 from __future__ import annotations
 
@@ -12,12 +17,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import torch
 
+from rlhfkit.config.base import required
 from rlhfkit.config.common import LoggingArgs, ModelArgs, StrategyArgs
+from rlhfkit.config.preference import DPOConfig, KTOConfig, RMConfig
 from rlhfkit.config.rl import PPOConfig, is_http, remote_reward_urls, samples_per_rollout
+from rlhfkit.config.sft import SFTConfig
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
 from rlhfkit.errors import UserError
 from rlhfkit.logging.metrics import MetricsLogger
@@ -31,6 +39,10 @@ from rlhfkit.models.loading import (
 from rlhfkit.models.lora import apply_lora
 from rlhfkit.run.checkpoint import latest_checkpoint
 from rlhfkit.run.runs import RunInfo, check_compatible, claim_ckpt_dir
+
+OfflineConfig = SFTConfig | RMConfig | DPOConfig | KTOConfig
+RunConfig = OfflineConfig | PPOConfig
+C = TypeVar("C", bound=OfflineConfig)  # one kind of offline config, the same all through a call
 
 
 def make_strategy(model_args: ModelArgs, strategy_args: StrategyArgs) -> DeepSpeedStrategy:
@@ -47,12 +59,13 @@ def load_trainable_lm(model_args: ModelArgs, path: str | None = None, flag: str 
     attn = resolve_attn_implementation(model_args.attn_implementation, model_args.flash_attn)
     quantization = quantization_config(model_args.load_in_4bit, model_args.lora_rank, model_args.bf16)
     model = load_causal_lm(path, attn_implementation=attn, dtype=torch.float32, flag=flag, quantization=quantization)
-    if model_args.lora_rank > 0:
-        model = apply_lora(model, model_args.lora_rank, model_args.lora_alpha, model_args.lora_dropout,
-                           model_args.target_modules)
-        if model_args.gradient_checkpointing:
-            model.enable_input_require_grads()
-    return model
+    if model_args.lora_rank <= 0:
+        return model
+    adapted = apply_lora(model, model_args.lora_rank, model_args.lora_alpha, model_args.lora_dropout,
+                         model_args.target_modules)
+    if model_args.gradient_checkpointing:
+        adapted.enable_input_require_grads()
+    return adapted
 
 
 # -- fail before the work -----------------------------------------------------------------------------------
@@ -72,40 +85,27 @@ def check_writable(path: str, flag: str) -> None:
         raise UserError(f"{flag} {path}: cannot write in {probe} ({e.strerror}); choose a writable {flag}") from None
 
 
-def output_dirs(cfg: Any) -> list[tuple[str, str]]:
-    """(directory, flag) of everything a run writes: model, checkpoints, metrics, TensorBoard."""
+def output_dirs(cfg: RunConfig) -> list[tuple[str, str]]:
+    """(directory, flag) of everything every run writes: model, checkpoints, metrics, TensorBoard."""
     c, log = cfg.checkpoint, cfg.logging
     dirs = [(c.save_path, "--save_path"), (c.ckpt_path, "--ckpt_path")]
     if log.metrics_path:
         dirs.append((os.path.dirname(os.path.abspath(log.metrics_path)), "--metrics_path"))
     if log.use_tensorboard:
         dirs.append((log.use_tensorboard, "--use_tensorboard"))
-    save = getattr(cfg, "save", None)
-    if getattr(save, "save_value_network", False):
-        dirs.append((c.save_path.rstrip("/") + "_critic", "--save_path (its _critic twin)"))
     return dirs
 
 
-def _check_value_heads(cfg: Any) -> None:
-    """RL runs: a --reward_pretrain / --critic_pretrain without a trained value head, before any model loads."""
-    from rlhfkit.config.rl import CRITIC_HEAD_HINT, critic_needs_head
-    from rlhfkit.models.value_model import check_value_head
-
-    m = cfg.rl_model
-    if m.reward_pretrain:
-        check_value_head(m.reward_pretrain, m.value_head_prefix, "--reward_pretrain")
-    if m.critic_pretrain and critic_needs_head(cfg):
-        check_value_head(m.critic_pretrain, m.value_head_prefix, "--critic_pretrain", CRITIC_HEAD_HINT)
-
-
-def prepare_run(cfg: Any, kind: str) -> RunInfo:
+def prepare_run(cfg: RunConfig, kind: str, *, extra_outputs: Sequence[tuple[str, str]] = (),
+                model_checks: Callable[[], None] | None = None) -> RunInfo:
     """What every trainer checks before it loads a model (its flags were validated when parsed): every output directory
-    writable, RL reward/critic models really carrying a value head, and the checkpoint directory this run's own
-    (`rlhfkit.run.runs.claim_ckpt_dir`). Returns the run's identity for its checkpoints."""
-    for path, flag in output_dirs(cfg):
+    (`output_dirs` and `extra_outputs`) writable, then `model_checks` (e.g. RL reward/critic models really carrying a
+    value head), and the checkpoint directory this run's own (`rlhfkit.run.runs.claim_ckpt_dir`). Returns the run's
+    identity for its checkpoints."""
+    for path, flag in [*output_dirs(cfg), *extra_outputs]:
         check_writable(path, flag)
-    if hasattr(cfg, "rl_model"):
-        _check_value_heads(cfg)
+    if model_checks is not None:
+        model_checks()
     c = cfg.checkpoint
     rank0 = os.environ.get("RANK", "0") == "0"
     for note in claim_ckpt_dir(c.ckpt_path, resume=c.load_checkpoint, overwrite=c.overwrite_ckpt, rank0=rank0):
@@ -124,7 +124,7 @@ def run_name(kind: str) -> str:
 
 
 def make_logger(strategy: DeepSpeedStrategy, logging_args: LoggingArgs, save_path: str, kind: str,
-                config: Any) -> MetricsLogger:
+                config: RunConfig) -> MetricsLogger:
     """Metrics sinks on rank 0; the config is saved next to the metrics for reproducibility."""
     as_dict = dataclasses.asdict(config)
     if strategy.is_rank0:
@@ -148,6 +148,12 @@ def check_enough_samples(train: Sequence[Any], train_batch_size: int) -> None:
                         f"({train_batch_size})")
 
 
+class Fits(Protocol):
+    """A trainer as `OfflineRun.fit_and_save` runs it."""
+
+    def fit(self) -> list[dict[str, float]]: ...
+
+
 @dataclass
 class OfflineRun:
     """What an offline trainer's run is made of: the strategy (in its process group), tokenizer, datasets, the
@@ -163,7 +169,7 @@ class OfflineRun:
     run: RunInfo  # the identity the trainer's checkpoints carry
     attn: str  # the attention implementation the flags resolve to (for more models, e.g. a reference)
 
-    def fit_and_save(self, trainer: Any, save_path: str, kind: str,
+    def fit_and_save(self, trainer: Fits, save_path: str, kind: str,
                      before_save: Callable[[], None] | None = None) -> None:
         """Train, run `before_save` (e.g. reward statistics into the model config), save the model as a Hugging
         Face directory, close the logger whatever happens."""
@@ -177,8 +183,8 @@ class OfflineRun:
         self.strategy.print(f"{kind}: model saved to {save_path}; metrics in {self.logger.path}")
 
 
-def assemble_offline(cfg: Any, kind: str, load_datasets: Callable[[Any, Any], tuple[Any, Any]], *,
-                     load_model: Callable[[Any], Any] | None = None,
+def assemble_offline(cfg: C, kind: str, load_datasets: Callable[[C, Any], tuple[Any, Any]], *,
+                     load_model: Callable[[C], Any] | None = None,
                      model_paths: Sequence[tuple[str | None, str]] = ()) -> OfflineRun:
     """Assemble an offline run. Everything that can fail on the user's input fails before the process group
     starts: the batch arithmetic (`make_strategy`), the outputs and the checkpoint directory (`prepare_run`), the
@@ -207,14 +213,34 @@ def assemble_offline(cfg: Any, kind: str, load_datasets: Callable[[Any, Any], tu
 
 
 # -- the RL runs (train_ppo, train_ppo_ray) ------------------------------------------------------------------
+def check_value_heads(cfg: PPOConfig) -> None:
+    """A --reward_pretrain / --critic_pretrain without a trained value head, before any model loads."""
+    from rlhfkit.config.rl import CRITIC_HEAD_HINT, critic_needs_head
+    from rlhfkit.models.value_model import check_value_head
+
+    m = cfg.rl_model
+    if m.reward_pretrain:
+        check_value_head(m.reward_pretrain, m.value_head_prefix, "--reward_pretrain")
+    if m.critic_pretrain and critic_needs_head(cfg):
+        check_value_head(m.critic_pretrain, m.value_head_prefix, "--critic_pretrain", CRITIC_HEAD_HINT)
+
+
+def prepare_rl_run(cfg: PPOConfig, kind: str) -> RunInfo:
+    """`prepare_run` of an RL run: also the critic's --save_path twin (--save_value_network) writable and the
+    reward / critic models carrying value heads."""
+    twin = [(cfg.checkpoint.save_path.rstrip("/") + "_critic", "--save_path (its _critic twin)")]
+    return prepare_run(cfg, kind, extra_outputs=twin if cfg.save.save_value_network else (),
+                       model_checks=lambda: check_value_heads(cfg))
+
+
 def load_prompts(cfg: PPOConfig, tokenizer: Any) -> tuple[Any, Any | None]:
     """(training prompts, evaluation prompts or None) as PromptDatasets."""
     from rlhfkit.data.prompt_dataset import PromptDataset
     from rlhfkit.data.readers import load_mixture
 
     d = cfg.data
-    records = load_mixture(d.prompt_data, d.prompt_data_probs, d.prompt_split, d.max_samples, cfg.strategy.seed,
-                           arg_name="--prompt_data")
+    records = load_mixture(required(d.prompt_data, "prompt_data"), d.prompt_data_probs, d.prompt_split,
+                           d.max_samples, cfg.strategy.seed, arg_name="--prompt_data")
     prompts = PromptDataset.from_args(records, tokenizer, d)
     eval_prompts = None
     if d.eval_dataset:

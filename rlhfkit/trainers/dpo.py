@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from rlhfkit.algorithms.preference_losses import dpo_loss, nll_loss
-from rlhfkit.run.loop import to_device
+from rlhfkit.config.preference import DPOConfig
+from rlhfkit.trainers.offline import to_device
 from rlhfkit.trainers.preference import (
     FrozenReference,
     PreferenceTrainer,
@@ -74,7 +75,7 @@ class DPOTrainer(PreferenceTrainer):
         return loss, sums
 
 
-def run_dpo(cfg: Any) -> DPOTrainer:
+def run_dpo(cfg: DPOConfig) -> DPOTrainer:
     """Assemble and run DPO/IPO/cDPO from a `DPOConfig`; saves the policy as a Hugging Face model."""
     from functools import partial
 

@@ -19,7 +19,9 @@ from typing import Any
 import torch
 
 from rlhfkit.algorithms.preference_losses import kto_kl_reference_point, kto_loss
-from rlhfkit.run.loop import to_device
+from rlhfkit.config.base import required
+from rlhfkit.config.preference import KTOConfig
+from rlhfkit.trainers.offline import to_device
 from rlhfkit.trainers.preference import (
     FrozenReference,
     PreferenceTrainer,
@@ -27,6 +29,7 @@ from rlhfkit.trainers.preference import (
     load_frozen_model,
     prepare_policy_and_reference,
     sequence_logps,
+    tokenizer_source,
 )
 
 
@@ -69,7 +72,7 @@ class KTOTrainer(PreferenceTrainer):
         return loss, sums
 
 
-def load_unpaired_datasets(cfg: Any, tokenizer: Any) -> tuple[Any, Any]:
+def load_unpaired_datasets(cfg: KTOConfig, tokenizer: Any) -> tuple[Any, Any]:
     """Tokenised (train, eval or None) UnpairedDatasets from --dataset / --eval_dataset and the KTO keys."""
     from rlhfkit.data.preference_dataset import UnpairedDataset
     from rlhfkit.data.readers import load_mixture
@@ -83,12 +86,12 @@ def load_unpaired_datasets(cfg: Any, tokenizer: Any) -> tuple[Any, Any]:
                                input_template=d.input_template, apply_chat_template=d.apply_chat_template,
                                tokenizer_chat_template=d.tokenizer_chat_template)
 
-    train = build(d.dataset, d.dataset_probs, d.dataset_split, d.max_samples, "--dataset")
+    train = build(required(d.dataset, "dataset"), d.dataset_probs, d.dataset_split, d.max_samples, "--dataset")
     evalset = build(d.eval_dataset, None, d.eval_split, None, "--eval_dataset") if d.eval_dataset else None
     return train, evalset
 
 
-def run_kto(cfg: Any) -> KTOTrainer:
+def run_kto(cfg: KTOConfig) -> KTOTrainer:
     """Assemble and run KTO from a `KTOConfig`; saves the policy as a Hugging Face model."""
     from functools import partial
 
@@ -127,7 +130,7 @@ def labelled_logp_gap(model_or_path: Any, records: Sequence[Any], tokenizer: Any
     if tokenizer is None:
         from rlhfkit.models.loading import load_tokenizer
 
-        tokenizer = load_tokenizer(model_or_path if isinstance(model_or_path, str) else model.name_or_path)
+        tokenizer = load_tokenizer(tokenizer_source(model_or_path, model))
     data = UnpairedDataset(records, tokenizer, max_len, input_key=input_key, output_key=output_key,
                            label_key=label_key, input_template=input_template, apply_chat_template=apply_chat_template)
     device = next(model.parameters()).device

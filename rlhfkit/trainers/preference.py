@@ -1,7 +1,7 @@
 """What the preference trainers (reward model, DPO, KTO) share: the loop with named, weighted metrics, sequence
 log-probs of a batch, the frozen reference model, and the assembly of a policy with its reference.
 
-`PreferenceTrainer` is the shared loop (`loop.TrainerLoop`) where a micro step returns named metrics as
+`PreferenceTrainer` is the shared loop (`offline.OfflineTrainer`) where a micro step returns named metrics as
 (sum, weight) pairs, reduced over micro batches and ranks into weighted means. So accuracies, per-label means and
 losses are all exact over the whole optimizer step, whatever the micro-batch split.
 """
@@ -12,12 +12,14 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
 from rlhfkit.algorithms.sft_loss import shifted_target_mask, token_logprobs
+from rlhfkit.config.base import required
+from rlhfkit.config.preference import DPOConfig, KTOConfig, RMConfig
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
 from rlhfkit.models.policy import (
     attn_implementation_of,
@@ -30,9 +32,10 @@ from rlhfkit.models.policy import (
     model_inputs,
 )
 from rlhfkit.models.shared_prefix import after_prefix, share_prefixes, shared_prefix_logits
-from rlhfkit.run.loop import TrainerLoop
 from rlhfkit.run.setup import OfflineRun
+from rlhfkit.trainers.offline import OfflineTrainer
 
+PolicyConfig = TypeVar("PolicyConfig", bound=DPOConfig | KTOConfig)  # a run trained against a frozen reference
 Sums = dict[str, tuple[float, float]]  # metric name -> (sum, weight); the reported value is sum / weight
 
 
@@ -43,7 +46,7 @@ def add_sums(total: dict[str, list[float]], part: Sums) -> None:
         acc[1] += float(weight)
 
 
-class PreferenceTrainer(TrainerLoop):
+class PreferenceTrainer(OfflineTrainer):
     """The shared loop with named, weighted metrics. Subclasses define `loss(batch) -> (loss, Sums)` of one micro
     batch, or override `train_step` (forward, backward, step) and `eval_step` (forward only), both returning
     `Sums`."""
@@ -213,6 +216,13 @@ def load_frozen_model(model_or_path: Any, value_head_prefix: str = "score") -> n
     return model.eval()
 
 
+def tokenizer_source(model_or_path: Any, model: nn.Module) -> str:
+    """Where the tokenizer of `load_frozen_model(model_or_path)` is: the path given, else the model's own."""
+    if isinstance(model_or_path, (str, os.PathLike)):
+        return os.fspath(model_or_path)
+    return str(model.name_or_path)  # a Transformers model's (nn.Module types the attribute as Tensor | Module)
+
+
 class FrozenReference:
     """The frozen reference policy: log-probs without gradients, optionally parked on the CPU between uses."""
 
@@ -251,7 +261,7 @@ def zero3_offloaded_eval(strategy: DeepSpeedStrategy, model: nn.Module) -> nn.Mo
     return engine
 
 
-def load_reference(cfg: Any, strategy: DeepSpeedStrategy, attn: str) -> FrozenReference:
+def load_reference(cfg: DPOConfig | KTOConfig, strategy: DeepSpeedStrategy, attn: str) -> FrozenReference:
     """The reference model of DPO/KTO: --ref_pretrain, else --pretrain."""
     from rlhfkit.models.loading import check_model_path, load_causal_lm
 
@@ -261,7 +271,8 @@ def load_reference(cfg: Any, strategy: DeepSpeedStrategy, attn: str) -> FrozenRe
     return FrozenReference(strategy, model, cfg.reference.ref_offload, cfg.train.compute_fp32_loss)
 
 
-def prepare_policy_and_reference(cfg: Any, kind: str, load_datasets: Callable[[Any, Any], tuple[Any, Any]]
+def prepare_policy_and_reference(cfg: PolicyConfig, kind: str,
+                                 load_datasets: Callable[[PolicyConfig, Any], tuple[Any, Any]]
                                  ) -> tuple[OfflineRun, FrozenReference]:
     """DPO and KTO: the run (`setup.assemble_offline`, --ref_pretrain checked with the other inputs before any
     process group starts) and its frozen reference."""
@@ -275,7 +286,7 @@ def prepare_policy_and_reference(cfg: Any, kind: str, load_datasets: Callable[[A
         raise
 
 
-def load_pair_datasets(cfg: Any, tokenizer: Any, need_margin: bool = False) -> tuple[Any, Any]:
+def load_pair_datasets(cfg: RMConfig | DPOConfig, tokenizer: Any, need_margin: bool = False) -> tuple[Any, Any]:
     """Tokenised (train, eval or None) PreferenceDatasets from the data and pair sections of `cfg`."""
     from rlhfkit.data.preference_dataset import PreferenceDataset
     from rlhfkit.data.readers import load_mixture
@@ -289,6 +300,6 @@ def load_pair_datasets(cfg: Any, tokenizer: Any, need_margin: bool = False) -> t
                                  input_template=d.input_template, apply_chat_template=d.apply_chat_template,
                                  tokenizer_chat_template=d.tokenizer_chat_template)
 
-    train = build(d.dataset, d.dataset_probs, d.dataset_split, d.max_samples, "--dataset")
+    train = build(required(d.dataset, "dataset"), d.dataset_probs, d.dataset_split, d.max_samples, "--dataset")
     evalset = build(d.eval_dataset, None, d.eval_split, None, "--eval_dataset") if d.eval_dataset else None
     return train, evalset

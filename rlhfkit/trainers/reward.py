@@ -18,8 +18,9 @@ from typing import Any
 import torch
 
 from rlhfkit.algorithms.preference_losses import pairwise_rm_loss
+from rlhfkit.config.preference import RMConfig
 from rlhfkit.models.value_model import sequence_rewards
-from rlhfkit.run.loop import to_device
+from rlhfkit.trainers.offline import to_device
 from rlhfkit.trainers.preference import (
     PreferenceTrainer,
     Sums,
@@ -27,6 +28,7 @@ from rlhfkit.trainers.preference import (
     load_pair_datasets,
     pair_sums,
     sequence_logps,
+    tokenizer_source,
 )
 
 
@@ -44,19 +46,15 @@ class RewardModelTrainer(PreferenceTrainer):
         pairs = batch["margin"].numel()
         return rewards[:pairs], rewards[pairs:]
 
-    def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def pair_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The pairwise loss of one batch, with the chosen and rejected rewards it compared."""
         chosen, rejected = self.pair_rewards(batch)
         margin = batch["margin"] if self.use_margin else None
         return pairwise_rm_loss(chosen, rejected, margin, kind=self.loss_kind), chosen, rejected
 
-    def train_step(self, batch: dict[str, torch.Tensor]) -> Sums:
-        loss, chosen, rejected = self.loss(to_device(batch, self.strategy.device))
-        self.backward_and_step(loss)
-        return pair_sums(loss.detach(), chosen.detach(), rejected.detach())
-
-    def eval_step(self, batch: dict[str, torch.Tensor]) -> Sums:
-        loss, chosen, rejected = self.loss(to_device(batch, self.strategy.device))
-        return pair_sums(loss, chosen, rejected)
+    def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Sums]:
+        loss, chosen, rejected = self.pair_loss(to_device(batch, self.strategy.device))
+        return loss, pair_sums(loss.detach(), chosen.detach(), rejected.detach())
 
     @torch.no_grad()
     def reward_statistics(self, limit: int = -1) -> tuple[float, float]:
@@ -76,7 +74,7 @@ class RewardModelTrainer(PreferenceTrainer):
         return mean, math.sqrt(max(var, 0.0) * count / max(count - 1.0, 1.0))
 
 
-def run_rm(cfg: Any) -> RewardModelTrainer:
+def run_rm(cfg: RMConfig) -> RewardModelTrainer:
     """Assemble (`setup.assemble_offline`) and run reward-model training from an `RMConfig`; saves a model
     `load_value_model` reads back, with the reward statistics in its config."""
     from functools import partial
@@ -100,7 +98,8 @@ def run_rm(cfg: Any) -> RewardModelTrainer:
 
     def reward_statistics_into_config() -> None:
         stats.extend(trainer.reward_statistics(t.reward_stats_samples))
-        config = strategy.unwrap(run.engine).config
+        model: Any = strategy.unwrap(run.engine)  # the Transformers reward model (nn.Module types .config badly)
+        config = model.config
         config.reward_mean, config.reward_std = stats
         config.normalize_reward = t.normalize_reward
         run.logger.log(trainer.state.global_step, {"reward_mean": stats[0], "reward_std": stats[1]}, prefix="stats")
@@ -110,7 +109,7 @@ def run_rm(cfg: Any) -> RewardModelTrainer:
     return trainer
 
 
-def load_reward_model(cfg: Any) -> Any:
+def load_reward_model(cfg: RMConfig) -> Any:
     """The model train_rm trains: --pretrain with a value head (new if it has none), LoRA adapters on the backbone
     with --lora_rank (the head trained in full; saved merged)."""
     from rlhfkit.models.loading import check_model_path, resolve_attn_implementation
@@ -121,12 +120,13 @@ def load_reward_model(cfg: Any) -> Any:
     model = load_value_model(check_model_path(m.pretrain), value_head_prefix=cfg.train.value_head_prefix,
                              attn_implementation=resolve_attn_implementation(m.attn_implementation, m.flash_attn),
                              flag="--pretrain", require_head=False)
-    if m.lora_rank > 0:
-        model = apply_lora(model, m.lora_rank, m.lora_alpha, m.lora_dropout, m.target_modules,
-                           head=cfg.train.value_head_prefix)
-        if m.gradient_checkpointing:
-            model.enable_input_require_grads()
-    return model
+    if m.lora_rank <= 0:
+        return model
+    adapted = apply_lora(model, m.lora_rank, m.lora_alpha, m.lora_dropout, m.target_modules,
+                         head=cfg.train.value_head_prefix)
+    if m.gradient_checkpointing:
+        adapted.enable_input_require_grads()
+    return adapted
 
 
 def preference_accuracy(model_or_path: Any, records: Sequence[Any], tokenizer: Any = None, *,
@@ -148,8 +148,7 @@ def preference_accuracy(model_or_path: Any, records: Sequence[Any], tokenizer: A
     if tokenizer is None:
         from rlhfkit.models.loading import load_tokenizer
 
-        tokenizer = load_tokenizer(str(model_or_path) if isinstance(model_or_path, (str, bytes)) or
-                                   hasattr(model_or_path, "__fspath__") else model.name_or_path)
+        tokenizer = load_tokenizer(tokenizer_source(model_or_path, model))
     pairs = PreferenceDataset(records, tokenizer, max_len, prompt_key=prompt_key, chosen_key=chosen_key,
                               rejected_key=rejected_key, input_template=input_template,
                               apply_chat_template=apply_chat_template)

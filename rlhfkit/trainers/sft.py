@@ -15,10 +15,12 @@ from typing import Any
 import torch
 
 from rlhfkit.algorithms.sft_loss import sft_loss
+from rlhfkit.config.base import required
+from rlhfkit.config.sft import SFTConfig
 from rlhfkit.data.tokens import as_long
 from rlhfkit.models.moe import router_aux_loss
 from rlhfkit.models.policy import dense_rows, first_target_position, forward_logits, from_position
-from rlhfkit.run.loop import Collate, TrainerLoop, to_device
+from rlhfkit.trainers.offline import Collate, OfflineTrainer, to_device
 
 
 def non_pad_tokens(batch: dict[str, torch.Tensor]) -> int:
@@ -30,7 +32,7 @@ def non_pad_tokens(batch: dict[str, torch.Tensor]) -> int:
     return int(batch["input_ids"].numel())
 
 
-class SFTTrainer(TrainerLoop):
+class SFTTrainer(OfflineTrainer):
     kind = "sft"
 
     # -- one micro-batch ------------------------------------------------------------------------------------
@@ -108,7 +110,7 @@ class SFTTrainer(TrainerLoop):
         return {"loss": metrics["loss"], "lr": metrics["lr"], "tok/s": int(metrics["tokens_per_s"])}
 
     @torch.no_grad()
-    def evaluate(self, step: int) -> float | None:
+    def evaluate(self, step: int) -> dict[str, float] | None:
         """Token-level mean loss on the eval set, sharded over ranks (`sharded_batches`: the same number of forwards
         on every rank, padding batches left out of the sums), so it equals the one-rank value."""
         if not self.eval_samples:
@@ -126,11 +128,12 @@ class SFTTrainer(TrainerLoop):
         self.engine.train()
         sums = self.strategy.all_reduce(torch.tensor([total_loss.item(), total_tokens], dtype=torch.float64), "sum")
         eval_loss = float(sums[0]) / max(float(sums[1]), 1.0)
-        self.logger.log(step, {"loss": eval_loss, "ppl": math.exp(min(eval_loss, 50))}, prefix="eval")
-        return eval_loss
+        metrics = {"loss": eval_loss, "ppl": math.exp(min(eval_loss, 50))}
+        self.logger.log(step, metrics, prefix="eval")
+        return metrics
 
 
-def load_sft_datasets(cfg: Any, tokenizer: Any) -> tuple[Any, Any]:
+def load_sft_datasets(cfg: SFTConfig, tokenizer: Any) -> tuple[Any, Any]:
     """Tokenised (train, eval or None) SFTDatasets from --dataset / --eval_dataset."""
     from rlhfkit.data.readers import load_mixture
     from rlhfkit.data.sft_dataset import SFTDataset
@@ -141,12 +144,12 @@ def load_sft_datasets(cfg: Any, tokenizer: Any) -> tuple[Any, Any]:
         records = load_mixture(spec, probs, split, max_samples, cfg.strategy.seed, arg_name=flag)
         return SFTDataset.from_args(records, tokenizer, d)
 
-    train = tokenised(d.dataset, d.dataset_probs, d.dataset_split, d.max_samples, "--dataset")
+    train = tokenised(required(d.dataset, "dataset"), d.dataset_probs, d.dataset_split, d.max_samples, "--dataset")
     evalset = tokenised(d.eval_dataset, None, d.eval_split, 10**9, "--eval_dataset") if d.eval_dataset else None
     return train, evalset
 
 
-def run_sft(cfg: Any) -> SFTTrainer:
+def run_sft(cfg: SFTConfig) -> SFTTrainer:
     """Assemble (`setup.assemble_offline`) and run SFT from an `SFTConfig`; saves the model."""
     from rlhfkit.data.collate import make_collate
     from rlhfkit.models.moe import check_aux_loss_coef

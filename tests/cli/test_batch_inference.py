@@ -206,7 +206,8 @@ def test_normalized_rewards_and_csft_condition_in_generated_prompts(setup, sampl
 def test_http_reward_server_scores_like_the_reward_model(setup, samples):
     """--remote_rm_url http://...: the reward model behind a real serve_rm server on 127.0.0.1 gives the same
     best-of-N as the independent scores."""
-    from rlhfkit.rewards.server import RewardServer, load_scorer
+    from rlhfkit.rewards.scorer import load_scorer
+    from rlhfkit.rewards.server import RewardServer
 
     root, _, _ = setup
     out = root / "best_http.jsonl"

@@ -1,60 +1,178 @@
-"""The shared trainer loop (`rlhfkit/run/loop.py`) under a diverging run: non-finite updates are skipped and
-counted in the metrics, and too many in a row stop the run cleanly with its checkpoints intact."""
+"""The loop skeleton (`rlhfkit/run/loop.py`) with a scripted trainer, no model: the cadence an offline and an RL
+trainer get from it (logging, samples, evaluation per pass or every N steps, a step cap, the best metric), and its
+one save/resume pair (state.json as the trainers wrote it before, the trainer's extra state, the same data order)."""
 
 from __future__ import annotations
 
-import torch
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from rlhfkit.config.common import CheckpointArgs, LoggingArgs
+from rlhfkit.errors import UserError
+from rlhfkit.run.loop import LoopSettings, LoopState, Trainer, TrainingLoop
+from rlhfkit.run.runs import RunInfo
+
+NUM_ITEMS, BATCH = 12, 4  # three batches a pass
 
 
-def test_nonfinite_sft_run_skips_counts_and_stops_with_its_checkpoints_intact(demo_assets, tmp_path):
-    """A learning rate of 1e30 makes the weights overflow after the first update, so every later loss is NaN:
-    train_sft skips those updates (counted as nonfinite_skipped), stops after --max_nonfinite_steps in a row with
-    one line and exit code 2, and the checkpoints it wrote stay loadable with finite weights."""
-    import json
+class Recorder:
+    """A MetricsLogger stand-in: what was logged, in order."""
 
-    from tests.helpers import run_module
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, int, dict[str, Any]]] = []
 
-    save, ckpt = tmp_path / "save", tmp_path / "ckpt"
-    proc = run_module(["rlhfkit.cli.train_sft", "--pretrain", str(demo_assets.model_dir), "--dataset",
-                       str(demo_assets.sft_train), "--input_key", "question", "--output_key", "response",
-                       "--input_template", "User: {}\nAssistant: ", "--max_len", "48", "--max_samples", "64",
-                       "--train_batch_size", "4", "--micro_train_batch_size", "2", "--learning_rate", "1e30",
-                       "--lr_scheduler", "constant", "--max_nonfinite_steps", "2", "--save_steps", "1",
-                       "--save_path", str(save), "--ckpt_path", str(ckpt), "--disable_progress_bar"])
-    err = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr and len([line for line in err if "error" in line]) == 1, proc.stderr
-    assert "2 optimizer steps in a row had a non-finite loss or gradient" in err[-1], err[-1]
-    rows = [json.loads(line) for line in (save / "metrics.jsonl").read_text().splitlines()]
-    # step 1 trained (weights now overflow), step 2 skipped, step 3 skipped too: the run stops before logging it
-    assert [r["train/nonfinite_skipped"] for r in rows] == [0, 1], rows
-    assert (ckpt / "latest").read_text().strip() == "global_step2"
-    # the skipped step-2 update left the checkpointed weights exactly as step 1 wrote them
-    step1, step2 = (torch.load(ckpt / f"global_step{i}" / "model" / "mp_rank_00_model_states.pt",
-                               map_location="cpu", weights_only=False)["module"] for i in (1, 2))
-    assert step1.keys() == step2.keys() and all(torch.equal(step1[k], step2[k]) for k in step1)
+    def log(self, step: int, metrics: dict[str, Any], prefix: str = "train") -> None:
+        self.lines.append((prefix, step, dict(metrics)))
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        if rows:
+            self.lines.append(("samples", step, {"rows": len(rows)}))
+
+    def steps(self, prefix: str) -> list[int]:
+        return [step for kind, step, _ in self.lines if kind == prefix]
 
 
-def test_eval_shards_run_the_same_number_of_forwards_on_every_rank():
-    """Evaluation over ranks (SFT, RM, DPO, KTO): 5 samples, micro batches of 2, 2 ranks. Rank 0 holds samples 0, 2,
-    4 (two batches), rank 1 holds 1, 3 (one batch) and pads with a batch marked not real, since a ZeRO-3 forward is
-    a collective; the real batches cover every sample exactly once."""
-    from types import SimpleNamespace
+class Scripted(Trainer):
+    """One step = one global batch of item indices; eval returns a score that rises then falls; a KL-like
+    coefficient stands for the trainer's own resumable state."""
 
-    from rlhfkit.run.loop import TrainerLoop
+    def __init__(self, logger: Recorder, scores: list[float] | None = None):
+        self.logger = logger
+        self.batches: list[list[int]] = []
+        self.kl_coef = 0.5
+        self.scores = list(scores or [])
+        self.best_exports: list[str] = []
+        self.model = Target()
 
-    def shards(rank: int, n: int = 5, world: int = 2, limit: int | None = None) -> list[tuple[list[int], bool]]:
-        loop = TrainerLoop.__new__(TrainerLoop)
-        loop.strategy = SimpleNamespace(rank=rank, world_size=world)
-        loop.args = SimpleNamespace(micro_train_batch_size=2)
-        loop.collate = list
-        return list(loop.sharded_batches(list(range(n)), limit))
+    def steps_per_epoch(self) -> int:
+        return NUM_ITEMS // BATCH
 
-    assert shards(0) == [([0, 2], True), ([4], True)]
-    assert shards(1) == [([1, 3], True), ([0], False)]
-    for n, world in ((1, 2), (7, 3), (8, 2), (3, 4)):
-        per_rank = [shards(r, n, world) for r in range(world)]
-        assert len({len(s) for s in per_rank}) == 1, (n, world)
-        real = sorted(i for s in per_rank for batch, is_real in s if is_real for i in batch)
-        assert real == list(range(n)), (n, world)
-    assert [b for r in range(2) for b, real in shards(r, limit=3) if real] == [[0, 2], [1]]
+    def next_work(self, state: LoopState) -> list[int] | None:
+        return state.next_batch(NUM_ITEMS, BATCH, seed=7, max_epochs=2)
+
+    def step(self, work: list[int], state: LoopState) -> dict[str, float]:
+        self.batches.append(list(work))
+        self.kl_coef *= 0.9
+        self.model.weight += 1
+        return {"loss": float(state.global_step), "epoch": state.epoch}
+
+    def progress_fields(self, metrics: dict[str, float]) -> dict[str, float]:
+        return {"loss": metrics["loss"]}
+
+    def evaluate(self, step: int) -> dict[str, float] | None:
+        metrics = {"score": self.scores.pop(0) if self.scores else 0.0}
+        self.logger.log(step, metrics, prefix="eval")
+        return metrics
+
+    def checkpoint_targets(self) -> dict[str, Any]:
+        return {"model": self.model}
+
+    def report_rows(self) -> list[dict[str, Any]]:
+        return [{"prompt": "p", "response": "r", "reward": 1.0}]
+
+    def save_best(self, path: str) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        self.best_exports.append(path)
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"kl_coef": self.kl_coef}
+
+    def load_extra_state(self, saved: dict[str, Any]) -> None:
+        self.kl_coef = saved["kl_coef"]
+
+
+class Target:
+    """A checkpoint target that saves itself, as RL roles do."""
+
+    def __init__(self) -> None:
+        self.weight = 0
+
+    def save_checkpoint(self, directory: str, tag: str, save_latest: bool = False) -> None:
+        Path(directory, tag).mkdir(parents=True)
+        Path(directory, tag, "weight.json").write_text(json.dumps(self.weight))
+
+    def load_checkpoint(self, directory: str, tag: str) -> tuple[Any, ...]:
+        self.weight = json.loads(Path(directory, tag, "weight.json").read_text())
+        return (directory,)
+
+
+STRATEGY = SimpleNamespace(is_rank0=True, rank=0, world_size=1, barrier=lambda: None, print=lambda *a: None)
+
+
+def make_loop(tmp_path: Path, trainer: Scripted, *, eval_steps: int = -1, save_steps: int = -1,
+              max_steps: int = -1, resume: bool = False, **settings: Any) -> TrainingLoop:
+    logging = LoggingArgs(eval_steps=eval_steps, disable_progress_bar=True)
+    ckpt = CheckpointArgs(save_path=str(tmp_path / "save"), ckpt_path=str(tmp_path / "ckpt"), save_steps=save_steps,
+                          load_checkpoint=resume)
+    loop_settings = LoopSettings(name="test", max_epochs=2, max_steps=max_steps, logging=logging, checkpoint=ckpt,
+                                 **settings)
+    return TrainingLoop(trainer, loop_settings, STRATEGY, trainer.logger, RunInfo("test"))  # type: ignore[arg-type]
+
+
+def test_offline_cadence_evaluates_at_each_pass_end_and_a_step_cap_ends_without_one(tmp_path):
+    log = Recorder()
+    trainer = Scripted(log)
+    history = make_loop(tmp_path, trainer).fit()
+    assert len(history) == 6 and log.steps("train") == [1, 2, 3, 4, 5, 6]
+    assert log.steps("eval") == [3, 6]  # --eval_steps -1: the end of each pass
+    assert [h["epoch"] for h in history] == [0, 0, 0, 1, 1, 1]
+    assert sorted(i for b in trainer.batches[:3] for i in b) == list(range(NUM_ITEMS))  # each item once a pass
+    assert trainer.batches[:3] != trainer.batches[3:]  # reshuffled for the second pass
+
+    log = Recorder()
+    make_loop(tmp_path, Scripted(log), max_steps=4).fit()
+    assert log.steps("train") == [1, 2, 3, 4] and log.steps("eval") == [3]  # offline: no eval after a cap
+
+
+def test_rl_cadence_samples_a_final_eval_after_a_step_cap_and_every_n_steps(tmp_path):
+    log = Recorder()
+    make_loop(tmp_path, Scripted(log), max_steps=5, eval_at_end=True).fit()
+    assert log.steps("eval") == [3, 5]  # the end of the episode, and the end of the run inside one
+    assert log.steps("samples") == [1, 2, 3, 4, 5]  # step 1, the last, every total // 5
+    log = Recorder()
+    make_loop(tmp_path / "b", Scripted(log), eval_steps=2, eval_at_end=True).fit()
+    assert log.steps("eval") == [2, 4, 6]  # every N steps; the last step was evaluated already
+
+
+def test_best_metric_exports_on_improvement_only_and_names_a_missing_metric(tmp_path):
+    trainer = Scripted(Recorder(), scores=[0.2, 0.5, 0.4, 0.9])
+    loop = make_loop(tmp_path, trainer, eval_steps=1, max_steps=4, best_metric_key="eval/score")
+    loop.fit()
+    best = tmp_path / "save" / "best"
+    assert trainer.best_exports == [str(best)] * 3  # 0.2, 0.5, 0.9; not 0.4
+    assert json.loads((best / "best_metric.json").read_text()) == {"metric": "eval/score", "value": 0.9, "step": 4}
+    assert loop.state.best_metric == 0.9
+    with pytest.raises(UserError, match="--best_metric_key eval/pass@1: evaluation logs no such metric; it logs "
+                                        "eval/score"):
+        make_loop(tmp_path / "b", Scripted(Recorder()), eval_steps=1, best_metric_key="eval/pass@1").fit()
+
+
+@pytest.mark.parametrize("pass_name", ["epoch", "episode"])
+def test_resume_continues_the_same_data_order_with_the_trainers_state(tmp_path, pass_name):
+    """A run checkpointed every 2 steps and stopped after 4 resumes at step 4 and trains the same batches as an
+    uninterrupted run; state.json has the keys the offline (epoch) and RL (episode) trainers always wrote."""
+    whole = Scripted(Recorder())
+    make_loop(tmp_path / "whole", whole, pass_name=pass_name).fit()
+
+    first = Scripted(Recorder())
+    make_loop(tmp_path, first, save_steps=2, max_steps=4, pass_name=pass_name).fit()
+    saved = json.loads((tmp_path / "ckpt" / "global_step4" / "state.json").read_text())
+    assert saved == {pass_name: 1, f"batch_in_{pass_name}": 1, "kl_coef": pytest.approx(0.5 * 0.9 ** 4),
+                     "global_step": 4}
+    second = Scripted(Recorder())
+    loop = make_loop(tmp_path, second, save_steps=2, resume=True, pass_name=pass_name)
+    loop.fit()
+    assert first.batches + second.batches == whole.batches
+    assert second.model.weight == whole.model.weight and second.kl_coef == pytest.approx(whole.kl_coef)
+    assert loop.state == LoopState(global_step=6, epoch=1, batch_in_epoch=3)
+
+
+def test_a_checkpoint_at_a_pass_end_resumes_into_the_next_pass_without_evaluating_again(tmp_path):
+    make_loop(tmp_path, Scripted(Recorder()), save_steps=3, max_steps=3).fit()
+    log = Recorder()
+    make_loop(tmp_path, Scripted(log), save_steps=3, resume=True).fit()
+    assert log.steps("train") == [4, 5, 6] and log.steps("eval") == [6]

@@ -100,6 +100,16 @@ def test_ckpt_path_of_another_run_is_an_error_unless_resuming_or_overwriting(dem
     assert "--pretrain" in line and not ckpt.exists()
 
 
+def test_the_critics_save_path_twin_must_be_writable_too(demo_assets, not_a_model, tmp_path, capsys):
+    """--save_value_network writes the critic to <save_path>_critic: an RL run checks that path with the others."""
+    twin = tmp_path / "p_critic"
+    twin.write_text("x")
+    reward = str(REPO / "tests/distributed/reward_exact_match.py")
+    line = error_line(capsys, "train_ppo", *ppo(demo_assets, not_a_model, tmp_path / "p", "--remote_rm_url", reward,
+                                                  "--advantage_estimator", "gae", "--save_value_network"))
+    assert f"--save_path (its _critic twin) {twin} is a file, not a directory" in line
+
+
 def test_plain_model_as_reward_pretrain_is_an_error_naming_the_missing_head(demo_assets, not_a_model, tmp_path,
                                                                              capsys):
     """The issue's random-reward PPO: a language model without a value head given as --reward_pretrain."""

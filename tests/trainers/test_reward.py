@@ -127,7 +127,7 @@ def test_loss_uses_the_margin_and_both_forms_agree(pairs_and_model, kind, use_ma
     batch = pair_collate(pairs, tok.pad_token_id)
     trainer = _trainer_without_engine(model, loss_kind=kind, use_margin=use_margin)
     with torch.no_grad():
-        loss, chosen, rejected = trainer.loss(batch)
+        loss, chosen, rejected = trainer.pair_loss(batch)
     margin = torch.tensor([0.5 * i for i in range(6)], dtype=torch.float64) if use_margin else 0.0
     diff = chosen.double() - rejected.double() - margin
     expected = torch.log1p(torch.exp(-diff)).mean()  # float64 reference of -log sigmoid(diff)
