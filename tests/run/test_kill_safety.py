@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from rlhfkit.logging.html_report import read_records
-from tests.helpers import REPO
+from tests.helpers import REPO, error_lines
 from tests.run.signalled_runs import TEMPLATE, max_weight_diff, rl_args, start
 
 
@@ -172,7 +172,7 @@ def test_issue_checkpoint_defects_end_to_end(demo_assets, tmp_path, world_of_one
                                               "--zero_stage", "0", "--save_path", str(tmp_path / "dpo"),
                                               "--ckpt_path", str(ckpt), "--load_checkpoint",
                                               "--disable_progress_bar"])
-    assert code == 2 and "was written by sft, not dpo" in err and err.count("\n") == 1, err
+    assert code == 2 and "was written by sft, not dpo" in err and len(error_lines(err)) == 1, err
     assert not (tmp_path / "dpo" / "model.safetensors").exists()
 
 
