@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,6 +13,20 @@ from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# the start-up lines of rlhfkit.config.openrlhf_defaults.startup_notes ("rlhfkit: --x not given: ... OpenRLHF ...")
+STARTUP_NOTE = re.compile(r"^rlhfkit: --\S+( \(--\S+\))? not given: .* OpenRLHF uses .*"
+                          r"\(docs/migration\.md#defaults\)$")
+
+
+def without_startup_notes(err: str) -> str:
+    """stderr without the lines that name the defaults a command takes where OpenRLHF's differ: what is left is
+    the command's own output (an error is one line of it)."""
+    return "".join(line for line in err.splitlines(keepends=True) if not STARTUP_NOTE.match(line.rstrip("\n")))
+
+
+def error_lines(err: str) -> list[str]:
+    """The lines of stderr, the start-up notes left out (`without_startup_notes`)."""
+    return without_startup_notes(err).strip().splitlines()
 
 
 def run_module(args: list[str], *, launcher: list[str] | None = None, timeout: float = 300,

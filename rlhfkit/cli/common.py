@@ -60,6 +60,17 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
     return int(code or 0)
 
 
+def note_openrlhf_defaults(prog: str, cfg: Any, given: frozenset[str]) -> None:
+    """On rank 0, one stderr line per default this run takes where OpenRLHF 0.11 has another (a flag not given;
+    `rlhfkit.config.openrlhf_defaults.startup_notes`): a pasted OpenRLHF command says what it relies on."""
+    from rlhfkit.config.openrlhf_defaults import startup_notes
+
+    if os.environ.get("RANK", "0") != "0":
+        return
+    for line in startup_notes(prog.rpartition(".")[2], cfg, given):
+        sys.stderr.write(line + "\n")
+
+
 def _devices(plan_args: Any, trainer: str) -> tuple[Any, int]:
     """What --dry_run plans against: --dry_run_gpu_memory_gb GPUs, else the local GPUs, else the host's memory
     (MemAvailable of /proc/meminfo). Returns (Devices, data-parallel world size of the launcher-run trainers)."""
@@ -121,10 +132,12 @@ def run_config(config_cls: type, argv: Sequence[str] | None, prog: str, doc: str
     `validate_always`: also without --dry_run), print the memory plan and stop (`dry_run`); otherwise import `runner`
     ("module:function", imported only now so that --help and flag errors answer without loading torch) and call it
     with the config."""
-    from rlhfkit.config.base import parse_config
+    from rlhfkit.config.base import parse_config_given
 
     quiet_libraries()
-    cfg: Any = parse_config(config_cls, argv, prog, doc or "")
+    cfg: Any
+    cfg, given = parse_config_given(config_cls, argv, prog, doc or "")
+    note_openrlhf_defaults(prog, cfg, given)
     planning = plan_as is not None and cfg.plan.dry_run
     if validate is not None and (validate_always or planning):
         validate(cfg)

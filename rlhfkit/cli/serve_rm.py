@@ -12,8 +12,8 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from rlhfkit.cli.common import quiet_libraries, run_cli
-from rlhfkit.config.base import parse_config, required
+from rlhfkit.cli.common import note_openrlhf_defaults, quiet_libraries, run_cli
+from rlhfkit.config.base import parse_config_given, required
 from rlhfkit.config.preference import ServeRMConfig
 
 PROG = "rlhfkit.cli.serve_rm"
@@ -21,7 +21,8 @@ PROG = "rlhfkit.cli.serve_rm"
 
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_libraries()
-    cfg = parse_config(ServeRMConfig, argv, PROG, __doc__)
+    cfg, given = parse_config_given(ServeRMConfig, argv, PROG, __doc__)
+    note_openrlhf_defaults(PROG, cfg, given)
     cfg.check_inputs()
     from rlhfkit.models.loading import resolve_attn_implementation
     from rlhfkit.rewards.scorer import load_scorer

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rlhfkit.config import openrlhf_names as theirs
+from rlhfkit.config.devices import resolve_device_defaults
 from rlhfkit.errors import UserError
 
 if TYPE_CHECKING:
@@ -44,6 +45,14 @@ def arg(default: Any = None, help: str = "", *, choices: Sequence[Any] | None = 
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+def with_default(section: type, name: str, default: Any) -> Any:
+    """Field `name` of the config section `section` with another default and the same help, choices and
+    aliases: a command's own default in a subclass of a shared section (train_rm's learning rate)."""
+    meta = section.__dataclass_fields__[name].metadata  # type: ignore[attr-defined]
+    factory = (lambda: list(default)) if isinstance(default, list) else None
+    return arg(default, meta["help"], choices=meta["choices"], aliases=meta["aliases"], factory=factory)
 
 
 def _resolved_hints(cls: type) -> dict[str, Any]:
@@ -75,6 +84,23 @@ def _default_of(f: dataclasses.Field) -> Any:
     if f.default_factory is not dataclasses.MISSING:
         return f.default_factory()
     return None
+
+
+def field_defaults(cls: type) -> dict[str, Any]:
+    """{field: default} of every option of the config class `cls`."""
+    return {name: _default_of(f) for _, name, f, _ in iter_fields(cls)}
+
+
+def field_values(cfg: Any) -> dict[str, Any]:
+    """{field: value} of every option of the config `cfg`, its sections' included."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            values.update(field_values(value))
+        else:
+            values[f.name] = value
+    return values
 
 
 class _Parser(argparse.ArgumentParser):
@@ -258,6 +284,16 @@ def _construct(cls: type[T], values: dict[str, Any]) -> T:
 
 def parse_config(cls: type[T], argv: Sequence[str] | None, prog: str, description: str = "") -> T:
     """Parse flags (and an optional `--config` file, which they override) into an instance of `cls`."""
+    return parse_config_given(cls, argv, prog, description)[0]
+
+
+def parse_config_given(cls: type[T], argv: Sequence[str] | None, prog: str,
+                       description: str = "") -> tuple[T, frozenset[str]]:
+    """`parse_config`, and the fields the command gave (a flag in any spelling, or a `--config` file key): the
+    rest are defaults, which `rlhfkit.config.openrlhf_defaults.startup_notes` compares with OpenRLHF's.
+
+    Device-dependent defaults ("auto": bf16, the attention kernel) are resolved after validation, so --help, flag
+    and validation errors answer without importing torch (`rlhfkit.config.devices`)."""
     parser = build_parser(cls, prog, description)
     ns = vars(parser.parse_args(argv))
     file_values: dict[str, Any] = {}
@@ -269,7 +305,9 @@ def parse_config(cls: type[T], argv: Sequence[str] | None, prog: str, descriptio
     _apply_adapted(cls, ns, adapted, context=file_values)
     cfg = _construct(cls, {**file_values, **ns})
     validate(cfg)
-    return cfg
+    given = frozenset(file_values) | frozenset(ns)
+    resolve_device_defaults(cfg, given)
+    return cfg, given
 
 
 def required(value: V | None, flag: str) -> V:

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from rlhfkit.config.base import arg
+from rlhfkit.config.devices import ATTN_CHOICES, ATTN_HELP, AUTO, BF16_HELP
 from rlhfkit.errors import UserError
 
 
@@ -26,8 +27,8 @@ def _need(ok: bool, flag: str, value: object, rule: str) -> None:
 class ModelArgs:
     pretrain: str | None = arg(None, "Model to train: a local Hugging Face model directory, or a hub name "
                                      "(fetched only when you name one and the hub is reachable).")
-    bf16: bool = arg(False, "Train and run the model in bfloat16 (fp32 master weights in the optimizer).")
-    attn_implementation: str = arg("sdpa", "Attention kernel.", choices=("sdpa", "eager", "flash_attention_2"))
+    bf16: bool = arg(False, BF16_HELP)
+    attn_implementation: str = arg(AUTO, ATTN_HELP, choices=ATTN_CHOICES)
     flash_attn: bool = arg(False, "Use flash_attention_2 (the same as --attn_implementation flash_attention_2).")
     gradient_checkpointing: bool = arg(False, "Recompute activations in the backward pass to save memory.")
     gradient_checkpointing_use_reentrant: bool = arg(False, "With --gradient_checkpointing, use torch's reentrant "
@@ -162,12 +163,13 @@ class DataArgs:
     dataset_split: str = arg("train", "Split to read from datasets that have splits.")
     eval_dataset: str | None = arg(None, "Evaluation data, in the same forms as --dataset.")
     eval_split: str = arg("train", "Split of --eval_dataset to read.")
-    max_samples: int = arg(10**8, "Use at most this many training samples.")
+    max_samples: int = arg(10**6, "Use at most this many training samples.")
     max_len: int = arg(2048, "Truncate each tokenised sample to this many tokens.")
     input_key: str = arg("input", "Record key of the prompt (or of the message list with --multiturn).")
     output_key: str | None = arg(None, "Record key of the response.")
-    input_template: str | None = arg(None, "Template the prompt is put into; '{}' marks where, e.g. "
-                                           "$'User: {}\\nAssistant: '.")
+    input_template: str | None = arg(None, "Template a plain-text prompt is put into; '{}' marks where, e.g. "
+                                           "$'User: {}\\nAssistant: ' ('' for none). Not used with "
+                                           "--apply_chat_template or --pretrain_mode.")
     apply_chat_template: bool = arg(False, "Format with the tokenizer's chat template.")
     tokenizer_chat_template: str | None = arg(None, "A Jinja chat template that replaces the tokenizer's.")
     multiturn: bool = arg(False, "Records are whole conversations; loss on every assistant turn.")

@@ -4,7 +4,8 @@
 pages are generated from those classes at build time by docs/_hooks/cli_pages.py). In a Markdown file, a table lives
 between `<!-- flags:NAME -->` and `<!-- /flags:NAME -->` markers (every flag of NAME), or
 `<!-- migration:NAME -->` and `<!-- /migration:NAME -->` (docs/migration.md: each flag in rlhfkit's and OpenRLHF's
-spellings), or `<!-- migration-unsupported -->` (OpenRLHF flags rlhfkit has no equivalent for yet), so the prose
+spellings), `<!-- migration-unsupported -->` (OpenRLHF flags rlhfkit has no equivalent for yet), or
+`<!-- migration-defaults -->` (the defaults that differ from OpenRLHF 0.11's, `openrlhf_defaults`), so the prose
 stays hand-written while the tables cannot drift from the code (tests check they are current).
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from rlhfkit.config import openrlhf_names as theirs
 from rlhfkit.config.base import field_names, flag_table, iter_fields
+from rlhfkit.config.openrlhf_defaults import defaults_table
 
 # marker name -> "module:Class" of the config it documents (only those that exist are rendered)
 TABLES = {
@@ -79,6 +81,8 @@ def render(text: str) -> str:
             text = _replace(text, f"migration:{marker}", migration_table(cls))
     if "<!-- migration-unsupported -->" in text:
         text = _replace(text, "migration-unsupported", unsupported_table())
+    if "<!-- migration-defaults -->" in text:
+        text = _replace(text, "migration-defaults", defaults_table())
     return text
 
 

@@ -220,10 +220,10 @@ def _clip_low_high(value: list[float], current: Callable[[str], Any]) -> dict[st
 
 def _param_dtype(flag: str) -> Callable[[str, Callable[[str], Any]], dict[str, Any]]:
     def convert(value: str, current: Callable[[str], Any]) -> dict[str, Any]:
-        if value == "bf16":
-            return {"bf16": True}
-        raise UserError(f"--{flag} {value} is not supported yet by rlhfkit (it trains in fp32 or, with "
-                        f"--{flag} bf16 / --bf16, in bfloat16)")
+        if value in ("bf16", "fp32"):  # fp32 is rlhfkit's: it keeps fp32 where bf16 is the default (a GPU)
+            return {"bf16": value == "bf16"}
+        raise UserError(f"--{flag} {value} is not supported yet by rlhfkit (it trains in bf16 or fp32: "
+                        f"--{flag} bf16 / --bf16, or --{flag} fp32)")
     return convert
 
 
@@ -257,10 +257,10 @@ ADAPTED: tuple[Adapted, ...] = (
             "OpenRLHF's spelling of --clip_eps_low LO --clip_eps_high HI."),
     Adapted("actor.eps_clip_low_high", ("clip_eps_low", "clip_eps_high"), _clip_low_high, float, 2, ("LO", "HI"),
             "OpenRLHF 0.10.2+: --clip_eps_low LO --clip_eps_high HI."),
-    Adapted("param_dtype", ("bf16",), _param_dtype("param_dtype"), str, None, "bf16",
-            "OpenRLHF's spelling of --bf16 (bf16 only)."),
-    Adapted("ds.param_dtype", ("bf16",), _param_dtype("ds.param_dtype"), str, None, "bf16",
-            "OpenRLHF 0.10.2+: --bf16 (bf16 only)."),
+    Adapted("param_dtype", ("bf16",), _param_dtype("param_dtype"), str, None, "{bf16,fp32}",
+            "OpenRLHF's spelling of --bf16 (bf16); fp32 keeps fp32 on a GPU, where bf16 is the default."),
+    Adapted("ds.param_dtype", ("bf16",), _param_dtype("ds.param_dtype"), str, None, "{bf16,fp32}",
+            "OpenRLHF 0.10.2+: --bf16 (bf16); fp32 keeps fp32 on a GPU, where bf16 is the default."),
     Adapted("data.max_len", ("prompt_max_len",), _total_len, int, None, "N",
             "OpenRLHF 0.10.2+ RL: prompt + response tokens; sets --prompt_max_len N - --generate_max_len."),
     Adapted("ds.lora.target_modules", ("target_modules",), _target_modules, str, "*", "NAME",
@@ -317,6 +317,7 @@ NOT_SUPPORTED: dict[str, str] = {
     "actor.adam.eps": "AdamW's eps is fixed at 1e-8",
     "min_lr_ratio": "the cosine schedule's floor is fixed at 0.1 x the peak learning rate",
     "actor.min_lr_ratio": "the cosine schedule's floor is fixed at 0.1 x the peak learning rate",
+    "model.margin_loss_enable": "train_rm reads a per-pair margin from the record key named by --margin_key",
     "data.image_key": _VLM,
     "data.max_images_per_prompt": _VLM,
     "actor.freeze_visual_encoder": _VLM,

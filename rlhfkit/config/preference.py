@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlhfkit.config.base import arg, validate_sections
+from rlhfkit.config.base import arg, validate_sections, with_default
 from rlhfkit.config.common import (
     CheckpointArgs,
     DataArgs,
@@ -22,6 +22,7 @@ from rlhfkit.config.common import (
     check_loop_counts,
     check_token_budget,
 )
+from rlhfkit.config.devices import ATTN_CHOICES, ATTN_HELP, AUTO
 from rlhfkit.config.names import RM_LOSS_KINDS
 from rlhfkit.errors import UserError
 
@@ -114,11 +115,33 @@ class KTOTrainArgs(LoopArgs):
             raise UserError("--desirable_loss_weight and --undesirable_loss_weight must be >= 0")
 
 
+# OpenRLHF 0.11's own defaults of train_rm and train_dpo (docs/migration.md#defaults lists the ones rlhfkit keeps)
+@dataclass
+class RMStrategyArgs(StrategyArgs):
+    micro_train_batch_size: int = with_default(StrategyArgs, "micro_train_batch_size", 1)
+    learning_rate: float = with_default(StrategyArgs, "learning_rate", 9e-6)
+
+
+@dataclass
+class DPOStrategyArgs(StrategyArgs):
+    learning_rate: float = with_default(StrategyArgs, "learning_rate", 1e-5)
+
+
+@dataclass
+class PreferenceDataArgs(DataArgs):
+    max_len: int = with_default(DataArgs, "max_len", 512)
+
+
+@dataclass
+class DPODataArgs(PreferenceDataArgs):
+    eval_split: str = with_default(DataArgs, "eval_split", "test")
+
+
 @dataclass
 class RMConfig:
     model: ModelArgs = field(default_factory=ModelArgs)
-    strategy: StrategyArgs = field(default_factory=StrategyArgs)
-    data: DataArgs = field(default_factory=DataArgs)
+    strategy: RMStrategyArgs = field(default_factory=RMStrategyArgs)
+    data: PreferenceDataArgs = field(default_factory=PreferenceDataArgs)
     pairs: PairDataArgs = field(default_factory=PairDataArgs)
     train: RMTrainArgs = field(default_factory=RMTrainArgs)
     logging: LoggingArgs = field(default_factory=LoggingArgs)
@@ -142,8 +165,8 @@ class RMConfig:
 class DPOConfig:
     model: ModelArgs = field(default_factory=ModelArgs)
     reference: ReferenceArgs = field(default_factory=ReferenceArgs)
-    strategy: StrategyArgs = field(default_factory=StrategyArgs)
-    data: DataArgs = field(default_factory=DataArgs)
+    strategy: DPOStrategyArgs = field(default_factory=DPOStrategyArgs)
+    data: DPODataArgs = field(default_factory=DPODataArgs)
     pairs: PairDataArgs = field(default_factory=PairDataArgs)
     train: DPOTrainArgs = field(default_factory=DPOTrainArgs)
     logging: LoggingArgs = field(default_factory=LoggingArgs)
@@ -167,8 +190,8 @@ class DPOConfig:
 class KTOConfig:
     model: ModelArgs = field(default_factory=ModelArgs)
     reference: ReferenceArgs = field(default_factory=ReferenceArgs)
-    strategy: StrategyArgs = field(default_factory=StrategyArgs)
-    data: DataArgs = field(default_factory=DataArgs)
+    strategy: DPOStrategyArgs = field(default_factory=DPOStrategyArgs)
+    data: DPODataArgs = field(default_factory=DPODataArgs)
     unpaired: UnpairedDataArgs = field(default_factory=UnpairedDataArgs)
     train: KTOTrainArgs = field(default_factory=KTOTrainArgs)
     logging: LoggingArgs = field(default_factory=LoggingArgs)
@@ -213,8 +236,9 @@ class ServeRMConfig:
                                         "unscored queries are dropped.")
     client_timeout: float = arg(30.0, "Seconds a client may take to send its whole request body (slower ones get "
                                       "408).")
-    bf16: bool = arg(False, "Run the reward model in bfloat16.")
-    attn_implementation: str = arg("sdpa", "Attention kernel.", choices=("sdpa", "eager", "flash_attention_2"))
+    bf16: bool = arg(False, "Run the reward model in bfloat16. Not given: bf16 on a CUDA GPU (OpenRLHF's default), "
+                            "fp32 on CPU; --param_dtype fp32 keeps fp32 on a GPU.")
+    attn_implementation: str = arg(AUTO, ATTN_HELP, choices=ATTN_CHOICES)
     flash_attn: bool = arg(False, "Use flash_attention_2.")
     disable_fast_tokenizer: bool = arg(False, "Load the slow (Python) tokenizer.")
 

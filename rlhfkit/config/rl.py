@@ -42,6 +42,7 @@ from rlhfkit.config.rl_sections import (
     RLDataArgs,
     RLModelArgs,
     RLSaveArgs,
+    RLStrategyArgs,
     RolloutArgs,
     UserCodeArgs,
 )
@@ -55,7 +56,7 @@ class PPOConfig:
     rl_model: RLModelArgs = field(default_factory=RLModelArgs)
     user_code: UserCodeArgs = field(default_factory=UserCodeArgs)
     agent: AgentArgs = field(default_factory=AgentArgs)
-    strategy: StrategyArgs = field(default_factory=StrategyArgs)
+    strategy: RLStrategyArgs = field(default_factory=RLStrategyArgs)
     data: RLDataArgs = field(default_factory=RLDataArgs)
     rollout: RolloutArgs = field(default_factory=RolloutArgs)
     algo: AlgorithmArgs = field(default_factory=AlgorithmArgs)

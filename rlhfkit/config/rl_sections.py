@@ -8,7 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rlhfkit.config.base import arg
+from rlhfkit.config.base import arg, with_default
+from rlhfkit.config.common import StrategyArgs
 from rlhfkit.config.names import (
     ADVANTAGE_ESTIMATORS,
     AGGREGATION_MODES,
@@ -97,11 +98,18 @@ class RLDataArgs:
 
 
 @dataclass
+class RLStrategyArgs(StrategyArgs):
+    """OpenRLHF 0.11's train_ppo_ray trains on one sample per micro-batch unless told otherwise."""
+
+    micro_train_batch_size: int = with_default(StrategyArgs, "micro_train_batch_size", 1)
+
+
+@dataclass
 class RolloutArgs:
     n_samples_per_prompt: int = arg(1, "Responses sampled per prompt (a group, for the group estimators).")
     rollout_batch_size: int = arg(1024, "Prompts per RL step; the step makes rollout_batch_size x "
                                         "n_samples_per_prompt samples.")
-    micro_rollout_batch_size: int = arg(8, "Samples per forward pass when scoring (log-probs, values, rewards).")
+    micro_rollout_batch_size: int = arg(1, "Samples per forward pass when scoring (log-probs, values, rewards).")
     num_episodes: int = arg(1, "Passes over the prompt data.")
     max_epochs: int = arg(1, "Passes over each rollout batch when training on it.")
     max_rl_steps: int = arg(-1, "Stop after this many RL steps (-1: every episode); learning-rate schedules still "
@@ -113,7 +121,7 @@ class RolloutArgs:
     eval_n_samples_per_prompt: int = arg(4, "Responses per held-out prompt (pass@1 is their mean score).")
     vllm_num_engines: int = arg(0, "vLLM rollout engines (train_ppo_ray); 0 uses the Transformers engine.")
     vllm_tensor_parallel_size: int = arg(1, "GPUs per vLLM engine.")
-    vllm_gpu_memory_utilization: float = arg(0.9, "Fraction of GPU memory a vLLM engine may take.")
+    vllm_gpu_memory_utilization: float = arg(0.95, "Fraction of GPU memory a vLLM engine may take.")
     vllm_sync_backend: str = arg("nccl", "How actor weights reach the vLLM engines.", choices=("nccl", "gloo"))
     vllm_enable_sleep: bool = arg(False, "Put vLLM engines to sleep between rollouts (frees GPU memory).")
     enforce_eager: bool = arg(False, "Disable CUDA graphs in vLLM.")
@@ -165,7 +173,7 @@ class AlgorithmArgs:
                                               "outside [LO, HI] masked.", choices=IS_CORRECTIONS)
     vllm_is_truncated_threshold: list[float] = arg(help="Bounds LO HI of the importance-sampling correction; one "
                                                         "value is the cap HI with LO = 0.",
-                                                   factory=lambda: [2.0])
+                                                   factory=lambda: [0.5, 5.0])
     freezing_actor_steps: int = arg(-1, "Train only the critic for this many first steps (-1: never frozen).")
 
 

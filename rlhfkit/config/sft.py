@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlhfkit.config.base import arg, validate_sections
+from rlhfkit.config.base import arg, validate_sections, with_default
 from rlhfkit.config.common import (
     CheckpointArgs,
     DataArgs,
@@ -20,8 +20,15 @@ from rlhfkit.errors import UserError
 
 
 @dataclass
+class SFTDataArgs(DataArgs):
+    """OpenRLHF's train_sft puts a plain-text prompt into a template unless told otherwise (docs/migration.md)."""
+
+    input_template: str | None = with_default(DataArgs, "input_template", "User: {}\nAssistant: ")
+
+
+@dataclass
 class SFTTrainArgs:
-    max_epochs: int = arg(1, "Passes over the training data.")
+    max_epochs: int = arg(2, "Passes over the training data.")
     max_steps: int = arg(-1, "Stop after this many optimizer steps (-1: run every epoch); the learning-rate "
                              "schedule still spans the whole run, so a later --load_checkpoint continues it.")
     aux_loss_coef: float = arg(0.0, "Weight of the mixture-of-experts load-balancing loss (MoE models only).")
@@ -34,7 +41,7 @@ class SFTTrainArgs:
 class SFTConfig:
     model: ModelArgs = field(default_factory=ModelArgs)
     strategy: StrategyArgs = field(default_factory=StrategyArgs)
-    data: DataArgs = field(default_factory=DataArgs)
+    data: SFTDataArgs = field(default_factory=SFTDataArgs)
     train: SFTTrainArgs = field(default_factory=SFTTrainArgs)
     logging: LoggingArgs = field(default_factory=LoggingArgs)
     checkpoint: CheckpointArgs = field(default_factory=CheckpointArgs)

@@ -8,7 +8,8 @@ Four shapes of record, chosen by flags:
   rendered with the generation prompt, the response is what the full rendering adds (its end-of-turn included);
 - `--multiturn`: input_key holds the whole conversation; every assistant turn is a target (found by rendering
   successive prefixes, see `templates.chat_segments`);
-- `--pretrain_mode`: the same text (prompt + response if --output_key is set), every token a target.
+- `--pretrain_mode`: the raw text, no --input_template (prompt + response if --output_key is set), every token a
+  target.
 Samples longer than `--max_len` are cut at the end; a sample left with no target token is dropped
 (`num_dropped`), and when every sample is dropped that is a UserError.
 """
@@ -50,7 +51,9 @@ class SFTDataset:
         self.multiturn = multiturn
         self.pretrain_mode = pretrain_mode
         self.chat = apply_chat_template or multiturn
-        self.format_prompt = PromptFormatter(tokenizer, input_template, self.chat, tokenizer_chat_template)
+        # continued pretraining reads the raw text: no template (OpenRLHF's SFT dataset drops it there too)
+        template = None if pretrain_mode else input_template
+        self.format_prompt = PromptFormatter(tokenizer, template, self.chat, tokenizer_chat_template)
         self.samples: list[dict[str, torch.Tensor]] = []
         self._dropped_too_long = 0
         self._dropped_no_target = 0

@@ -52,8 +52,11 @@ def _keys(record: Any) -> str:
 
 # -- --input_template ---------------------------------------------------------------------------------------
 def check_input_template(template: str | None, flag: str = "--input_template") -> str | None:
-    """Fail fast on a template without the `{}` that marks where the prompt goes."""
-    if template is not None and "{}" not in template:
+    """Fail fast on a template without the `{}` that marks where the prompt goes; '' is no template (as in
+    OpenRLHF, where it turns off train_sft's default template)."""
+    if not template:
+        return None
+    if "{}" not in template:
         raise UserError(f"{flag} {template!r} has no '{{}}' to mark where the prompt goes, e.g. "
                         "$'User: {}\\nAssistant: '")
     return template
@@ -61,7 +64,7 @@ def check_input_template(template: str | None, flag: str = "--input_template") -
 
 def apply_input_template(template: str | None, text: str) -> str:
     """Put `text` where `{}` is; other braces are kept as they are (no str.format escaping needed)."""
-    return text if template is None else template.replace("{}", text)
+    return text if not template else template.replace("{}", text)
 
 
 # -- chat templates -----------------------------------------------------------------------------------------

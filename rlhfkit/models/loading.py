@@ -43,8 +43,13 @@ def check_model_path(path: str | None, flag: str = "--pretrain") -> str:
 
 
 def resolve_attn_implementation(attn_implementation: str, flash_attn: bool) -> str:
-    """`--flash_attn` is the seed's spelling of `--attn_implementation flash_attention_2`."""
+    """`--flash_attn` is the seed's spelling of `--attn_implementation flash_attention_2`; "auto" (a config built
+    without `parse_config`, which resolves it) is this machine's choice (`rlhfkit.config.devices`)."""
+    from rlhfkit.config.devices import AUTO, auto_attn_implementation
+
     impl = "flash_attention_2" if flash_attn else attn_implementation
+    if impl == AUTO:
+        impl = auto_attn_implementation()
     if impl == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
         raise UserError("--flash_attn / --attn_implementation flash_attention_2 needs the flash-attn package "
                         "(GPU only); use --attn_implementation sdpa")

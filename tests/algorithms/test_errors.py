@@ -30,6 +30,7 @@ from rlhfkit.algorithms import (
 )
 from rlhfkit.algorithms.kl import AdaptiveKLController
 from rlhfkit.cli.common import run_cli
+from tests.helpers import error_lines
 
 ALGORITHMS = Path(__file__).resolve().parents[2] / "rlhfkit" / "algorithms"
 T = torch.zeros(2, 3)
@@ -110,6 +111,6 @@ def test_the_cli_refuses_the_same_condition_with_a_one_line_flag_message(case, c
         code = run_cli(main, flags.split(), prog=command)
     except SystemExit as e:  # argparse's choice errors exit from the parser, also one line
         code = e.code
-    err = capsys.readouterr().err.strip().splitlines()
+    err = error_lines(capsys.readouterr().err)
     assert code == 2 and len(err) == 1 and message in err[0], err
     assert "Traceback" not in err[0]

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from rlhfkit.cli.common import run_cli
-from tests.helpers import REPO
+from tests.helpers import REPO, error_lines
 
 
 @dataclass(frozen=True)
@@ -262,7 +262,7 @@ def call_in_process(cli: str, argv: list[str], capsys) -> tuple[int, str]:
 def assert_one_line_error(code: int, err: str, expect: tuple[str, ...]) -> None:
     assert code == 2, err
     assert "Traceback" not in err, err
-    lines = err.strip().splitlines()
+    lines = error_lines(err)
     assert len(lines) == 1, err
     assert "error" in lines[0]
     for needle in expect:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, error_lines
 
 LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -30,7 +30,7 @@ def ok(proc: subprocess.CompletedProcess) -> None:
 
 def one_line_error(proc: subprocess.CompletedProcess) -> str:
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
-    lines = proc.stderr.strip().splitlines()
+    lines = error_lines(proc.stderr)
     assert len(lines) == 1, proc.stderr
     return lines[0]
 
@@ -103,7 +103,7 @@ def in_process_error(capsys, module: str, *argv: str) -> str:
         code = run_cli(main, list(argv), prog=module)
     except SystemExit as e:  # argparse errors
         code = e.code
-    err = capsys.readouterr().err.strip().splitlines()
+    err = error_lines(capsys.readouterr().err)
     assert code == 2 and len(err) == 1, err
     return err[0]
 

@@ -17,7 +17,7 @@ import pytest
 from rlhfkit.cli.common import run_cli
 from rlhfkit.cli.train_ppo_ray import main
 from rlhfkit.distributed.launch import free_port
-from tests.helpers import REPO, run_module, start_ray_head, stop_ray_head
+from tests.helpers import REPO, error_lines, run_module, start_ray_head, stop_ray_head
 
 REWARD = str(REPO / "tests" / "distributed" / "reward_exact_match.py")
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
@@ -72,7 +72,7 @@ def test_misconfiguration_fails_before_ray_with_one_line(case, demo_assets, tmp_
     else:
         full = argv(demo_assets, tmp_path, *flags)
     code = run_cli(main, full, prog="train_ppo_ray")
-    err = capsys.readouterr().err.strip().splitlines()
+    err = error_lines(capsys.readouterr().err)
     assert code == 2 and len(err) == 1 and "Traceback" not in err[0], err
     for needle in needles:
         assert needle in err[0], (needle, err[0])

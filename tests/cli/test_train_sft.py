@@ -8,7 +8,7 @@ import pytest
 
 from rlhfkit.cli.common import run_cli
 from rlhfkit.cli.train_sft import main
-from tests.helpers import run_module
+from tests.helpers import error_lines, run_module
 
 TEMPLATE = "User: {}\nAssistant: "
 
@@ -21,7 +21,7 @@ def base(assets, data: str, *extra: str) -> list[str]:
 
 def error_line(capsys, argv) -> str:
     code = run_cli(main, argv, prog="train_sft")
-    err = capsys.readouterr().err.strip().splitlines()
+    err = error_lines(capsys.readouterr().err)
     assert code == 2, err
     assert len(err) == 1, err
     assert "Traceback" not in err[0]
@@ -63,7 +63,7 @@ def test_unknown_flag(capsys, demo_assets):
     with pytest.raises(SystemExit) as exc:
         main(base(demo_assets, str(demo_assets.sft_train), "--no_such_flag"))
     assert exc.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = error_lines(capsys.readouterr().err)
     assert len(err) == 1 and "--no_such_flag" in err[0]
 
 
@@ -77,5 +77,5 @@ def test_model_path_that_is_not_a_model(capsys, demo_assets, tmp_path):
 def test_errors_are_one_line_from_a_real_process(demo_assets, tmp_path):
     proc = run_module(["rlhfkit.cli.train_sft", *base(demo_assets, str(tmp_path / "missing.jsonl"))])
     assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
+    lines = error_lines(proc.stderr)
     assert len(lines) == 1 and "missing.jsonl" in lines[0], proc.stderr

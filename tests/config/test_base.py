@@ -9,6 +9,7 @@ import pytest
 from rlhfkit.config.base import flag_table, parse_config
 from rlhfkit.config.sft import SFTConfig
 from rlhfkit.errors import UserError
+from tests.helpers import error_lines
 
 
 def test_flags_fill_nested_sections():
@@ -49,7 +50,7 @@ def test_unknown_flag_is_one_line_exit_2(capsys):
     with pytest.raises(SystemExit) as exc:
         parse_config(SFTConfig, ["--no_such_flag", "1"], "prog")
     assert exc.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = error_lines(capsys.readouterr().err)
     assert len(err) == 1 and "unrecognized arguments: --no_such_flag" in err[0]
 
 

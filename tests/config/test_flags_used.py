@@ -22,6 +22,7 @@ import pytest
 from rlhfkit.config import specs
 from rlhfkit.config.base import iter_fields
 from rlhfkit.config.docs import TABLES, load_config_class
+from tests.helpers import error_lines
 
 PACKAGE = Path(__file__).resolve().parents[2] / "rlhfkit"
 CONFIGS = {**TABLES, "serve_rm": "rlhfkit.config.preference:ServeRMConfig"}
@@ -204,7 +205,7 @@ def test_gpu_only_flag_says_why_on_cpu(flag, demo_assets, tmp_path, capsys, worl
     if kind == "error":
         main = importlib.import_module(f"rlhfkit.cli.{command}").main
         code = run_cli(main, argv, prog=command)
-        err = capsys.readouterr().err.strip().splitlines()
+        err = error_lines(capsys.readouterr().err)
         assert code == 2 and len(err) == 1 and message in err[0], err
     else:
         from rlhfkit.rl.ray_run import check_ray_config

@@ -20,6 +20,7 @@ from rlhfkit.config.preference import DPOConfig, KTOConfig, RMConfig, ServeRMCon
 from rlhfkit.config.rl import PPOConfig
 from rlhfkit.config.sft import SFTConfig
 from rlhfkit.errors import UserError
+from tests.helpers import error_lines
 
 MIGRATION = Path(__file__).resolve().parents[2] / "docs" / "migration.md"
 CONFIGS = (SFTConfig, RMConfig, DPOConfig, KTOConfig, PPOConfig, ServeRMConfig)
@@ -103,7 +104,7 @@ def test_boolean_aliases_are_booleans():
 ])
 def test_unsupported_flags_fail_with_one_line(main, flags, needle, capsys):
     code = run_cli(main, flags, prog="p")
-    err = capsys.readouterr().err.strip().splitlines()
+    err = error_lines(capsys.readouterr().err)
     assert code == 2 and len(err) == 1 and needle in err[0], err
     assert "unrecognized" not in err[0]
 
@@ -206,7 +207,7 @@ def test_migration_table_is_current_and_complete():
 def test_unknown_dotted_flag_points_at_the_migration_table(capsys):
     with pytest.raises(SystemExit) as exc:
         parse_config(SFTConfig, ["--actor.no_such_flag", "1.5"], "p")
-    err = capsys.readouterr().err.strip().splitlines()
+    err = error_lines(capsys.readouterr().err)
     assert exc.value.code == 2 and len(err) == 1 and "docs/migration.md" in err[0]
     with pytest.raises(SystemExit):
         parse_config(SFTConfig, ["--no_such_flag", "1.5"], "p")

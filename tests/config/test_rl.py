@@ -13,6 +13,7 @@ from rlhfkit.config.rl import PPOConfig, role_needed, role_ranks
 from rlhfkit.config.rl_specs import placement_spec
 from rlhfkit.distributed.placement import ResourcePlan, role_demands
 from rlhfkit.errors import UserError
+from tests.helpers import error_lines
 
 BASE = ("--pretrain m --prompt_data p.jsonl --rollout_batch_size 16 --n_samples_per_prompt 2 "
         "--train_batch_size 32 --micro_train_batch_size 2 --micro_rollout_batch_size 2 ")
@@ -117,5 +118,5 @@ def test_single_process_train_ppo_refuses_async(capsys):
     from rlhfkit.cli.train_ppo import main
 
     code = run_cli(main, shlex.split(BASE + ASYNC_BASE + "--async_train"), prog="train_ppo")
-    err = capsys.readouterr().err.strip().splitlines()
+    err = error_lines(capsys.readouterr().err)
     assert code == 2 and len(err) == 1 and "python -m rlhfkit.cli.train_ppo_ray" in err[0], err

@@ -75,9 +75,10 @@ def test_multiturn_needs_message_list(tok):
 def test_pretrain_mode_loss_on_every_token(tok):
     ds = SFTDataset([{"text": "hello there"}], tok, 64, input_key="text", pretrain_mode=True)
     assert as_lists(ds[0]) == ([BOS] + ids("hello there") + [EOS], [0, 1, 1, 1])
-    ds = SFTDataset([{"q": "hi", "a": "ok"}], tok, 64, input_key="q", output_key="a", pretrain_mode=True,
+    # the raw text, no --input_template (train_sft's default one included), as in OpenRLHF's pretrain mode
+    ds = SFTDataset([{"q": "hi ", "a": "ok"}], tok, 64, input_key="q", output_key="a", pretrain_mode=True,
                     input_template="Q : {} A :")
-    assert as_lists(ds[0]) == ([BOS] + ids("Q : hi A : ok") + [EOS], [0] + [1] * 7)
+    assert as_lists(ds[0]) == ([BOS] + ids("hi ok") + [EOS], [0] + [1] * 3)
 
 
 def test_truncation_and_dropping(tok):

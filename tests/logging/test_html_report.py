@@ -134,6 +134,7 @@ def test_sft_run_report_renders_in_chromium(demo_assets, tmp_path):
     out = tmp_path / "sft"
     proc = run_module(["rlhfkit.cli.train_sft", "--pretrain", str(demo_assets.model_dir), "--dataset",
                        str(demo_assets.sft_train), "--eval_dataset", str(demo_assets.sft_eval), "--max_samples", "64",
+                       "--max_epochs", "1",
                        "--input_key", "question", "--output_key", "response", "--input_template", TEMPLATE,
                        "--max_len", "48", "--train_batch_size", "8", "--micro_train_batch_size", "8",
                        "--learning_rate", "1e-3", "--zero_stage", "0", "--eval_steps", "4", "--save_path", str(out),

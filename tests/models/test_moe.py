@@ -12,6 +12,7 @@ import torch
 
 from rlhfkit.config.common import StrategyArgs
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
+from tests.helpers import error_lines
 
 VOCAB = 64
 COEF = 0.37
@@ -182,7 +183,7 @@ def one_line_error(capsys, main, argv, prog) -> str:
     from rlhfkit.cli.common import run_cli
 
     code = run_cli(main, argv, prog=prog)
-    err = capsys.readouterr().err.strip().splitlines()
+    err = error_lines(capsys.readouterr().err)
     assert code == 2 and len(err) == 1 and "Traceback" not in err[0], err
     return err[0]
 

@@ -17,6 +17,7 @@ from rlhfkit.config.rl import (
     loss_aggregation,
     needs_reference,
 )
+from tests.helpers import without_startup_notes
 
 SEED_GRPO = """
 --advantage_estimator group_norm --ref_num_nodes 1 --ref_num_gpus_per_node 8 --reward_num_nodes 1
@@ -130,7 +131,7 @@ BASE = "--pretrain m --prompt_data p.jsonl --rollout_batch_size 4 --n_samples_pe
 ])
 def test_invalid_settings_exit_2_with_one_line(capsys, rm_file, flags, message):
     code = run_cli(main, shlex.split(BASE + f"--remote_rm_url {rm_file} " + flags), prog="train_ppo")
-    err = capsys.readouterr().err
+    err = without_startup_notes(capsys.readouterr().err)
     assert code == 2
     assert message in err
     assert err.count("\n") == 1 and "Traceback" not in err
@@ -149,7 +150,7 @@ def test_missing_sources_exit_2(capsys, flags, message):
         code = run_cli(main, shlex.split(flags), prog="train_ppo")
     except SystemExit as e:  # argparse's own errors (unknown choice) exit from the parser
         code = e.code
-    err = capsys.readouterr().err
+    err = without_startup_notes(capsys.readouterr().err)
     assert code == 2 and message in err and err.count("\n") == 1
 
 
@@ -162,7 +163,7 @@ def test_is_threshold_one_value_is_a_cap_and_two_are_bounds(rm_file):
     from rlhfkit.config.rl import is_bounds
 
     base = BASE + f"--remote_rm_url {rm_file} --enable_vllm_is_correction "
-    assert is_bounds(checked(parse(base))) == (0.0, 2.0)  # today's default: cap 2
+    assert is_bounds(checked(parse(base))) == (0.5, 5.0)  # OpenRLHF 0.11's default band
     assert is_bounds(checked(parse(base + "--vllm_is_truncated_threshold 3"))) == (0.0, 3.0)
     cfg = checked(parse(base + "--vllm_is_truncated_threshold 0.5 5 --vllm_is_correction_type icepop "
                                           "--policy_loss_type gspo"))

@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from rlhfkit.logging.html_report import read_records
-from tests.helpers import REPO
+from tests.helpers import REPO, error_lines
 from tests.run.signalled_runs import TEMPLATE, max_weight_diff, rl_args, start
 
 
@@ -89,8 +89,8 @@ def sft_reference(demo_assets, tmp_path_factory):
 
 def sft_args(assets, save: Path, *extra: str) -> list[str]:
     return ["rlhfkit.cli.train_sft", "--pretrain", str(assets.model_dir), "--dataset", str(assets.sft_train),
-            "--max_samples", "32", "--input_key", "question", "--output_key", "response", "--input_template",
-            TEMPLATE, "--max_len", "40", "--train_batch_size", "8", "--micro_train_batch_size", "4",
+            "--max_samples", "32", "--max_epochs", "1", "--input_key", "question", "--output_key", "response",
+            "--input_template", TEMPLATE, "--max_len", "40", "--train_batch_size", "8", "--micro_train_batch_size", "4",
             "--learning_rate", "1e-3", "--zero_stage", "0", "--save_path", str(save), "--disable_progress_bar",
             *extra]
 
@@ -172,7 +172,7 @@ def test_issue_checkpoint_defects_end_to_end(demo_assets, tmp_path, world_of_one
                                               "--zero_stage", "0", "--save_path", str(tmp_path / "dpo"),
                                               "--ckpt_path", str(ckpt), "--load_checkpoint",
                                               "--disable_progress_bar"])
-    assert code == 2 and "was written by sft, not dpo" in err and err.count("\n") == 1, err
+    assert code == 2 and "was written by sft, not dpo" in err and len(error_lines(err)) == 1, err
     assert not (tmp_path / "dpo" / "model.safetensors").exists()
 
 

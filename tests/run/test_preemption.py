@@ -66,7 +66,8 @@ def check_preempted_then_resumed(args_for, tmp_path: Path, steps: int) -> None:
 def test_sft_sigterm_saves_exits_0_and_resumes_exactly(demo_assets, tmp_path):
     def args_for(save: Path, *extra: str) -> list[str]:
         return ["rlhfkit.cli.train_sft", "--pretrain", str(demo_assets.model_dir), "--dataset",
-                str(demo_assets.sft_train), "--max_samples", "480", "--input_key", "question", "--output_key",
+                str(demo_assets.sft_train), "--max_samples", "480", "--max_epochs", "1", "--input_key", "question",
+                "--output_key",
                 "response", "--input_template", TEMPLATE, "--max_len", "48", "--train_batch_size", "8",
                 "--micro_train_batch_size", "8", "--learning_rate", "1e-3", "--zero_stage", "0",
                 "--save_path", str(save), "--disable_progress_bar", *extra]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rlhfkit.cli.common import run_cli
-from tests.helpers import REPO
+from tests.helpers import REPO, error_lines
 
 TEMPLATE = "User: {}\nAssistant: "
 
@@ -26,7 +26,7 @@ def error_line(capsys, module: str, *argv: str) -> str:
         code = run_cli(main, list(argv), prog=module)
     except SystemExit as e:
         code = e.code
-    err = capsys.readouterr().err.strip().splitlines()
+    err = error_lines(capsys.readouterr().err)
     assert code == 2 and len(err) == 1 and "Traceback" not in err[0], err
     return err[0]
 

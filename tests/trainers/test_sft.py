@@ -18,7 +18,8 @@ TEMPLATE = "User: {}\nAssistant: "
 def sft_args(assets, save: Path, *extra: str) -> list[str]:
     return ["rlhfkit.cli.train_sft", "--pretrain", str(assets.model_dir), "--dataset", str(assets.sft_train),
             "--input_key", "question", "--output_key", "response", "--input_template", TEMPLATE,
-            "--max_len", "48", "--max_samples", "64", "--train_batch_size", "8", "--micro_train_batch_size", "2",
+            "--max_len", "48", "--max_samples", "64", "--max_epochs", "1", "--train_batch_size", "8",
+            "--micro_train_batch_size", "2",
             "--learning_rate", "1e-3", "--lr_warmup_ratio", "0.1", "--save_path", str(save),
             "--metrics_path", str(save / "metrics.jsonl"), "--disable_progress_bar", *extra]
 
