@@ -14,13 +14,19 @@ from rlhfkit.errors import UserError
 
 class RLFlags(Protocol):
     """The sections of `rlhfkit.config.rl.PPOConfig` these rules read (a Protocol, so that `config.rl`, which runs
-    the rules, is not imported back here)."""
+    the rules, is not imported back here). Read-only, so a config may hold a subclass of a section (PPOConfig's
+    RLStrategyArgs, which only changes defaults)."""
 
-    algo: AlgorithmArgs
-    rl_model: RLModelArgs
-    resources: ResourceArgs
-    rollout: RolloutArgs
-    strategy: StrategyArgs
+    @property
+    def algo(self) -> AlgorithmArgs: ...
+    @property
+    def rl_model(self) -> RLModelArgs: ...
+    @property
+    def resources(self) -> ResourceArgs: ...
+    @property
+    def rollout(self) -> RolloutArgs: ...
+    @property
+    def strategy(self) -> StrategyArgs: ...
 
 
 def check_positive(values: dict[str, float]) -> None:
