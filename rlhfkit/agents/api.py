@@ -1,7 +1,7 @@
 """The agent API an agent file (`--agent_func_path`) builds on, in both of OpenRLHF's generations.
 
 An agent file defines `AgentInstance(AgentInstanceBase)` (one episode's environment: async `reset(states)` and
-`step(states)`) and `AgentExecutor`, either the seed's form
+`step(states)`) and `AgentExecutor`, either the form of OpenRLHF's example commands
 
     class AgentExecutor(AgentExecutorBase):
         def __init__(self, max_steps, max_length, llm_engine, hf_tokenizer, result_queue):
@@ -9,7 +9,7 @@ An agent file defines `AgentInstance(AgentInstanceBase)` (one episode's environm
 
 or OpenRLHF 0.11's `class AgentExecutor(MultiTurnAgentExecutor)` whose `__init__()` calls
 `super().__init__(AgentInstance)`. Either may override `async execute(prompt, label, sampling_params)` and call
-super's. `AgentInstance.__init__` may be `async def` (as the seed writes it).
+super's. `AgentInstance.__init__` may be `async def` (as OpenRLHF's example agent writes it).
 
 `step` returns a dict: `rewards` (number / tensor; the turns' rewards add up to the episode's reward), `scores`
 (the last turn's is the episode's, default: the summed rewards), `environment_feedback` (text appended to the
@@ -134,7 +134,7 @@ class AgentExecutorBase:
         self.max_length = max_length
         self.llm_engine = llm_engine
         self.hf_tokenizer = hf_tokenizer
-        self.result_queue = result_queue  # the seed's signature; episodes are returned, not queued
+        self.result_queue = result_queue  # OpenRLHF's example signature; episodes are returned, not queued
         self.step_timeout: float | None = None
 
     def bind(self, *, max_steps: int, max_length: int, llm_engine: Any, hf_tokenizer: Any,

@@ -60,7 +60,7 @@ class BatchingGenerator:
 
     def _check(self, sampling_params: Any) -> None:
         """The policy's log-probs are trained at the run's temperature / top-p / top-k: an agent may pass the
-        sampling params back unchanged (the seed's template does), not change them mid-episode."""
+        sampling params back unchanged (the template of OpenRLHF's example agent does), not change them mid-episode."""
         if not isinstance(sampling_params, dict):
             return
         changed = {k: sampling_params[k] for k in SAMPLING_KEYS

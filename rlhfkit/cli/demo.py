@@ -86,8 +86,9 @@ def run_sft_stage(assets, data: Path, out: Path, steps: int, seed: int) -> str:
 
 
 def grpo_argv(sft_dir: str, prompts: Path, save: Path, steps: int, seed: int, use_vllm: bool) -> list[str]:
-    """The train_ppo_ray flags of the demo's GRPO stage: the seed's hybrid-engine form (every model and the rollout
-    engine on one colocated bundle), sized for a 2-core CPU machine; 16 prompts x 8 samples per step."""
+    """The train_ppo_ray flags of the demo's GRPO stage: the hybrid-engine form of OpenRLHF's example commands
+    (every model and the rollout engine on one colocated bundle), sized for a 2-core CPU machine; 16 prompts x 8
+    samples per step."""
     from rlhfkit.demo.assets import DEMO_INPUT_TEMPLATE
 
     engine = ["--vllm_num_engines", "1", "--vllm_enable_sleep", "--enforce_eager"] if use_vllm else \

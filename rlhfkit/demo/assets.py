@@ -6,7 +6,7 @@ Layout of `out_dir`:
     data/        sft_{train,eval}.jsonl, pref_{train,eval}.jsonl, kto_{train,eval}.jsonl, rl_{train,eval}.jsonl
     manifest.json  seed, sizes, record counts and library versions
 
-Everything follows from the seed. A second call with the same directory and arguments reuses the files (the
+Everything follows from the random seed. A second call with the same directory and arguments reuses the files (the
 manifest must match, library versions included); otherwise the directory is rebuilt. The build goes to a
 temporary sibling directory that is renamed into place, so a crash never leaves a half-written asset set.
 """

@@ -43,7 +43,7 @@ def check_model_path(path: str | None, flag: str = "--pretrain") -> str:
 
 
 def resolve_attn_implementation(attn_implementation: str, flash_attn: bool) -> str:
-    """`--flash_attn` is the seed's spelling of `--attn_implementation flash_attention_2`; "auto" (a config built
+    """`--flash_attn` is OpenRLHF's spelling of `--attn_implementation flash_attention_2`; "auto" (a config built
     without `parse_config`, which resolves it) is this machine's choice (`rlhfkit.config.devices`)."""
     from rlhfkit.config.devices import AUTO, auto_attn_implementation
 
