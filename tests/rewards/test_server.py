@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import REPO
+from tests.helpers import REPO, error_lines
 
 QUERIES = ["User: What is 1+2?\nAssistant: 3", "User: What is 10+5?\nAssistant: 16",
            "User: Reverse the letters of abc.\nAssistant: cba", "x"]
@@ -170,7 +170,8 @@ def test_cli_bad_model_path_is_one_line_exit_2(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "rlhfkit.cli.serve_rm", "--reward_pretrain", str(tmp_path / "no"),
                            "--port", "0"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert proc.stderr.strip().count("\n") == 0 and "--reward_pretrain" in proc.stderr
+    lines = error_lines(proc.stderr)  # the start-up notes on OpenRLHF's defaults left out
+    assert len(lines) == 1 and "--reward_pretrain" in lines[0]
 
 
 # -- abuse: malformed bodies, oversize requests, slow clients, starvation ---------------------------------------

@@ -21,7 +21,7 @@ def sft_argv(assets, save: Path, *extra: str) -> list[str]:
             "--output_key", "response", "--input_template", TEMPLATE, "--max_len", "40", "--max_samples", "32",
             "--train_batch_size", "8", "--micro_train_batch_size", "4", "--learning_rate", "1e-3",
             "--lr_warmup_ratio", "0.25", "--save_path", str(save), "--metrics_path", str(save / "m.jsonl"),
-            "--disable_progress_bar", "--l2", "0.01", *extra]
+            "--disable_progress_bar", "--l2", "0.01", "--max_epochs", "1", *extra]
 
 
 def sft(assets, save: Path, *extra: str) -> list[dict]:
