@@ -71,46 +71,6 @@ def note_openrlhf_defaults(prog: str, cfg: Any, given: frozenset[str]) -> None:
         sys.stderr.write(line + "\n")
 
 
-def _devices(plan_args: Any, trainer: str) -> tuple[Any, int]:
-    """What --dry_run plans against: --dry_run_gpu_memory_gb GPUs, else the local GPUs, else the host's memory
-    (MemAvailable of /proc/meminfo). Returns (Devices, data-parallel world size of the launcher-run trainers)."""
-    from rlhfkit.planner.memory import GIB
-    from rlhfkit.planner.plan import Devices
-
-    world = plan_args.dry_run_num_gpus or int(os.environ.get("WORLD_SIZE", "1"))
-    if plan_args.dry_run_gpu_memory_gb is not None:
-        return Devices("gpu", plan_args.dry_run_gpu_memory_gb * GIB, world, "--dry_run_gpu_memory_gb"), world
-    import torch
-
-    if torch.cuda.is_available():
-        memory = torch.cuda.get_device_properties(0).total_memory
-        return Devices("gpu", float(memory), torch.cuda.device_count(), "local GPU 0"), world
-    available = None
-    with open("/proc/meminfo", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                available = int(line.split()[1]) * 1024
-    if available is None:
-        import psutil
-
-        available = psutil.virtual_memory().available
-    return Devices("cpu", float(available), 1, "MemAvailable of this machine, no GPU"), world
-
-
-def dry_run(cfg: Any, trainer: str, prog: str) -> bool:
-    """--dry_run: print the memory plan of this validated config and return True (the caller exits 0 without
-    loading a model); False without --dry_run. `trainer` is sft, rm, dpo, kto, ppo or ppo_ray."""
-    plan_args = cfg.plan
-    if not plan_args.dry_run:
-        return False
-    from rlhfkit.planner.advice import plan_with_advice, render
-
-    devices, world = _devices(plan_args, trainer)
-    if os.environ.get("RANK", "0") == "0":
-        print(render(plan_with_advice(cfg, trainer, devices, world), prog), flush=True)
-    return True
-
-
 def cli_main(config_cls: type, prog: str, doc: str | None, runner: str, *, plan_as: str | None = None,
              validate: Callable[[Any], Any] | None = None,
              validate_always: bool = False) -> Callable[[Sequence[str] | None], int]:
@@ -141,7 +101,10 @@ def run_config(config_cls: type, argv: Sequence[str] | None, prog: str, doc: str
     planning = plan_as is not None and cfg.plan.dry_run
     if validate is not None and (validate_always or planning):
         validate(cfg)
-    if plan_as is not None and dry_run(cfg, plan_as, prog):  # False without --dry_run
+    if plan_as is not None and planning:
+        from rlhfkit.planner.dry_run import dry_run
+
+        dry_run(cfg, plan_as, prog)
         return 0
     module, _, function = runner.partition(":")
     getattr(importlib.import_module(module), function)(cfg)

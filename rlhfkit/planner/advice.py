@@ -7,20 +7,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from rlhfkit.config.kinds import TrainConfig, WithReference
+from rlhfkit.config.rl import PPOConfig
 from rlhfkit.planner.memory import gib
 from rlhfkit.planner.plan import TIGHT_FRACTION, Devices, Plan, Pool, build_plan, replan
 
-Change = Callable[[Any], None]
+Change = Callable[[TrainConfig], None]
 
 
 def _set(section: str, name: str, value: Any) -> Change:
-    def change(cfg: Any) -> None:
+    def change(cfg: TrainConfig) -> None:
         setattr(getattr(cfg, section), name, value)
     return change
 
 
 def _scale_devices(factor: int) -> Change:
-    def change(cfg: Any) -> None:
+    def change(cfg: TrainConfig) -> None:
+        if not isinstance(cfg, PPOConfig):
+            return
         res = cfg.resources
         for role in ("actor", "critic", "ref", "reward"):
             gpus = getattr(res, f"{role}_num_gpus_per_node")
@@ -30,7 +34,17 @@ def _scale_devices(factor: int) -> Change:
     return change
 
 
-def _candidates(cfg: Any, trainer: str, devices: Devices, world_size: int) -> list[tuple[str, Change, int]]:
+def _together(changes: list[Change]) -> Change:
+    """One change that applies `changes` in order (a copy of the list: the caller keeps appending)."""
+    kept = tuple(changes)
+
+    def change(cfg: TrainConfig) -> None:
+        for one in kept:
+            one(cfg)
+    return change
+
+
+def _candidates(cfg: TrainConfig, trainer: str, devices: Devices, world_size: int) -> list[tuple[str, Change, int]]:
     """(flag text, change, world size after it) for every change that could lower the peak, cheapest first."""
     m, s = cfg.model, cfg.strategy
     out: list[tuple[str, Change, int]] = []
@@ -39,15 +53,15 @@ def _candidates(cfg: Any, trainer: str, devices: Devices, world_size: int) -> li
     if s.micro_train_batch_size > 1:
         half = s.micro_train_batch_size // 2
         out.append((f"--micro_train_batch_size {half}", _set("strategy", "micro_train_batch_size", half), world_size))
-    ranks = world_size if trainer not in ("ppo", "ppo_ray") else \
+    ranks = world_size if not isinstance(cfg, PPOConfig) else \
         cfg.resources.actor_num_nodes * cfg.resources.actor_num_gpus_per_node if trainer == "ppo_ray" else 1
     if s.zero_stage < 3 and ranks > 1:
         out.append(("--zero_stage 3", _set("strategy", "zero_stage", 3), world_size))
     if not s.adam_offload:
         out.append(("--adam_offload", _set("strategy", "adam_offload", True), world_size))
-    if trainer in ("dpo", "kto") and not cfg.reference.ref_offload:
+    if isinstance(cfg, WithReference) and not cfg.reference.ref_offload:
         out.append(("--ref_offload", _set("reference", "ref_offload", True), world_size))
-    if trainer == "ppo_ray":
+    if isinstance(cfg, PPOConfig) and trainer == "ppo_ray":
         res, r = cfg.resources, cfg.rollout
         shared = res.colocate_all_models
         if shared and r.vllm_num_engines and not r.vllm_enable_sleep:
@@ -63,7 +77,7 @@ def _candidates(cfg: Any, trainer: str, devices: Devices, world_size: int) -> li
         if devices.kind == "gpu":
             out.append(("twice the GPUs per role (--*_num_gpus_per_node x 2)", _scale_devices(2), world_size))
     elif trainer != "ppo" and devices.kind == "gpu":
-        out.append((f"{2 * world_size} GPUs (--dry_run_num_gpus {2 * world_size} to plan it)", lambda cfg: None,
+        out.append((f"{2 * world_size} GPUs (--dry_run_num_gpus {2 * world_size} to plan it)", lambda _cfg: None,
                     2 * world_size))
     if not m.lora_rank and trainer != "rm":
         out.append(("--lora_rank 16 (train adapters instead of all weights)", _set("model", "lora_rank", 16),
@@ -71,7 +85,7 @@ def _candidates(cfg: Any, trainer: str, devices: Devices, world_size: int) -> li
     return out
 
 
-def advise(cfg: Any, trainer: str, devices: Devices, world_size: int, plan: Plan) -> list[str]:
+def advise(cfg: TrainConfig, trainer: str, devices: Devices, world_size: int, plan: Plan) -> list[str]:
     """One line per change that lowers the peak, then the smallest combination (in order) that fits, if any."""
     before = plan.total()
     lines, kept = [], []
@@ -91,7 +105,7 @@ def advise(cfg: Any, trainer: str, devices: Devices, world_size: int, plan: Plan
         changes.append(change)
         names.append(text)
         ws_all = max(ws_all, ws)
-        combined = replan(cfg, trainer, devices, ws_all, lambda c, cs=tuple(changes): [f(c) for f in cs])
+        combined = replan(cfg, trainer, devices, ws_all, _together(changes))
         if combined.fits:
             if len(names) > 1:
                 lines.append(f"together: {' + '.join(names)}: peak {gib(combined.total())} (fits)")
@@ -102,7 +116,7 @@ def advise(cfg: Any, trainer: str, devices: Devices, world_size: int, plan: Plan
     return lines
 
 
-def plan_with_advice(cfg: Any, trainer: str, devices: Devices, world_size: int = 1) -> Plan:
+def plan_with_advice(cfg: TrainConfig, trainer: str, devices: Devices, world_size: int = 1) -> Plan:
     """`build_plan`, with the advice attached when the plan does not fit."""
     plan = build_plan(cfg, trainer, devices, world_size)
     if not plan.fits:

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
+from rlhfkit.config.kinds import OfflineConfig, TrainConfig, WithReference
 from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference, role_needed, role_ranks
 from rlhfkit.config.rl_specs import placement_spec
 from rlhfkit.distributed.placement import plan_pools, role_demands
@@ -117,7 +118,7 @@ def _shape(path: str | None, flag: str) -> mem.ModelShape:
     return mem.read_model_shape(path, flag)
 
 
-def _trained_rows(role: str, shape: mem.ModelShape, cfg: Any, ranks: int, phase: str, *, lm_head: bool = True,
+def _trained_rows(role: str, shape: mem.ModelShape, cfg: TrainConfig, ranks: int, phase: str, *, lm_head: bool = True,
                   lora_rank: int = 0) -> list[Row]:
     m, s = cfg.model, cfg.strategy
     params = shape.params(lm_head)
@@ -138,7 +139,7 @@ def _trained_rows(role: str, shape: mem.ModelShape, cfg: Any, ranks: int, phase:
     return rows
 
 
-def _frozen_row(role: str, shape: mem.ModelShape, cfg: Any, ranks: int, phase: str, *, lm_head: bool = True,
+def _frozen_row(role: str, shape: mem.ModelShape, cfg: TrainConfig, ranks: int, phase: str, *, lm_head: bool = True,
                 offload: bool = False) -> Row:
     w = mem.frozen_weights(shape.params(lm_head), cfg.model.bf16, cfg.strategy.zero_stage, ranks)
     if offload:
@@ -147,7 +148,7 @@ def _frozen_row(role: str, shape: mem.ModelShape, cfg: Any, ranks: int, phase: s
                                                              and ranks > 1 else ""))
 
 
-def _act_row(role: str, shape: mem.ModelShape, cfg: Any, rows: int, seq: int, *, train: bool,
+def _act_row(role: str, shape: mem.ModelShape, cfg: TrainConfig, rows: int, seq: int, *, train: bool,
              lm_head: bool = True) -> Row:
     m = cfg.model
     eager = m.attn_implementation == "eager" and not m.flash_attn
@@ -160,7 +161,7 @@ def _act_row(role: str, shape: mem.ModelShape, cfg: Any, rows: int, seq: int, *,
     return Row(role, "activations", "train", b, transient=True, note=note)
 
 
-def _plan_preference(cfg: Any, trainer: str, ranks: int) -> list[Pool]:
+def _plan_preference(cfg: OfflineConfig, trainer: str, ranks: int) -> list[Pool]:
     """sft, rm, dpo, kto: one process per device, data parallel over `ranks`."""
     shape = _shape(cfg.model.pretrain, "--pretrain")
     micro, seq = cfg.strategy.micro_train_batch_size, cfg.data.max_len
@@ -169,7 +170,7 @@ def _plan_preference(cfg: Any, trainer: str, ranks: int) -> list[Pool]:
                          lora_rank=cfg.model.lora_rank)
     pair_rows = micro if trainer == "sft" else 2 * micro  # chosen + rejected (KTO: samples + KL pairs)
     rows.append(_act_row("model", shape, cfg, pair_rows, seq, train=True, lm_head=not reward_model))
-    if trainer in ("dpo", "kto"):
+    if isinstance(cfg, WithReference):
         ref_path = cfg.reference.ref_pretrain or cfg.model.pretrain
         ref = _shape(ref_path, "--ref_pretrain") if cfg.reference.ref_pretrain else shape
         rows.append(_frozen_row("reference", ref, cfg, ranks, "resident", offload=cfg.reference.ref_offload))
@@ -269,18 +270,18 @@ def _plan_rl(cfg: PPOConfig, trainer: str, devices: Devices) -> list[Pool]:
     return pools
 
 
-def _ranks_of(cfg: Any, trainer: str, role: str, world_size: int) -> int:
+def _ranks_of(cfg: TrainConfig, trainer: str, role: str, world_size: int) -> int:
     """Processes holding a role's rows: its ranks (train_ppo_ray), the launcher's world size, or 1 (train_ppo)."""
     if trainer == "ppo":
         return 1
-    if trainer != "ppo_ray":
+    if not isinstance(cfg, PPOConfig):
         return world_size
     if role == "vllm":
         return cfg.rollout.vllm_num_engines
     return 1 if role == "hf_engine" else role_ranks(cfg, role)
 
 
-def _to_host(pools: list[Pool], cfg: Any, trainer: str, world_size: int) -> None:
+def _to_host(pools: list[Pool], cfg: TrainConfig, trainer: str, world_size: int) -> None:
     """On the host every process (rank) holds the baseline and its own rows, sleeping and offloaded states
     included (they move to host memory, not away)."""
     for pool in pools:
@@ -304,9 +305,9 @@ def _to_host(pools: list[Pool], cfg: Any, trainer: str, world_size: int) -> None
         pools[0].rows.insert(1, Row("ray", "local Ray cluster", "resident", RAY_LOCAL_CLUSTER, note="measured"))
 
 
-def plan_pools_for(cfg: Any, trainer: str, devices: Devices, world_size: int = 1) -> list[Pool]:
+def plan_pools_for(cfg: TrainConfig, trainer: str, devices: Devices, world_size: int = 1) -> list[Pool]:
     """The pools and their rows (see the module docstring)."""
-    if trainer in ("ppo", "ppo_ray"):
+    if isinstance(cfg, PPOConfig):
         pools = _plan_rl(cfg, trainer, devices)
     else:
         pools = _plan_preference(cfg, trainer, world_size)
@@ -320,7 +321,7 @@ def plan_pools_for(cfg: Any, trainer: str, devices: Devices, world_size: int = 1
     return pools
 
 
-def build_plan(cfg: Any, trainer: str, devices: Devices, world_size: int = 1) -> Plan:
+def build_plan(cfg: TrainConfig, trainer: str, devices: Devices, world_size: int = 1) -> Plan:
     """The plan of `trainer` (sft, rm, dpo, kto, ppo, ppo_ray) for `cfg` on `devices`; `world_size` is the
     data-parallel size of the launcher-run trainers (sft, rm, dpo, kto). Advice for a plan that does not fit:
     rlhfkit/planner/advice.py."""
@@ -335,7 +336,8 @@ def build_plan(cfg: Any, trainer: str, devices: Devices, world_size: int = 1) ->
     return Plan(trainer, header, pools, devices, devices.memory)
 
 
-def replan(cfg: Any, trainer: str, devices: Devices, world_size: int, change: Any) -> Plan:
+def replan(cfg: TrainConfig, trainer: str, devices: Devices, world_size: int,
+           change: Callable[[TrainConfig], None]) -> Plan:
     """The plan of a copy of `cfg` changed by `change(cfg_copy)` (for advice)."""
     changed = copy.deepcopy(cfg)
     change(changed)

@@ -1,0 +1,47 @@
+"""`--dry_run`: the memory plan of a validated config against the devices it will run on, printed instead of
+training (rlhfkit/planner/plan.py builds it, rlhfkit/planner/advice.py adds the advice)."""
+
+from __future__ import annotations
+
+import os
+
+from rlhfkit.config.common import DryRunArgs
+from rlhfkit.config.kinds import TrainConfig
+from rlhfkit.planner.advice import plan_with_advice, render
+from rlhfkit.planner.memory import GIB
+from rlhfkit.planner.plan import Devices
+
+
+def _devices(plan_args: DryRunArgs) -> tuple[Devices, int]:
+    """What --dry_run plans against: --dry_run_gpu_memory_gb GPUs, else the local GPUs, else the host's memory
+    (MemAvailable of /proc/meminfo). Returns (Devices, data-parallel world size of the launcher-run trainers)."""
+    world = plan_args.dry_run_num_gpus or int(os.environ.get("WORLD_SIZE", "1"))
+    if plan_args.dry_run_gpu_memory_gb is not None:
+        return Devices("gpu", plan_args.dry_run_gpu_memory_gb * GIB, world, "--dry_run_gpu_memory_gb"), world
+    import torch
+
+    if torch.cuda.is_available():
+        memory = torch.cuda.get_device_properties(0).total_memory
+        return Devices("gpu", float(memory), torch.cuda.device_count(), "local GPU 0"), world
+    available = None
+    with open("/proc/meminfo", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    if available is None:
+        import psutil
+
+        available = psutil.virtual_memory().available
+    return Devices("cpu", float(available), 1, "MemAvailable of this machine, no GPU"), world
+
+
+def dry_run(cfg: TrainConfig, trainer: str, prog: str) -> bool:
+    """--dry_run: print the memory plan of this validated config and return True (the caller exits 0 without
+    loading a model); False without --dry_run. `trainer` is sft, rm, dpo, kto, ppo or ppo_ray."""
+    plan_args = cfg.plan
+    if not plan_args.dry_run:
+        return False
+    devices, world = _devices(plan_args)
+    if os.environ.get("RANK", "0") == "0":
+        print(render(plan_with_advice(cfg, trainer, devices, world), prog), flush=True)
+    return True
