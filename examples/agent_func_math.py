@@ -1,5 +1,5 @@
-# ruff: noqa -- the seed's code kept as users paste it (its unused variables and placeholder included)
-# The seed's math agent (the skill document's "Example: Math Problem Solving Agent": up to 3 attempts, with
+# ruff: noqa -- OpenRLHF's code kept as users paste it (its unused variables and placeholder included)
+# OpenRLHF's math agent (the skill document's "Example: Math Problem Solving Agent": up to 3 attempts, with
 # feedback after a wrong one), with only the import line changed from `openrlhf.utils.agent` to `rlhfkit.agents`.
 # Train with: --agent_func_path examples/agent_func_math.py --label_key answer --max_steps 3
 # agent_func_math.py

@@ -1,4 +1,4 @@
-"""The seed's math agent (examples/agent_func_math.py: up to 3 attempts, feedback after a wrong one) adapted to the
+"""OpenRLHF's math agent (examples/agent_func_math.py: up to 3 attempts, feedback after a wrong one) adapted to the
 demo's addition task, whose answer is the first line of the response (`rlhfkit.demo.tasks.extract_answer`):
 
     python -m rlhfkit.cli.train_ppo ... --prompt_data <demo rl_train.jsonl> --input_key prompt --label_key answer \\

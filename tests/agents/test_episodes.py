@@ -142,7 +142,7 @@ def test_episodes_stop_at_the_token_budget_and_the_turn_budget(engine, tokenizer
 
 
 def test_the_seed_template_runs_with_only_its_import_changed(engine, tokenizer):
-    """The seed's form: AgentExecutor(max_steps, max_length, llm_engine, hf_tokenizer, result_queue) calling
+    """OpenRLHF's form: AgentExecutor(max_steps, max_length, llm_engine, hf_tokenizer, result_queue) calling
     super().__init__(AgentInstance, ...), an `async def __init__`, an `execute` override."""
     eps = run_episodes(engine.generate, tokenizer, str(EXAMPLES / "agent_func.py"), requests(tokenizer, "7", n=2),
                        max_steps=2, max_length=60, seed=SEED, temperature=1.0, top_p=1.0, top_k=-1,)

@@ -1,4 +1,4 @@
-"""The seed's train_rm / train_dpo commands run as typed (paths and sizes aside), KTO runs from its CLI, every
+"""OpenRLHF's train_rm / train_dpo commands run as typed (paths and sizes aside), KTO runs from its CLI, every
 OpenRLHF flag exists, and bad input is one line with exit code 2."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def one_line_error(proc: subprocess.CompletedProcess) -> str:
 
 @pytest.fixture(scope="module")
 def chat_pairs(demo_assets, tmp_path_factory) -> Path:
-    """The demo pairs in the seed's dataset shape: `chosen` / `rejected` are whole conversations."""
+    """The demo pairs in OpenRLHF's dataset shape: `chosen` / `rejected` are whole conversations."""
     out = tmp_path_factory.mktemp("chat") / "pairs.jsonl"
     rows = [json.loads(line) for line in open(demo_assets.pref_train)][:16]
     out.write_text("".join(json.dumps({"chosen": r["chosen_messages"], "rejected": r["rejected_messages"]}) + "\n"

@@ -1,4 +1,4 @@
-"""Every `openrlhf.cli.*` command block of the seed documents runs with `openrlhf` -> `rlhfkit`.
+"""Every `openrlhf.cli.*` command block of OpenRLHF's examples runs with `openrlhf` -> `rlhfkit`.
 
 The seeds (../shared/seeds/, five files) are what users paste. Each block is extracted, counted (a lost block fails
 the count), and:
@@ -69,7 +69,7 @@ class Block:
 
 
 def _ansi_c(text: str) -> str:
-    """bash's $'...' quoting (the seeds' input templates), which shlex does not know."""
+    """bash's $'...' quoting (OpenRLHF's input templates), which shlex does not know."""
     return re.sub(r"\$'((?:[^'\\]|\\.)*)'", lambda m: shlex.quote(codecs.decode(m.group(1), "unicode_escape")), text)
 
 
@@ -97,7 +97,7 @@ def extract_blocks(directory: Path) -> list[Block]:
 
 SEEDS = seeds_dir()
 BLOCKS = extract_blocks(SEEDS) if SEEDS else []
-pytestmark = pytest.mark.skipif(SEEDS is None, reason="the seed documents (../shared/seeds) are not on this machine")
+pytestmark = pytest.mark.skipif(SEEDS is None, reason="OpenRLHF's examples (../shared/seeds) are not on this machine")
 
 
 def test_every_block_is_found():
@@ -141,7 +141,7 @@ def scale(block: Block, assets, out: Path, reward_model: Path | None = None) -> 
     if "--save_steps" in argv and int(argv[argv.index("--save_steps") + 1]) > 0:
         _set(argv, "--save_steps", "2")
     if "--use_wandb" in argv:
-        _set(argv, "--use_wandb", "offline")  # the seeds' {wandb_token} / $WANDB_API_KEY: a secret of the host
+        _set(argv, "--use_wandb", "offline")  # OpenRLHF's {wandb_token} / $WANDB_API_KEY: a secret of the host
     if block.module == "train_ppo_ray":
         return _scale_rl(argv, assets, chat, reward_model)
     _set(argv, "--train_batch_size", "4")
@@ -169,12 +169,12 @@ def _scale_rl(argv: list[str], assets, chat: bool, reward_model: Path | None) ->
     _set(argv, "--vllm_tensor_parallel_size", "1", add=False)
     for flag in ("--reward_pretrain", "--critic_pretrain"):
         _set(argv, flag, str(reward_model or assets.model_dir), add=False)
-    if "--agent_func_path" in argv:  # the seed's agent file -> the example of that name (its step rewards)
+    if "--agent_func_path" in argv:  # OpenRLHF's agent file -> the example of that name (its step rewards)
         example = REPO / "examples" / Path(argv[argv.index("--agent_func_path") + 1]).name
         _set(argv, "--agent_func_path", str(example if example.is_file() else REPO / "examples" / "agent_func.py"))
         _set(argv, "--label_key", "answer")
     elif "--reward_pretrain" not in argv:
-        _set(argv, "--remote_rm_url", REWARD)  # a seed's reward function file -> the demo's exact-match reward
+        _set(argv, "--remote_rm_url", REWARD)  # an OpenRLHF reward function file -> the demo's exact-match reward
         _set(argv, "--label_key", "answer")
     _set(argv, "--prompt_data", str(assets.rl_train))
     _set(argv, "--input_key", "prompt")
@@ -194,7 +194,7 @@ def _scale_rl(argv: list[str], assets, chat: bool, reward_model: Path | None) ->
 
 
 def test_gpu_only_flags_say_so_on_cpu():
-    """The seed flags that scaling swaps for a CPU equivalent fail on CPU with their one-line reason."""
+    """OpenRLHF's flags that scaling swaps for a CPU equivalent fail on CPU with their one-line reason."""
     from rlhfkit.models.loading import resolve_attn_implementation
 
     if __import__("importlib").util.find_spec("flash_attn") is not None:

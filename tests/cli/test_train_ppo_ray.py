@@ -111,7 +111,7 @@ def test_ray_job_submit_runs_group_norm_on_the_transformers_engine(demo_assets, 
     try:
         _wait_for_dashboard(dashboard, head, tmp_path / "ray_start.log")
         out = tmp_path / "run"
-        # the seed's form: the checkout travels as the job's working_dir (Ray leaves out what .gitignore names)
+        # OpenRLHF's form: the checkout travels as the job's working_dir (Ray leaves out what .gitignore names)
         submit = [ray_bin, "job", "submit", "--address", f"http://127.0.0.1:{dashboard}",
                   "--runtime-env-json", json.dumps({"working_dir": str(REPO)}), "--", sys.executable,
                   "-m", "rlhfkit.cli.train_ppo_ray", *argv(demo_assets, out, "--advantage_estimator", "group_norm",

@@ -110,7 +110,7 @@ def test_every_task_file_is_found():
 @pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
 def test_task_loads_with_skypilot_and_its_rlhfkit_commands_parse(path, sky_view, tmp_path):
     task = sky_view["tasks"][str(path)]
-    # the seed's shape: 8 A100s per node, spot by default, secrets by --secret, checkpoints on a bucket mount
+    # OpenRLHF's shape: 8 A100s per node, spot by default, secrets by --secret, checkpoints on a bucket mount
     assert task["accelerators"] == {"A100": 8}
     assert task["use_spot"] is True
     assert "WANDB_TOKEN" in task["declared_secrets"] and task["secrets"] == task["declared_secrets"]

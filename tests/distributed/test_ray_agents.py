@@ -1,4 +1,4 @@
-"""The seed's agent files (examples/agent_func.py, examples/agent_func_math.py: only their import line changed)
+"""OpenRLHF's agent files (examples/agent_func.py, examples/agent_func_math.py: only their import line changed)
 train 2 steps through train_ppo_ray --agent_func_path ... --max_steps 3, each on the vLLM and the Transformers
 engine (the random demo model never emits eos, so their first turn spends the whole budget); real multi-turn episodes
 through Ray: an external client drives two-turn chats (8 tokens a reply) through the OpenAI-compatible endpoint

@@ -66,7 +66,7 @@ def test_staleness_bound_and_lock(ray_cluster, demo_assets, tmp_path, queue, par
 
 @pytest.mark.limit(400)
 def test_agent_trains_two_async_steps(ray_cluster, demo_assets, tmp_path):
-    """The seed's agent command shape (--async_train --agent_func_path ... --max_steps 3, REINFORCE++)."""
+    """OpenRLHF's agent command shape (--async_train --agent_func_path ... --max_steps 3, REINFORCE++)."""
     argv = ppo_argv(demo_assets, tmp_path, "--async_train", "--agent_func_path", str(EXAMPLES / "agent_func.py"),
                     "--max_steps", "3", "--advantage_estimator", "reinforce", "--init_kl_coef", "0.01",
                     "--generate_max_len", "24")

@@ -3,7 +3,7 @@ greedy output equals Transformers' greedy output with the actor's weights.
 
 Every cell of (estimator gae|group_norm) x (engine vllm|transformers) x (--colocate_all_models on|off) runs: four
 named tests with their own extra checks (a reward model; a 2-rank ZeRO-3 actor with both sleep modes; a resumable
-checkpoint; the seed's hybrid-engine PPO command) and the other four in `test_two_steps_in_every_cell`, one of
+checkpoint; OpenRLHF's hybrid-engine PPO command) and the other four in `test_two_steps_in_every_cell`, one of
 which is a second 2-rank ZeRO-3 actor (feeding the Transformers engine).
 """
 
@@ -130,7 +130,7 @@ def test_gae_hybrid_engine_on_transformers_engine(ray_cluster, demo_assets, tmp_
 
 
 CELLS = {  # the cells the named tests above leave: (estimator, engine, colocate_all_models) -> extra flags;
-    # (gae, vllm, hybrid) is the seed's hybrid-engine PPO command, `test_seed_hybrid_engine_ppo_command`
+    # (gae, vllm, hybrid) is OpenRLHF's hybrid-engine PPO command, `test_seed_hybrid_engine_ppo_command`
     ("gae", "transformers", False): ["--critic_pretrain", "MODEL", "--critic_init_head",
                                      "--vllm_num_engines", "0",
                                      "--actor_num_gpus_per_node", "2", "--zero_stage", "3"],
@@ -178,8 +178,8 @@ SEED_HYBRID_PPO = r"""
 
 
 def seed_hybrid_argv(assets, out: Path, reward_model: Path) -> list[str]:
-    """The seed command with sizes, paths and device counts changed (2 CPU bundles, TP 1: no tensor parallelism
-    on CPU), plus where the prompts are (the seed leaves --prompt_data to the user) and 2 steps' worth of them."""
+    """OpenRLHF's command with sizes, paths and device counts changed (2 CPU bundles, TP 1: no tensor parallelism
+    on CPU), plus where the prompts are (OpenRLHF leaves --prompt_data to the user) and 2 steps' worth of them."""
     argv = shlex.split(SEED_HYBRID_PPO.replace("\\\n", " "))
     changes = {"--ref_num_gpus_per_node": "1", "--reward_num_gpus_per_node": "1", "--critic_num_gpus_per_node": "1",
                "--actor_num_gpus_per_node": "2", "--vllm_num_engines": "2", "--vllm_tensor_parallel_size": "1",

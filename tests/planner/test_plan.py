@@ -15,14 +15,14 @@ from tests.cli.test_seed_commands import BLOCKS, SEEDS
 from tests.helpers import REPO
 from tests.planner.memory_shapes import LLAMA2_7B, LLAMA2_70B, write_config
 
-pytestmark = pytest.mark.skipif(SEEDS is None, reason="the seed documents (../shared/seeds) are not on this machine")
+pytestmark = pytest.mark.skipif(SEEDS is None, reason="OpenRLHF's examples (../shared/seeds) are not on this machine")
 
 SEED_7B_HYBRID = "001-0-train_ppo_ray"  # "PPO Training (Hybrid Engine)": 8 GPUs, --colocate_all_models, both sleeps
 SEED_70B_MULTINODE = "001-10-train_ppo_ray"  # "8-node cluster (64 GPUs) - 70B model"
 
 
 def seed_argv(block_id: str, model: str, gpu_gb: str = "80") -> list[str]:
-    """The seed block's flags with the model paths pointing at a config.json-only directory, a prompt file name
+    """OpenRLHF's block flags with the model paths pointing at a config.json-only directory, a prompt file name
     where the block has none (it is not read), and --dry_run for GPUs of `gpu_gb`."""
     argv = list(next(b for b in BLOCKS if b.id == block_id).argv)
     for flag in ("--pretrain", "--reward_pretrain"):

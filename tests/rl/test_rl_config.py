@@ -1,4 +1,4 @@
-"""RL config: OpenRLHF's flags (the seed commands parse), derived defaults, and one-line errors with exit code 2."""
+"""RL config: OpenRLHF's flags (OpenRLHF's commands parse), derived defaults, and one-line errors with exit code 2."""
 
 from __future__ import annotations
 
