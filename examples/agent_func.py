@@ -1,9 +1,10 @@
 # ruff: noqa -- OpenRLHF's code kept as users paste it (its unused variables and placeholder included)
-# OpenRLHF's agent template (the skill document's "Agent API" section), with only the import line changed from
-# `openrlhf.utils.agent` to `rlhfkit.agents`. Train with: --agent_func_path examples/agent_func.py --max_steps 3
+# OpenRLHF's agent template (the skill document's "Agent API" section), unchanged but for the indentation that
+# the document's text lost; its `openrlhf.utils.agent` import line runs as it is (rlhfkit/agents/openrlhf_compat.py).
+# Train with: --agent_func_path examples/agent_func.py --max_steps 3
 # (its `calculate_reward` is the template's placeholder: the instance's own 5-step horizon is never reached within
 # 3 turns, so every episode ends by the turn budget with reward 0).
-from rlhfkit.agents import AgentExecutorBase, AgentInstanceBase
+from openrlhf.utils.agent import AgentExecutorBase, AgentInstanceBase
 import torch
 from typing import Dict, Any
 class AgentInstance(AgentInstanceBase):

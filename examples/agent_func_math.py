@@ -1,9 +1,10 @@
 # ruff: noqa -- OpenRLHF's code kept as users paste it (its unused variables and placeholder included)
 # OpenRLHF's math agent (the skill document's "Example: Math Problem Solving Agent": up to 3 attempts, with
-# feedback after a wrong one), with only the import line changed from `openrlhf.utils.agent` to `rlhfkit.agents`.
+# feedback after a wrong one), unchanged but for the indentation that the document's text lost; its
+# `openrlhf.utils.agent` import line runs as it is (rlhfkit/agents/openrlhf_compat.py).
 # Train with: --agent_func_path examples/agent_func_math.py --label_key answer --max_steps 3
 # agent_func_math.py
-from rlhfkit.agents import AgentExecutorBase, AgentInstanceBase
+from openrlhf.utils.agent import AgentExecutorBase, AgentInstanceBase
 import torch
 import re
 class AgentInstance(AgentInstanceBase):

@@ -99,22 +99,22 @@ async def create_instance(cls: Any, *args: Any, **kwargs: Any) -> Any:
     return cls(*args, **kwargs)
 
 
-def _total(value: Any) -> float:
+def total(value: Any) -> float:
     """A reward given as a number, a tensor or a list: the sum of its entries."""
     if value is None:
         return 0.0
     if hasattr(value, "detach"):
         return float(value.detach().float().sum())
     if isinstance(value, (list, tuple)):
-        return float(sum(_total(v) for v in value))
+        return float(sum(total(v) for v in value))
     return float(value)
 
 
-def _numbers(logs: Any) -> dict[str, float]:
+def numbers(logs: Any) -> dict[str, float]:
     out: dict[str, float] = {}
     for key, value in (logs or {}).items():
         try:
-            out[str(key)] = _total(value)
+            out[str(key)] = total(value)
         except (TypeError, ValueError):
             continue
     return out
@@ -214,10 +214,10 @@ class AgentExecutorBase:
             out = await self._user("step", agent.step({"observation_text": observation, "action_text": action_text,
                                                        "label": label, "sampling_params": sampling_params}))
             out = out or {}
-            episode.reward += _total(out.get("rewards"))
+            episode.reward += total(out.get("rewards"))
             if out.get("scores") is not None:
-                scores = _total(out["scores"])
-            logs.update(_numbers(out.get("extra_logs")))
+                scores = total(out["scores"])
+            logs.update(numbers(out.get("extra_logs")))
             if out.get("sampling_params") is not None:  # the next turn's (e.g. a "max_tokens" cap per turn)
                 sampling_params = out["sampling_params"]
             if out.get("done"):

@@ -17,8 +17,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from rlhfkit.agents.api import AgentExecutorBase, Episode, Prompt
+from rlhfkit.agents.api import AgentExecutorBase, AgentFailure, Episode, Prompt
+from rlhfkit.agents.openrlhf_compat import (
+    IMPORT_ALIASES,
+    OpenRLHFEngine,
+    SamplingParams,
+    episode_from_dict,
+    takes_engine,
+)
 from rlhfkit.errors import UserError
+from rlhfkit.rewards.user_code_worker import aliased_imports
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k")
 
@@ -106,9 +114,12 @@ def load_agent_executor(path: str) -> type:
         raise UserError(f"--agent_func_path {path}: not a Python file that can be imported")
     module = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(module)
+        with aliased_imports(IMPORT_ALIASES):  # `from openrlhf.utils.agent import ...` as OpenRLHF's files write it
+            spec.loader.exec_module(module)
     except Exception as e:  # noqa: BLE001 - any failure while importing is the user's file
-        raise UserError(f"agent {path}: importing it failed ({type(e).__name__}: {e})") from e
+        hint = (f"; rlhfkit provides {', '.join(IMPORT_ALIASES)} of openrlhf" if isinstance(e, ImportError)
+                and "openrlhf" in str(e) else "")
+        raise UserError(f"agent {path}: importing it failed ({type(e).__name__}: {e}){hint}") from e
     cls = getattr(module, "AgentExecutor", None)
     if not (inspect.isclass(cls) and issubclass(cls, AgentExecutorBase)):
         raise UserError(f"agent {path}: defines no class AgentExecutor(AgentExecutorBase or MultiTurnAgentExecutor) "
@@ -121,7 +132,9 @@ def make_executor(cls: type[Any], max_steps: int, max_length: int, llm_engine: A
     """Build the file's AgentExecutor in the form it is written in, then bind what the run provides."""
     params = [p for p in inspect.signature(cls.__init__).parameters.values()
               if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    executor = cls(max_steps, max_length, llm_engine, tokenizer, None) if params else cls()
+    # OpenRLHF 0.11's executors that drive the engine themselves define no __init__ (its base takes none)
+    own_init = cls.__init__ is not AgentExecutorBase.__init__
+    executor = cls(max_steps, max_length, llm_engine, tokenizer, None) if params and own_init else cls()
     return executor.bind(max_steps=max_steps, max_length=max_length, llm_engine=llm_engine, hf_tokenizer=tokenizer,
                          step_timeout=step_timeout)
 
@@ -143,10 +156,19 @@ def run_episodes(engine_generate: Callable[..., list], tokenizer: Any, agent_pat
 
         keys = isolate(executor, agent_path, agent_workers, step_timeout or 60.0)
 
+    full_form = takes_engine(executor)
+
     async def one(request: dict[str, Any]) -> Episode:
+        prompt = Prompt(request["prompt"], request["prompt_ids"])
+        engine = OpenRLHFEngine(llm, tokenizer, max_length)
+        params = SamplingParams(llm.sampling, max_tokens=max_length, logprobs=1)
         try:
-            return await executor.execute(Prompt(request["prompt"], request["prompt_ids"]), request.get("label"),
-                                          dict(llm.sampling))
+            if not full_form:  # OpenRLHF's example form: execute(prompt, label, sampling_params)
+                return await executor.execute(prompt, request.get("label"), dict(llm.sampling))
+            out = await executor.execute(prompt, request.get("label"), params, max_length, tokenizer, engine)
+            return out if isinstance(out, Episode) else episode_from_dict(out, engine, max_length)
+        except AgentFailure as failure:  # a malformed dict from OpenRLHF 0.11's execute: this episode fails
+            return Episode(prompt_ids=list(prompt.token_ids), finish="failed", error=f"{failure.kind}: {failure}")
         finally:
             llm.episode_finished()
 

@@ -23,12 +23,13 @@ _WORKERS: dict[tuple[str, int, float], Any] = {}
 
 def agent_workers(path: str, workers: int, timeout: float) -> Any:
     """The worker processes of an agent file in this process (started once, reused by every step)."""
+    from rlhfkit.agents.openrlhf_compat import IMPORT_ALIASES
     from rlhfkit.rewards.user_code import PinnedWorkers, UserCodeLoadError
 
     key = (path, workers, timeout)
     if key not in _WORKERS:
         try:
-            _WORKERS[key] = PinnedWorkers(path, workers=workers, timeout=timeout)
+            _WORKERS[key] = PinnedWorkers(path, workers=workers, timeout=timeout, import_aliases=IMPORT_ALIASES)
         except UserCodeLoadError as e:
             raise UserError(f"agent {path}: importing it in a worker failed ({e})") from None
     return _WORKERS[key]

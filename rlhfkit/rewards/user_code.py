@@ -16,6 +16,7 @@ worker exits when its parent goes away (a watchdog thread), so a killed trainer 
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import signal
@@ -29,7 +30,7 @@ from multiprocessing.connection import Pipe
 from pathlib import Path
 from typing import Any
 
-from rlhfkit.rewards.user_code_worker import describe, recv_obj, send_obj
+from rlhfkit.rewards.user_code_worker import ALIASES_ENV, describe, recv_obj, send_obj
 
 WORKER_FILE = Path(__file__).with_name("user_code_worker.py")
 FAILURE_KINDS = ("exception", "timeout", "crash", "bad_output")
@@ -237,12 +238,15 @@ class PinnedWorkers:
     calls (an agent episode's AgentInstance): `new`, `call`, `drop` on a key pinned to worker `key_index`. A worker
     that dies (crash, or killed at a timeout) is replaced; the objects it held are gone, and calls on them fail."""
 
-    def __init__(self, path: str, workers: int = 1, timeout: float = 60.0, start_timeout: float = 120.0):
+    def __init__(self, path: str, workers: int = 1, timeout: float = 60.0, start_timeout: float = 120.0,
+                 import_aliases: dict[str, str] | None = None):
         if workers < 1 or timeout <= 0:
             raise ValueError(f"PinnedWorkers needs workers >= 1 and a positive timeout (got {workers}, {timeout})")
         self.path = str(Path(path).expanduser().resolve())
         self.timeout, self.start_timeout = float(timeout), float(start_timeout)
         self._env = _worker_env()
+        if import_aliases:  # names the file imports that mean other modules (user_code_worker.aliased_imports)
+            self._env[ALIASES_ENV] = json.dumps(import_aliases)
         self._workers = [_Worker(self.path, self._env) for _ in range(workers)]
         try:
             self.functions = set(self._workers[0].wait_ready(self.start_timeout))

@@ -11,10 +11,13 @@ import os
 import pickle
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
+
+ALIASES_ENV = "RLHFKIT_IMPORT_ALIASES"
 
 
 def describe(e: BaseException) -> str:
@@ -40,6 +43,48 @@ def _watch_parent(parent: int) -> None:
             os._exit(3)
 
 
+@contextmanager
+def aliased_imports(aliases: dict[str, str]) -> Iterator[None]:
+    """While the block runs, importing a name of `aliases` ("openrlhf.utils.agent") gives the module it maps to
+    ("rlhfkit.agents.api"), and its parent packages exist (empty: other submodules of them are not found). On exit
+    `sys.modules` holds again what it held before for each of those names: a real package of that name, imported or
+    not, is never shadowed outside the block, and none of it is imported inside."""
+    import importlib
+    import types
+
+    saved: dict[str, Any] = {}
+    made: set[str] = set()
+    try:
+        for name, target in aliases.items():
+            parts = name.split(".")
+            for i in range(1, len(parts)):  # the parent packages: empty, for the block only
+                sub = ".".join(parts[:i])
+                if sub not in made:
+                    saved.setdefault(sub, sys.modules.get(sub))
+                    package = types.ModuleType(sub)
+                    package.__path__ = []  # no submodules of its own: `import openrlhf.x` is not found
+                    sys.modules[sub] = package
+                    made.add(sub)
+            saved.setdefault(name, sys.modules.get(name))
+            sys.modules[name] = importlib.import_module(target)
+            for i in range(1, len(parts)):  # each package's attribute names its child, as after an import
+                setattr(sys.modules[".".join(parts[:i])], parts[i], sys.modules[".".join(parts[:i + 1])])
+        yield
+    finally:
+        for sub, old in saved.items():
+            if old is None:
+                sys.modules.pop(sub, None)
+            else:
+                sys.modules[sub] = old
+
+
+def import_aliases_from_env() -> dict[str, str]:
+    """The aliases the pool passes to its workers (RLHFKIT_IMPORT_ALIASES: JSON {name: target})."""
+    import json
+
+    return dict(json.loads(os.environ.get(ALIASES_ENV) or "{}"))
+
+
 def _load_module(path: str) -> Any:
     import importlib.util
 
@@ -49,7 +94,8 @@ def _load_module(path: str) -> Any:
         raise ImportError(f"{path} is not an importable Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules["rlhfkit_user_code"] = module
-    spec.loader.exec_module(module)
+    with aliased_imports(import_aliases_from_env()):
+        spec.loader.exec_module(module)
     return module
 
 

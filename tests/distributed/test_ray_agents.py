@@ -1,6 +1,7 @@
-"""OpenRLHF's agent files (examples/agent_func.py, examples/agent_func_math.py: only their import line changed)
-train 2 steps through train_ppo_ray --agent_func_path ... --max_steps 3, each on the vLLM and the Transformers
-engine (the random demo model never emits eos, so their first turn spends the whole budget); real multi-turn episodes
+"""OpenRLHF's agent files (examples/agent_func.py, examples/agent_func_math.py, their `openrlhf` import line as
+written) train 2 steps through train_ppo_ray --agent_func_path ... --max_steps 3, each on the vLLM and the Transformers
+engine, and so does one in OpenRLHF 0.11's style (examples/agent_openrlhf_dict.py: its executor returns OpenRLHF's
+dict; the random demo model never emits eos, so a first turn spends the whole budget. Real multi-turn episodes
 through Ray: an external client drives two-turn chats (8 tokens a reply) through the OpenAI-compatible endpoint
 inside the engine actor (examples/agent_openai_http.py), and those traces train."""
 
@@ -19,7 +20,7 @@ from tests.distributed.test_ray_ppo import ppo_argv
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CELLS = [(agent, engine) for agent in ("agent_func.py", "agent_func_math.py") for engine in ("transformers", "vllm")]
-CELLS.append(("agent_openai_http.py", "transformers"))
+CELLS += [("agent_openai_http.py", "transformers"), ("agent_openrlhf_dict.py", "transformers")]
 
 
 def rows_of(path: Path) -> list[dict]:
@@ -56,4 +57,7 @@ def test_agents_train_two_steps_through_ray(ray_cluster, demo_assets, tmp_path, 
         # every episode has 2 turns (> 1), the rendered user turn between them is feedback
         assert all(r["train/agent/turns"] == 2 and r["train/agent/feedback_tokens"] > 0 for r in steps)
         assert all(r["train/agent/failures"] == 0 and 0 <= r["train/reward"] <= 1 for r in steps)
+    elif agent == "agent_openrlhf_dict.py":  # 1 or 2 attempts, every dict read back without a failure
+        assert all(r["train/agent/failures"] == 0 and 1 <= r["train/agent/turns"] <= 2 for r in steps)
+        assert all(0 <= r["train/reward"] <= 1 and r["train/rollout_logprob_diff"] < 1e-3 for r in steps)
     assert (tmp_path / "final" / "model.safetensors").is_file()
