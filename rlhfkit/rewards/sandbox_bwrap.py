@@ -1,0 +1,103 @@
+"""The bubblewrap command line of the code sandbox, and the check that bubblewrap works on this machine.
+
+`bwrap_argv` puts a program into new user, PID, mount, network, IPC, UTS and cgroup namespaces (`--unshare-all`,
+with `--disable-userns` so that it cannot nest one of its own), on a read-only view of the root file system where
+/tmp and /dev/shm are small private tmpfs (its working directory is /tmp) and the caller's home, /run and /var/tmp
+are empty, with a fresh /proc of its own PID namespace (no other process, the parent included, is visible), a
+minimal /dev, no capabilities, a new terminal session, the seccomp filter of `sandbox_seccomp`, and
+`--die-with-parent`: when the bwrap process is killed, the namespace's first process dies and the kernel kills every
+process left in the namespace.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from rlhfkit.rewards.sandbox_seccomp import ARCHITECTURES, build_filter
+
+WORKDIR = "/tmp"  # inside the sandbox
+HIDDEN_SIZE = 1 << 20  # the emptied directories (home, /run, /var/tmp) are tmpfs too: writable, but tiny
+
+
+def hidden_dirs() -> list[str]:
+    """Directories the program must not read: the caller's home (tokens, ~/.netrc, SSH keys), /run (secrets of
+    containers, runtime sockets) and /var/tmp (writable by everyone, so possibly other jobs' files)."""
+    dirs = ["/run", "/var/tmp"]
+    home = os.path.realpath(Path.home())
+    if home != "/" and os.path.isdir(home):
+        dirs.insert(0, home)
+    return [d for d in dirs if os.path.isdir(d)]
+
+
+def _inside(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def interpreter_dirs(python: str) -> list[str]:
+    """What the interpreter needs that a hidden directory would cover (a pyenv or a venv's base under $HOME): its
+    own directory and the base prefix (standard library), shown read-only again."""
+    real = os.path.realpath(python)
+    needed = [os.path.dirname(real)]
+    if real == os.path.realpath(sys.executable):
+        needed.append(os.path.realpath(sys.base_prefix))
+    return [p for p in dict.fromkeys(needed) if any(_inside(p, d) for d in hidden_dirs())]
+
+
+def bwrap_argv(bwrap: str, python: str, seccomp_fd: int, program_fd: int | None, disk_bytes: int) -> list[str]:
+    """The bwrap arguments up to the command: `python` (a real path) then runs with cwd /tmp; `program_fd`, when
+    given, is copied to /tmp/program.py."""
+    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+            "--cap-drop", "ALL", "--hostname", "sandbox", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+    for directory in hidden_dirs():
+        argv += ["--size", str(HIDDEN_SIZE), "--tmpfs", directory]
+    for directory in interpreter_dirs(python):
+        argv += ["--ro-bind", directory, directory]
+    for directory in (WORKDIR, "/dev/shm"):
+        argv += ["--size", str(disk_bytes), "--tmpfs", directory]
+    if program_fd is not None:
+        argv += ["--file", str(program_fd), f"{WORKDIR}/program.py"]
+    return argv + ["--chdir", WORKDIR, "--seccomp", str(seccomp_fd), os.path.realpath(python)]
+
+
+def seccomp_file() -> tempfile._TemporaryFileWrapper:
+    """The compiled filter in an unlinked file, rewound: pass its descriptor to bwrap (`pass_fds`)."""
+    f = tempfile.TemporaryFile()
+    f.write(build_filter())
+    f.flush()
+    f.seek(0)
+    return f  # type: ignore[return-value]
+
+
+def bwrap_problem(python: str, uid: int | None) -> str | None:
+    """Why bubblewrap cannot sandbox code here (not installed, an unknown machine, namespaces refused by the kernel),
+    or None: a trial run of `python -c pass` under the full command line, as `uid` when given (we are root)."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return "bubblewrap (bwrap) is not installed"
+    if platform.machine() not in ARCHITECTURES:
+        return f"the sandbox has no seccomp filter for {platform.machine()} (known: {', '.join(ARCHITECTURES)})"
+    with seccomp_file() as filt:
+        argv = bwrap_argv(bwrap, python, filt.fileno(), None, 1 << 20) + ["-I", "-c", "pass"]
+        try:
+            done = subprocess.run(argv, pass_fds=(filt.fileno(),), capture_output=True, timeout=30,
+                                  env={"PATH": "/usr/bin:/bin"}, user=uid, group=uid,
+                                  extra_groups=[] if uid is not None else None)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"bwrap did not start ({e})"
+    if done.returncode != 0:
+        lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        return f"bwrap failed: {lines[-1] if lines else f'exit code {done.returncode}'}"
+    return None
+
+
+@functools.lru_cache(maxsize=4)
+def cached_bwrap_problem(python: str, as_root: bool) -> str | None:
+    """`bwrap_problem`, tried once per process (as an unused uid when we are root, as the sandbox runs)."""
+    return bwrap_problem(python, (1 << 20) + 7 if as_root else None)
