@@ -3,8 +3,8 @@
 `run_python(program)` runs the program under bubblewrap (`sandbox_bwrap.py`), an OS boundary that holds whether we
 run as root or as an ordinary user:
 - namespaces: user, PID, mount, network, IPC, UTS (`bwrap --unshare-all`); no user namespace of its own inside;
-- files: a read-only root; its working directory /tmp and /dev/shm are private tmpfs (`disk_bytes` each), gone with
-  the run; the caller's home, /run and /var/tmp are empty; so the parent's files, checkpoints, Ray's /tmp/ray and
+- files: a read-only root; /tmp (its working directory is /tmp/work) and /dev/shm are private tmpfs (`disk_bytes`
+  each), gone with the run; the caller's home and /run are empty; so the parent's files, checkpoints, Ray's /tmp/ray and
   other runs' sandboxes are out of reach, `sqlite3` and subprocesses included;
 - processes: a fresh /proc of its own PID namespace, so the parent is invisible (no /proc/<ppid>/environ or
   cmdline, no kill, no ptrace), a new terminal session, no capabilities;
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import IO
 
 from rlhfkit.errors import UserError
-from rlhfkit.rewards.sandbox_bwrap import bwrap_argv, cached_bwrap_problem, seccomp_file
+from rlhfkit.rewards.sandbox_bwrap import WORKDIR, bwrap_argv, cached_bwrap_problem, seccomp_file
 
 PASSED, FAILED, TIMEOUT = "passed", "failed", "timeout"
 BWRAP, UNSAFE = "bwrap", "unsafe"  # SandboxResult.isolation
@@ -242,7 +242,7 @@ def _command(mode: str, workdir: Path, cfg: dict, program: IO[bytes], seccomp: I
         return boot, {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "TMPDIR": str(workdir), "LANG": "C.UTF-8"}
     argv = bwrap_argv(shutil.which("bwrap") or "bwrap", boot[0], seccomp.fileno(), program.fileno(),
                       cfg["disk_bytes"])
-    return argv + boot[1:], {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
+    return argv + boot[1:], {"PATH": "/usr/bin:/bin", "HOME": WORKDIR, "TMPDIR": WORKDIR, "LANG": "C.UTF-8"}
 
 
 def _returncode(mode: str, code: int) -> int:

@@ -2,7 +2,7 @@
 
 `bwrap_argv` puts a program into new user, PID, mount, network, IPC, UTS and cgroup namespaces (`--unshare-all`,
 with `--disable-userns` so that it cannot nest one of its own), on a read-only view of the root file system where
-/tmp and /dev/shm are small private tmpfs (its working directory is /tmp) and the caller's home, /run and /var/tmp
+/tmp and /dev/shm are small private tmpfs (its working directory is /tmp/work) and the caller's home and /run
 are empty, with a fresh /proc of its own PID namespace (no other process, the parent included, is visible), a
 minimal /dev, no capabilities, a new terminal session, the seccomp filter of `sandbox_seccomp`, and
 `--die-with-parent`: when the bwrap process is killed, the namespace's first process dies and the kernel kills every
@@ -22,14 +22,14 @@ from pathlib import Path
 
 from rlhfkit.rewards.sandbox_seccomp import ARCHITECTURES, build_filter
 
-WORKDIR = "/tmp"  # inside the sandbox
-HIDDEN_SIZE = 1 << 20  # the emptied directories (home, /run, /var/tmp) are tmpfs too: writable, but tiny
+WORKDIR = "/tmp/work"  # inside the sandbox: a directory of its /tmp, so that the audit hook's "inside" is narrow
+HIDDEN_SIZE = 1 << 20  # the emptied directories (home, /run) are tmpfs too: writable, but tiny
 
 
 def hidden_dirs() -> list[str]:
-    """Directories the program must not read: the caller's home (tokens, ~/.netrc, SSH keys), /run (secrets of
-    containers, runtime sockets) and /var/tmp (writable by everyone, so possibly other jobs' files)."""
-    dirs = ["/run", "/var/tmp"]
+    """Directories the program must not read: the caller's home (tokens, ~/.netrc, SSH keys) and /run (secrets of
+    containers, runtime sockets). Other places stay readable, read-only (checkpoints are readable, not writable)."""
+    dirs = ["/run"]
     home = os.path.realpath(Path.home())
     if home != "/" and os.path.isdir(home):
         dirs.insert(0, home)
@@ -51,16 +51,17 @@ def interpreter_dirs(python: str) -> list[str]:
 
 
 def bwrap_argv(bwrap: str, python: str, seccomp_fd: int, program_fd: int | None, disk_bytes: int) -> list[str]:
-    """The bwrap arguments up to the command: `python` (a real path) then runs with cwd /tmp; `program_fd`, when
-    given, is copied to /tmp/program.py."""
+    """The bwrap arguments up to the command: `python` (a real path) then runs with cwd /tmp/work; `program_fd`, when
+    given, is copied to /tmp/work/program.py."""
     argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
             "--cap-drop", "ALL", "--hostname", "sandbox", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
     for directory in hidden_dirs():
         argv += ["--size", str(HIDDEN_SIZE), "--tmpfs", directory]
     for directory in interpreter_dirs(python):
         argv += ["--ro-bind", directory, directory]
-    for directory in (WORKDIR, "/dev/shm"):
+    for directory in ("/tmp", "/dev/shm"):
         argv += ["--size", str(disk_bytes), "--tmpfs", directory]
+    argv += ["--dir", WORKDIR]
     if program_fd is not None:
         argv += ["--file", str(program_fd), f"{WORKDIR}/program.py"]
     return argv + ["--chdir", WORKDIR, "--seccomp", str(seccomp_fd), os.path.realpath(python)]

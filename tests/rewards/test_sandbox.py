@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from rlhfkit.rewards.sandbox import FAILED, PASSED, TIMEOUT, SandboxLimits, _processes_of, run_python
+from rlhfkit.rewards.sandbox import BWRAP, FAILED, PASSED, TIMEOUT, SandboxLimits, _processes_of, run_python
 
 FAST = SandboxLimits(wall_seconds=3.0, cpu_seconds=2, processes=16)
 
@@ -60,4 +60,4 @@ def test_bad_network_access_is_refused():
         server.accept()
     server.close()
     assert result.status == FAILED and "PermissionError: sandbox: socket" in result.stderr
-    assert result.network in ("namespace+audit", "audit")
+    assert result.isolation == BWRAP
