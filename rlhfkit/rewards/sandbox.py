@@ -189,13 +189,25 @@ def sandbox_python() -> str:
     return sys.executable
 
 
+@functools.lru_cache(maxsize=1)
+def _warn_unsafe(problem: str) -> None:
+    print(f"warning: {UNSAFE_ENV}=1: untrusted code runs without an OS sandbox ({problem}); only resource limits "
+          f"and a Python audit hook hold it", file=sys.stderr)
+
+
+def sandbox_problem() -> str | None:
+    """Why bubblewrap cannot isolate code on this machine, or None (tried once per process)."""
+    return cached_bwrap_problem(sandbox_python(), os.geteuid() == 0)
+
+
 def isolation() -> str:
     """BWRAP when bubblewrap isolates code here; UNSAFE when it cannot and RLHFKIT_UNSAFE_CODE_EXECUTION=1 accepts
     that; else SandboxUnavailable with the reason. Reward files call it at import, to fail before a run starts."""
-    problem = cached_bwrap_problem(sandbox_python(), os.geteuid() == 0)
+    problem = sandbox_problem()
     if problem is None:
         return BWRAP
     if os.environ.get(UNSAFE_ENV, "") == "1":
+        _warn_unsafe(problem)
         return UNSAFE
     raise SandboxUnavailable(f"untrusted code cannot run here: {problem}; install bubblewrap (Debian/Ubuntu: "
                              f"apt-get install bubblewrap), or set {UNSAFE_ENV}=1 to accept running it with only "
@@ -257,6 +269,15 @@ def _status(code: int, timed_out: bool) -> str:
     return PASSED if code == 0 else FAILED
 
 
+def _start(argv: list[str], env: dict, cwd: str, uid: int | None, files: tuple[IO[bytes], ...]) -> subprocess.Popen:
+    """Start the command in a session of its own (its process group is what a timeout kills), as `uid` when given
+    (we are root); `files` = stdout, stderr, then the descriptors bwrap reads."""
+    out, err, *passed = files
+    return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                            start_new_session=True, pass_fds=tuple(f.fileno() for f in passed), user=uid, group=uid,
+                            extra_groups=[] if uid is not None else None)
+
+
 def run_python(program: str, limits: SandboxLimits | None = None) -> SandboxResult:
     """Run `program` (Python source) in the sandbox; the result says how it ended and what it printed.
     SandboxUnavailable when this machine cannot isolate it (see `isolation`)."""
@@ -268,20 +289,18 @@ def run_python(program: str, limits: SandboxLimits | None = None) -> SandboxResu
     workdir = Path(tempfile.mkdtemp(prefix="rlhfkit-sandbox-"))  # its output (and, UNSAFE, its program)
     try:
         (workdir / "program.py").write_text(program)
-        if as_root and mode == UNSAFE:
+        cfg = {**asdict(limits), "run": run_id}
+        if mode == UNSAFE and as_root:
             for path in (workdir, workdir / "program.py"):
                 os.chown(path, uid, uid)
-        cfg = {**asdict(limits), "run": run_id}
-        if not as_root and mode == UNSAFE:  # RLIMIT_NPROC counts all of this user's processes: leave room for those
+        elif mode == UNSAFE:  # RLIMIT_NPROC counts all of this user's processes: leave room for those running
             cfg["processes"] = limits.processes + len(_processes_of(uid))
         with ((workdir / ".stdout").open("wb") as out, (workdir / ".stderr").open("wb") as err,
               (workdir / "program.py").open("rb") as source, seccomp_file() as filt):
             argv, env = _command(mode, workdir, cfg, source, filt)
             started = time.perf_counter()
-            proc = subprocess.Popen(argv, cwd=workdir if mode == UNSAFE else "/", env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                    start_new_session=True, pass_fds=(source.fileno(), filt.fileno()),
-                                    user=uid if as_root else None, group=uid if as_root else None,
-                                    extra_groups=[] if as_root else None)
+            proc = _start(argv, env, str(workdir) if mode == UNSAFE else "/", uid if as_root else None,
+                          (out, err, source, filt))
             try:
                 proc.wait(timeout=limits.wall_seconds)
                 timed_out = False
