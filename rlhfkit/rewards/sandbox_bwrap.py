@@ -40,14 +40,18 @@ def _inside(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
-def interpreter_dirs(python: str) -> list[str]:
-    """What the interpreter needs that a hidden directory would cover (a pyenv or a venv's base under $HOME): its
-    own directory and the base prefix (standard library), shown read-only again."""
+def hidden_and_shown(python: str) -> tuple[list[str], list[str]]:
+    """The directories to empty, and those of the interpreter to show again (read-only) inside an emptied one: a
+    pyenv or a venv's base Python under $HOME. The interpreter needs its own directory and, when it is ours, its
+    base prefix (standard library, libpython). A directory to empty that lies inside such a prefix (a home under
+    /usr) is left alone: showing the prefix again would show it anyway."""
     real = os.path.realpath(python)
     needed = [os.path.dirname(real)]
     if real == os.path.realpath(sys.executable):
         needed.append(os.path.realpath(sys.base_prefix))
-    return [p for p in dict.fromkeys(needed) if any(_inside(p, d) for d in hidden_dirs())]
+    hidden = [d for d in hidden_dirs() if not any(_inside(d, p) for p in needed)]
+    shown = [p for p in dict.fromkeys(needed) if any(_inside(p, d) for d in hidden)]
+    return hidden, shown
 
 
 def bwrap_argv(bwrap: str, python: str, seccomp_fd: int, program_fd: int | None, disk_bytes: int) -> list[str]:
@@ -55,9 +59,10 @@ def bwrap_argv(bwrap: str, python: str, seccomp_fd: int, program_fd: int | None,
     given, is copied to /tmp/work/program.py."""
     argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
             "--cap-drop", "ALL", "--hostname", "sandbox", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
-    for directory in hidden_dirs():
+    hidden, shown = hidden_and_shown(python)
+    for directory in hidden:
         argv += ["--size", str(HIDDEN_SIZE), "--tmpfs", directory]
-    for directory in interpreter_dirs(python):
+    for directory in shown:
         argv += ["--ro-bind", directory, directory]
     for directory in ("/tmp", "/dev/shm"):
         argv += ["--size", str(disk_bytes), "--tmpfs", directory]

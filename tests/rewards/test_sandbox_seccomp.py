@@ -84,3 +84,20 @@ def test_accepted_risk_runs_with_the_audit_hook_only(monkeypatch, tmp_path):
     outside = tmp_path / "x.txt"
     bad = sandbox.run_python(f"open({str(outside)!r}, 'w').write('x')", limits)
     assert bad.status == sandbox.FAILED and "PermissionError: sandbox:" in bad.stderr and not outside.exists()
+
+
+def test_home_is_emptied_but_an_interpreter_inside_it_stays_visible(monkeypatch, tmp_path):
+    from rlhfkit.rewards import sandbox_bwrap
+
+    home = tmp_path / "home"
+    (home / "pyenv" / "bin").mkdir(parents=True)
+    python = home / "pyenv" / "bin" / "python3"
+    python.touch()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setattr(sandbox_bwrap.sys, "executable", str(python))
+    monkeypatch.setattr(sandbox_bwrap.sys, "base_prefix", str(home / "pyenv"))
+    hidden, shown = sandbox_bwrap.hidden_and_shown(str(python))
+    assert str(home) in hidden and shown == [str(home / "pyenv" / "bin"), str(home / "pyenv")]
+    monkeypatch.setattr(sandbox_bwrap.sys, "base_prefix", str(tmp_path))  # a home inside the prefix: left alone
+    hidden, shown = sandbox_bwrap.hidden_and_shown(str(python))
+    assert str(home) not in hidden and shown == []
