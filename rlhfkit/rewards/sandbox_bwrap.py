@@ -54,18 +54,37 @@ def hidden_and_shown(python: str) -> tuple[list[str], list[str]]:
     return hidden, shown
 
 
+@functools.lru_cache(maxsize=4)
+def bwrap_options(bwrap: str) -> frozenset[str]:
+    """The options this bwrap knows (`--help`): `--disable-userns` came with 0.8.0, `--size` with 0.5.0."""
+    try:
+        done = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return frozenset()
+    return frozenset(word for word in (done.stdout + done.stderr).split() if word.startswith("--"))
+
+
 def bwrap_argv(bwrap: str, python: str, seccomp_fd: int, program_fd: int | None, disk_bytes: int) -> list[str]:
     """The bwrap arguments up to the command: `python` (a real path) then runs with cwd /tmp/work; `program_fd`, when
-    given, is copied to /tmp/work/program.py."""
-    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-            "--cap-drop", "ALL", "--hostname", "sandbox", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+    given, is copied to /tmp/work/program.py. An older bwrap without `--disable-userns` leaves that to the seccomp
+    filter (which refuses new user namespaces too); one without `--size` gives tmpfs bounded only by RLIMIT_FSIZE
+    per file."""
+    options = bwrap_options(bwrap)
+    argv = [bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            "--hostname", "sandbox", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+    if "--disable-userns" in options:
+        argv.insert(3, "--disable-userns")
+
+    def tmpfs(directory: str, size: int) -> list[str]:
+        return (["--size", str(size)] if "--size" in options else []) + ["--tmpfs", directory]
+
     hidden, shown = hidden_and_shown(python)
     for directory in hidden:
-        argv += ["--size", str(HIDDEN_SIZE), "--tmpfs", directory]
+        argv += tmpfs(directory, HIDDEN_SIZE)
     for directory in shown:
         argv += ["--ro-bind", directory, directory]
     for directory in ("/tmp", "/dev/shm"):
-        argv += ["--size", str(disk_bytes), "--tmpfs", directory]
+        argv += tmpfs(directory, disk_bytes)
     argv += ["--dir", WORKDIR]
     if program_fd is not None:
         argv += ["--file", str(program_fd), f"{WORKDIR}/program.py"]
