@@ -9,14 +9,17 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
-from rlhfkit.rewards.sandbox import BWRAP, sandbox_problem, sandbox_python
+from rlhfkit.rewards.sandbox import BWRAP, processes_of_run, sandbox_problem, sandbox_python
+from rlhfkit.rewards.sandbox_bwrap import bwrap_argv, seccomp_file
 
 RUNNER = Path(__file__).with_name("sandbox_escapes.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,3 +112,43 @@ def test_escapes_are_refused_or_contained(bwrap_works, targets, user):
     assert [p.name for p in Path(config["ray"]).iterdir()] == ["keep.txt"]
     assert not [p for p in (Path("/tmp"), Path("/dev/shm")) if any(marker in q.name for q in p.iterdir())]
     assert list(runs_dir.iterdir()) == []
+
+
+def test_killing_bwrap_takes_every_process_of_the_sandbox_down(bwrap_works):
+    """The wall-clock timeout's kill alone, without run_python's cleanup after it: SIGKILL to bwrap's process group
+    ends the sandbox's PID namespace, an orphan that left its session included."""
+    marker = f"rlhfkit-escape-{secrets.token_hex(4)}"
+    orphan = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(60)\n"
+              "    os._exit(0)\ntime.sleep(60)\n")
+    uid = (1 << 20) + 11 if os.geteuid() == 0 else None
+    with seccomp_file() as filt:
+        argv = bwrap_argv(shutil.which("bwrap") or "bwrap", sandbox_python(), filt.fileno(), None, 1 << 20)
+        proc = subprocess.Popen(argv + ["-I", "-c", orphan, marker], pass_fds=(filt.fileno(),), start_new_session=True,
+                                env={"PATH": "/usr/bin:/bin"}, user=uid, group=uid, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while len(_programs(marker)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(_programs(marker)) == 2  # the program and its orphaned grandchild (the child between: a zombie)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 2
+        while processes_of_run(marker) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert processes_of_run(marker) == []
+    finally:  # a failed test leaves nothing either
+        for pid in processes_of_run(marker):
+            os.kill(pid, signal.SIGKILL)
+        proc.wait()
+
+def _programs(marker: str) -> list[int]:
+    """The sandboxed processes carrying `marker`, bwrap's own two left out."""
+    pids = []
+    for pid in processes_of_run(marker):
+        try:
+            if not Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"bwrap"):
+                pids.append(pid)
+        except OSError:
+            continue
+    return pids
