@@ -70,7 +70,7 @@ def _call(value: Any, keys: tuple[str, ...]) -> ToolCall | str:
     name = value.get("name")
     if not isinstance(name, str) or not name:
         return "a tool call needs a \"name\" string"
-    args = next((value[k] for k in keys if k in value), {})
+    args: Any = next((value[k] for k in keys if k in value), {})
     if isinstance(args, str):  # some models write the arguments as a JSON string, as OpenAI's API returns them
         try:
             args = json.loads(args)
