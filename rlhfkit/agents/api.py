@@ -214,9 +214,8 @@ class AgentExecutorBase:
             episode.turns += 1
             action_text = tokenizer.decode(action, skip_special_tokens=True)
             out = await self._user("step", agent.step({"observation_text": observation, "action_text": action_text,
-                                                       "action_ids": action, "label": label,
-                                                       "sampling_params": sampling_params}))
-            out = out or {}
+                                                       "action_ids": list(action), "label": label,
+                                                       "sampling_params": sampling_params})) or {}
             episode.reward += _total(out.get("rewards"))
             if out.get("scores") is not None:
                 scores = _total(out["scores"])
