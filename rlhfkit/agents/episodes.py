@@ -122,8 +122,9 @@ def make_executor(cls: type[Any], max_steps: int, max_length: int, llm_engine: A
     params = [p for p in inspect.signature(cls.__init__).parameters.values()
               if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     executor = cls(max_steps, max_length, llm_engine, tokenizer, None) if params else cls()
+    tools = {"tool_format": tool_format} if tool_format else {}  # (a file's own bind() may predate the argument)
     return executor.bind(max_steps=max_steps, max_length=max_length, llm_engine=llm_engine, hf_tokenizer=tokenizer,
-                         step_timeout=step_timeout, tool_format=tool_format)
+                         step_timeout=step_timeout, **tools)
 
 
 def run_episodes(engine_generate: Callable[..., list], tokenizer: Any, agent_path: str,

@@ -95,7 +95,7 @@ def tool_from_function(fn: Callable[..., Any]) -> Tool:
                             "each parameter")
         if param.name not in hints:
             raise UserError(f"{where}: parameter {param.name!r} has no type hint; a tool's schema is derived from "
-                            "its type hints (e.g. `def {name}({param.name}: str) -> str`)")
+                            f"its type hints (e.g. `def {name}({param.name}: str) -> str`)")
         properties[param.name] = _json_type(hints[param.name], f"{where}, parameter {param.name!r}")
         if param.name in documented:
             properties[param.name]["description"] = documented[param.name]

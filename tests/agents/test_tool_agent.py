@@ -129,3 +129,39 @@ def test_a_template_without_a_tool_format_stops_before_any_episode(tok):
     with pytest.raises(UserError, match="shows no tool-call format"):
         run_episodes(engine, tok, str(EXAMPLE), [request], max_steps=2, max_length=64, **SAMPLING)
     assert engine.contexts == []
+
+
+BAD_AGENT = '''
+from rlhfkit.agents import ToolAgent, ToolAgentExecutor, tool_from_schema
+
+def calc(expression{hint}) -> str:
+    return expression
+
+TOOL = {tool}
+
+class AgentInstance(ToolAgent):
+    tools = [TOOL]
+    def final_reward(self, answer, label):
+        return 0.0
+
+class AgentExecutor(ToolAgentExecutor):
+    def __init__(self):
+        super().__init__(AgentInstance)
+'''
+BAD_SCHEMA = ('tool_from_schema({"name": "calc", "parameters": {"type": "object", '
+              '"properties": {"expression": {"type": "strng"}}}}, calc)')
+
+
+@pytest.mark.parametrize("hint, tool, message", [
+    (": str", BAD_SCHEMA, "tool calc: parameters is not valid JSON Schema at properties/expression/type"),
+    ("", "calc", "tool calc: parameter 'expression' has no type hint; .* `def calc\\(expression: str\\) -> str`"),
+])
+def test_a_bad_tool_declaration_stops_with_one_line_before_any_episode(tok, tmp_path, hint, tool, message):
+    path = tmp_path / "agent.py"
+    path.write_text(BAD_AGENT.format(hint=hint, tool=tool))
+    tok.chat_template = (TEMPLATES / "hermes.jinja").read_text()
+    engine = ScriptedEngine(tok, ["408"])
+    request = {"prompt": "q", "prompt_ids": [tok.bos_token_id], "label": "408"}
+    with pytest.raises(UserError, match=message) as info:
+        run_episodes(engine, tok, str(path), [request], max_steps=2, max_length=64, **SAMPLING)
+    assert "\n" not in str(info.value) and engine.contexts == []
