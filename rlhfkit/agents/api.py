@@ -136,13 +136,15 @@ class AgentExecutorBase:
         self.hf_tokenizer = hf_tokenizer
         self.result_queue = result_queue  # OpenRLHF's example signature; episodes are returned, not queued
         self.step_timeout: float | None = None
+        self.tool_format: str | None = None
 
     def bind(self, *, max_steps: int, max_length: int, llm_engine: Any, hf_tokenizer: Any,
-             step_timeout: float | None = None) -> AgentExecutorBase:
-        """What the run provides (OpenRLHF 0.11's executors take no constructor arguments)."""
+             step_timeout: float | None = None, tool_format: str | None = None) -> AgentExecutorBase:
+        """What the run provides (OpenRLHF 0.11's executors take no constructor arguments); `tool_format`
+        (--tool_format) is read by tool agents (rlhfkit.agents.tool_agent)."""
         self.max_steps, self.max_length = max_steps, max_length
         self.llm_engine, self.hf_tokenizer = llm_engine, hf_tokenizer
-        self.step_timeout = step_timeout
+        self.step_timeout, self.tool_format = step_timeout, tool_format
         return self
 
     def _budget(self, max_length: int | None) -> int:
@@ -212,8 +214,8 @@ class AgentExecutorBase:
             episode.turns += 1
             action_text = tokenizer.decode(action, skip_special_tokens=True)
             out = await self._user("step", agent.step({"observation_text": observation, "action_text": action_text,
-                                                       "label": label, "sampling_params": sampling_params}))
-            out = out or {}
+                                                       "action_ids": list(action), "label": label,
+                                                       "sampling_params": sampling_params})) or {}
             episode.reward += total(out.get("rewards"))
             if out.get("scores") is not None:
                 scores = total(out["scores"])

@@ -128,30 +128,35 @@ def load_agent_executor(path: str) -> type:
 
 
 def make_executor(cls: type[Any], max_steps: int, max_length: int, llm_engine: Any, tokenizer: Any,
-                  step_timeout: float | None = None) -> AgentExecutorBase:
+                  step_timeout: float | None = None, tool_format: str | None = None) -> AgentExecutorBase:
     """Build the file's AgentExecutor in the form it is written in, then bind what the run provides."""
     params = [p for p in inspect.signature(cls.__init__).parameters.values()
               if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     # OpenRLHF 0.11's executors that drive the engine themselves define no __init__ (its base takes none)
     own_init = cls.__init__ is not AgentExecutorBase.__init__
     executor = cls(max_steps, max_length, llm_engine, tokenizer, None) if params and own_init else cls()
+    tools = {"tool_format": tool_format} if tool_format else {}  # (a file's own bind() may predate the argument)
     return executor.bind(max_steps=max_steps, max_length=max_length, llm_engine=llm_engine, hf_tokenizer=tokenizer,
-                         step_timeout=step_timeout)
+                         step_timeout=step_timeout, **tools)
 
 
 def run_episodes(engine_generate: Callable[..., list], tokenizer: Any, agent_path: str,
                  requests: Sequence[dict[str, Any]], *, max_steps: int, max_length: int, seed: int | None = None,
-                 step_timeout: float | None = None, agent_workers: int = 0, **sampling: Any) -> list[dict[str, Any]]:
+                 step_timeout: float | None = None, agent_workers: int = 0, tool_format: str | None = None,
+                 **sampling: Any) -> list[dict[str, Any]]:
     """One episode per request {"prompt": text, "prompt_ids": [...], "label": ...}, all at once; plain dicts
     (Episode fields plus "truncated") in request order. An AgentInstance that raises or whose reset/step takes
     longer than `step_timeout` seconds ends its own episode as failed (an `async` step is cancelled; a blocking one
     cannot be interrupted here). With `agent_workers` > 0 the AgentInstances run in that many worker processes
-    (rlhfkit.agents.isolation), where a crash or a blocking call past `step_timeout` costs the episode too."""
+    (rlhfkit.agents.isolation), where a crash or a blocking call past `step_timeout` costs the episode too; a tool
+    agent's instances stay here (`isolate_instances = False`), its tools run in worker processes. `tool_format`:
+    --tool_format, for tool agents."""
     cls = load_agent_executor(agent_path)
     llm = BatchingGenerator(engine_generate, sampling, seed)
-    executor = make_executor(cls, max_steps, max_length, llm, tokenizer, step_timeout)
+    executor = make_executor(cls, max_steps, max_length, llm, tokenizer, step_timeout, tool_format)
     keys: list[str] = []
-    if agent_workers > 0 and executor.agent_instance_cls is not None:  # (an endpoint-driven executor has none)
+    isolated = executor.agent_instance_cls is not None and getattr(executor, "isolate_instances", True)
+    if agent_workers > 0 and isolated:  # (an endpoint-driven executor has no instances; a tool agent's run here)
         from rlhfkit.agents.isolation import isolate
 
         keys = isolate(executor, agent_path, agent_workers, step_timeout or 60.0)

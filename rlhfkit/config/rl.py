@@ -254,6 +254,8 @@ def _validate_reward_flags(cfg: PPOConfig) -> None:
     if a.agent_func_path is not None and (m.reward_pretrain or m.remote_rm_url):
         raise UserError("--agent_func_path: the agent's step rewards are the reward; drop --reward_pretrain / "
                         "--remote_rm_url")
+    if a.agent_func_path is None and a.tool_format is not None:
+        raise UserError(f"--tool_format {a.tool_format} is read by a tool agent and needs --agent_func_path")
     if a.max_steps is not None and a.max_steps < 1:
         raise UserError(f"--max_steps must be >= 1 turn (got {a.max_steps})")
     if m.reward_pretrain and urls:

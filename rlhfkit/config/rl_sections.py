@@ -66,6 +66,9 @@ class UserCodeArgs:
             raise UserError(f"--max_reward_failure_ratio must be in [0, 1] (got {self.max_reward_failure_ratio})")
 
 
+TOOL_FORMATS = ("hermes", "llama3", "mistral")  # rlhfkit.agents.tool_parsers.FORMATS (a test keeps them equal)
+
+
 @dataclass
 class AgentArgs:
     agent_func_path: str | None = arg(None, "Multi-turn agent file defining AgentExecutor and AgentInstance "
@@ -73,6 +76,11 @@ class AgentArgs:
                                             "reward, so no --remote_rm_url / --reward_pretrain.")
     max_steps: int | None = arg(None, "Turns per agent episode (with --agent_func_path; default: until done or "
                                       "--generate_max_len tokens). The RL-step cap is --max_rl_steps.")
+    tool_format: str | None = arg(None, "Tool-call format of a tool agent (rlhfkit.agents.ToolAgent): hermes "
+                                        "(<tool_call>{json}</tool_call>, Hermes/Qwen), llama3 (JSON after "
+                                        "<|python_tag|> or bare) or mistral ([TOOL_CALLS][...]). Default: detected "
+                                        "from the markers of the tokenizer's chat template.",
+                                  choices=TOOL_FORMATS)
 
 
 @dataclass

@@ -191,7 +191,8 @@ class RolloutSource:
         episodes = self.engine.generate_episodes(requests, agent, max_steps=self.cfg.agent.max_steps,
                                                  max_length=self.cfg.data.generate_max_len,
                                                  step_timeout=code.reward_timeout,
-                                                 agent_workers=code.reward_workers, temperature=temperature,
+                                                 agent_workers=code.reward_workers,
+                                                 tool_format=self.cfg.agent.tool_format, temperature=temperature,
                                                  top_p=top_p, top_k=top_k, seed=seed)
         return episodes_to_samples(episodes, code.reward_fallback, code.max_reward_failure_ratio, f"agent {agent}",
                                    prompts)
