@@ -6,6 +6,9 @@ instance on the machine), the train_ppo_ray CLI as a subprocess on the Transform
 `python -m rlhfkit.cli.serve_rm` subprocess on 127.0.0.1. The test hook RLHFKIT_TEST_PAUSE=between@1 holds the driver
 after step 1 (checkpointed) until the test has killed the part and deleted the hook's file; the kill -> exit time is
 measured from the SIGKILL.
+
+A reward function that fails on some samples (raises, returns NaN, sleeps forever) costs those samples alone: the
+run trains to the end, its metrics count them by kind (issue 25, acceptance 2).
 """
 
 from __future__ import annotations
