@@ -46,7 +46,7 @@ def call_in_halves(spans: Sequence[Span], run_round: Callable[[list[Span]], list
     Returns the final (span, outcome) pairs, in sample order: they cover the input spans exactly; a failed one is
     always a single sample (or an empty span given as input)."""
     final: dict[Span, R] = {}
-    pending = [s for s in spans]
+    pending = list(spans)
     while pending:
         outcomes = run_round(pending)
         if len(outcomes) != len(pending):

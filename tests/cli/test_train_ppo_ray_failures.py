@@ -305,8 +305,9 @@ def test_failing_samples_cost_only_themselves_and_the_run_trains_to_the_end(ray_
         assert {k.rsplit("/", 1)[1]: v for k, v in row.items() if "failure_kinds" in k} == kinds
         assert row["train/reward/failures"] == sum(kinds.values())
         assert row["train/reward"] == pytest.approx(mean, abs=1e-5)
-        # calls of 16: at most log2(16) = 4 rounds of retries, a hang costing one 2 s timeout in each
+        # calls of 16: at most log2(16) = 4 rounds of retries, a hang costing one 2 s timeout in each (8.0 s
+        # measured for step 2, whose hanging prompt took all 4), plus starting the replacement workers
         assert row["train/reward/retry_rounds"] <= 4
-        assert row["train/reward/retry_seconds"] < 2 * 4 + 2
+        assert row["train/reward/retry_seconds"] < 2 * 4 + 4
     print("retry seconds per step:", [r["train/reward/retry_seconds"] for r in rows],
           "retry rounds:", [r["train/reward/retry_rounds"] for r in rows])
