@@ -46,11 +46,13 @@ class UserCodeArgs:
                                  "scored in calls of --micro_rollout_batch_size samples spread over them), or the "
                                  "AgentInstances of --agent_func_path episodes (per rollout engine).")
     reward_timeout: float = arg(60.0, "Seconds one reward function call (or agent reset/step) may take; a slower "
-                                      "call is killed (its worker replaced; an agent's episode ends) and its "
-                                      "samples get --reward_fallback.")
-    reward_fallback: float = arg(0.0, "Reward (and score) of a sample whose reward function call failed: raised, "
-                                      "timed out, crashed, or returned NaN/inf or the wrong number of values (or "
-                                      "whose agent episode failed).")
+                                      "call is killed (its worker replaced; an agent's episode ends), and a reward "
+                                      "call is retried in halves, so a sample that hangs costs at most 1 + "
+                                      "log2(--micro_rollout_batch_size) timeouts per step.")
+    reward_fallback: float = arg(0.0, "Reward (and score) of a sample that failed alone in the reward function "
+                                      "(a failed call is retried in halves first): it raised, timed out, crashed, "
+                                      "or returned NaN/inf, the wrong type or the wrong number of values (or whose "
+                                      "agent episode failed).")
     max_reward_failure_ratio: float = arg(0.1, "Stop the run when more than this fraction of a step's samples "
                                                "failed in the reward function or agent (0: stop at the first "
                                                "failure).")

@@ -5,9 +5,10 @@ Both are selected with `--remote_rm_url` (OpenRLHF's flag) and score text:
   texts, prompts the formatted prompts, labels the `--label_key` values (None without one). It returns the
   rewards (a tensor, list or array with one number per query) or a dict {"rewards", "scores" (optional, in [0, 1]
   by convention, used for pass@1), "extra_logs" (optional, name -> number or per-sample values, logged as means)}.
-  The file runs in worker processes (`--reward_workers`, `--reward_timeout`): a failing call costs its samples
-  (`--reward_fallback`), counted in the metrics `reward/failures` and `reward/failure_kinds/<kind>`, until more
-  than `--max_reward_failure_ratio` of a step's samples fail;
+  The file runs in worker processes (`--reward_workers`, `--reward_timeout`): a failing call is retried in halves
+  (rlhfkit.rewards.halves) and a sample that fails alone gets `--reward_fallback`, counted in the metrics
+  `reward/failures` and `reward/failure_kinds/<kind>`, until more than `--max_reward_failure_ratio` of a step's
+  samples fail;
 - comma-separated `http(s)://host:port/get_reward` URLs: each batch is split into contiguous chunks, one per server,
   posted in parallel threads as {"query": [...], "prompts": [...], "labels": [...]}; each server answers
   {"rewards": [...]} (optionally "scores" and "extra_logs"). Requests time out and are retried (server errors
@@ -27,6 +28,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -38,6 +40,7 @@ from typing import Any
 import torch
 
 from rlhfkit.errors import ComponentFailed, UserError
+from rlhfkit.rewards.halves import Attempt, Span, call_in_halves, failure_metrics
 
 
 class WrongLengthError(UserError):
@@ -61,8 +64,9 @@ def _as_vector(value: Any, n: int, what: str, where: str, finite: bool = True) -
         raise UserError(f"{where}: {what} must be numbers, one per query, got {type(value).__name__} "
                         f"({_first_line(e)})") from None
     if vector.numel() != n:
-        raise WrongLengthError(f"{where}: returned {vector.numel()} {what} for {n} queries; return exactly one "
-                               "per query")
+        queries = "query" if n == 1 else "queries"
+        raise WrongLengthError(f"{where}: returned {vector.numel()} {what} for {n} {queries}; return exactly one per "
+                               "query")
     bad = (~torch.isfinite(vector)).nonzero()
     if finite and bad.numel():
         i = int(bad[0])
@@ -134,10 +138,11 @@ class RewardFunction:
     """`reward_func(queries, prompts, labels)` from a Python file (`--remote_rm_url path.py`), run in worker processes.
 
     A batch is scored in calls of at most `call_size` samples, spread over `workers` processes
-    (rlhfkit.rewards.user_code). A call that raises, times out, kills its worker or returns something unusable costs
-    its samples; a NaN/inf reward costs its own sample. Failed samples get `fallback` as reward and score. When more
-    than `max_failure_ratio` of a batch failed (any failure with 0, the strict mode), `score` raises a UserError
-    naming the file, the first failure and one offending sample.
+    (rlhfkit.rewards.user_code). A call that raises, times out, kills its worker or returns something unusable is
+    retried in halves until each part succeeds or is one sample, so only a sample that fails alone is lost; a NaN/inf
+    reward costs its own sample at once. Failed samples get `fallback` as reward and score. When more than
+    `max_failure_ratio` of a batch failed (any failure with 0, the strict mode), `score` raises a UserError naming the
+    file, the first failure and one offending sample.
     """
 
     def __init__(self, path: str, workers: int = 1, timeout: float = 60.0, fallback: float = 0.0,
@@ -151,6 +156,7 @@ class RewardFunction:
         self.fallback = float(fallback)
         self.max_failure_ratio = float(max_failure_ratio)
         self.call_size = call_size
+        self._warned = False
         try:
             self.pool = UserCodePool(self.path, workers=workers, timeout=timeout)
         except UserCodeLoadError as e:
@@ -164,26 +170,50 @@ class RewardFunction:
             raise UserError(f"{self.where}: reward_func{wrong} has the wrong signature; it is called as "
                             "reward_func(queries, prompts, labels)")
 
+    def _run_round(self, spans: list[Span], queries: list[str], prompts: list[str],
+                   labels: list[Any]) -> list[Attempt]:
+        """One round of calls, spread over the workers: each span's outcome, parsed (wrong type or length is a
+        failure of the call; NaN/inf entries are kept, to cost only their own samples)."""
+        results = self.pool.map("reward_func", [(queries[lo:hi], prompts[lo:hi], labels[lo:hi]) for lo, hi in spans])
+        attempts = []
+        for (lo, hi), result in zip(spans, results):
+            if result.kind is not None:  # not result.ok
+                attempts.append(Attempt(result.kind, result.error))
+                continue
+            try:
+                attempts.append(Attempt(out=parse_reward_output(result.value, hi - lo, self.where, finite=False)))
+            except UserError as e:
+                kind = "wrong_length" if isinstance(e, WrongLengthError) else "bad_output"
+                attempts.append(Attempt(kind, str(e).removeprefix(f"{self.where}: ")))
+        return attempts
+
     def score(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Rewards of a batch in calls of `call_size` samples; a failed call is retried in halves
+        (rlhfkit.rewards.halves), so only a sample that fails alone gets the fallback."""
         queries, prompts, labels = _text_inputs(batch)
         n = len(queries)
         size = max(1, self.call_size or n)
-        spans = [(lo, min(lo + size, n)) for lo in range(0, n, size)]
-        results = self.pool.map("reward_func", [(queries[lo:hi], prompts[lo:hi], labels[lo:hi]) for lo, hi in spans])
-        rewards = torch.full((n,), self.fallback)
-        scores = torch.full((n,), self.fallback)
+        rounds: list[float] = []  # seconds of each round of calls
+        first_failed: list[tuple[Span, str]] = []  # the failed calls of the first round, with their error
+
+        def run_round(spans: list[Span]) -> list[Attempt]:
+            started = time.perf_counter()
+            attempts = self._run_round(spans, queries, prompts, labels)
+            rounds.append(time.perf_counter() - started)
+            if len(rounds) == 1:
+                first_failed.extend((span, a.error) for span, a in zip(spans, attempts) if not a.ok)
+            return attempts
+
+        parts = call_in_halves([(lo, min(lo + size, n)) for lo in range(0, n, size)], run_round)
+        self._warn_batch_only_failures(first_failed, parts)
+        rewards, scores = torch.full((n,), self.fallback), torch.full((n,), self.fallback)
         failures: list[tuple[int, int, str, str]] = []  # (first sample, samples, kind, one-line reason)
         logs: list[tuple[dict[str, float], int]] = []
-        for (lo, hi), result in zip(spans, results):
-            if result.kind is not None:  # not result.ok
-                failures.append((lo, hi - lo, result.kind, result.error))
+        for (lo, hi), attempt in parts:
+            if attempt.out is None:
+                failures.append((lo, hi - lo, attempt.kind or "bad_output", attempt.error))
                 continue
-            try:
-                out = parse_reward_output(result.value, hi - lo, self.where, finite=False)
-            except UserError as e:
-                kind = "wrong_length" if isinstance(e, WrongLengthError) else "bad_output"
-                failures.append((lo, hi - lo, kind, str(e).removeprefix(f"{self.where}: ")))
-                continue
+            out = attempt.out
             good = torch.isfinite(out["rewards"]) & torch.isfinite(out["scores"])
             for i in (~good).nonzero().flatten().tolist():
                 what = "rewards" if not torch.isfinite(out["rewards"][i]) else "scores"
@@ -195,12 +225,22 @@ class RewardFunction:
         failed = sum(count for _, count, _, _ in failures)
         if failed and failed > self.max_failure_ratio * n:
             raise UserError(self._failure_message(failures, failed, n, queries))
-        kinds: dict[str, int] = {}
-        for _, count, kind, _ in failures:
-            kinds[kind] = kinds.get(kind, 0) + count
-        metrics = {"reward/failures": float(failed),
-                   **{f"reward/failure_kinds/{k}": float(v) for k, v in kinds.items()}}
-        return {"rewards": rewards, "scores": scores, "extra_logs": _weighted_logs(logs), "metrics": metrics}
+        return {"rewards": rewards, "scores": scores, "extra_logs": _weighted_logs(logs),
+                "metrics": failure_metrics(failures, rounds)}
+
+    def _warn_batch_only_failures(self, first_failed: list[tuple[Span, str]],
+                                  parts: list[tuple[Span, Attempt]]) -> None:
+        """Warn once when a call failed but each of its samples then succeeded in a smaller call: the function
+        fails on batches (e.g. it returns one value whatever it is given), and every step pays the retries."""
+        if self._warned:
+            return
+        for (lo, hi), error in first_failed:
+            if hi - lo > 1 and all(a.ok for (a_lo, _), a in parts if lo <= a_lo < hi):
+                self._warned = True
+                sys.stderr.write(f"warning: {self.where}: a call of {hi - lo} samples failed ({error}) but each of "
+                                 "them succeeded in smaller calls; the calls are retried in halves every time "
+                                 "(metrics reward/retry_rounds); make reward_func handle a batch of queries\n")
+                return
 
     def _failure_message(self, failures: list[tuple[int, int, str, str]], failed: int, n: int,
                          queries: list[str]) -> str:

@@ -6,6 +6,9 @@ instance on the machine), the train_ppo_ray CLI as a subprocess on the Transform
 `python -m rlhfkit.cli.serve_rm` subprocess on 127.0.0.1. The test hook RLHFKIT_TEST_PAUSE=between@1 holds the driver
 after step 1 (checkpointed) until the test has killed the part and deleted the hook's file; the kill -> exit time is
 measured from the SIGKILL.
+
+A reward function that fails on some samples (raises, returns NaN, sleeps forever) costs those samples alone: the
+run trains to the end, its metrics count them by kind (issue 25, acceptance 2).
 """
 
 from __future__ import annotations
@@ -208,3 +211,103 @@ def stop(server: subprocess.Popen) -> None:
     if server.poll() is None:
         server.kill()
     server.wait(timeout=30)
+
+
+# -- a reward function that fails on some samples: each failing sample costs only itself (retries in halves) --------
+# Prompt i's label is "<kind>:<i>". 32 prompts, 2 steps of 16 (the seed's order: global_batches(32, 16, 42, epoch 0)),
+# 2 samples each, reward calls of 16 samples (8 prompts): every call holds a bad prompt, 6 of 32 (19%) are bad.
+BAD_PROMPTS = {6: "raise", 15: "raise", 30: "nan", 1: "nan", 13: "sleep", 19: "sleep"}
+KIND_METRIC = {"raise": "exception", "nan": "non_finite", "sleep": "timeout"}
+FLAKY_REWARD = """
+import json, time
+
+LOG = {log!r}
+
+
+def alone(query):
+    return (len(query) % 7) / 7
+
+
+def reward_func(queries, prompts, labels):
+    with open(LOG, "a") as f:  # one line per call, written when it starts
+        f.write(json.dumps({{"queries": queries, "labels": labels}}) + "\\n")
+    kinds = [label.split(":")[0] for label in labels]
+    if "raise" in kinds:
+        raise ValueError("a bad label")
+    if "sleep" in kinds:
+        time.sleep(3600)
+    return [float("nan") if kind == "nan" else alone(q) for q, kind in zip(queries, kinds)]
+"""
+
+
+def flaky_inputs(assets, tmp_path: Path) -> tuple[Path, Path, Path]:
+    """(prompt file, reward file, call log) of the flaky reward run."""
+    records = [json.loads(line) for line in Path(assets.rl_train).read_text().splitlines()[:32]]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": r["prompt"], "answer": f"{BAD_PROMPTS.get(i, 'ok')}:{i}"}) + "\n"
+                               for i, r in enumerate(records)))
+    log = tmp_path / "calls.jsonl"
+    reward = tmp_path / "flaky_reward.py"
+    reward.write_text(FLAKY_REWARD.format(log=str(log)))
+    return prompts, reward, log
+
+
+def expected_steps(log: Path, k: int, per_step: int) -> list[tuple[dict[str, float], float]]:
+    """Per step, from the calls the function got: the failing samples by kind (its label), and the mean reward with
+    the fallback -1 for those and what the function gives each other sample alone. The first-round calls are the
+    calls of k samples (the retries are smaller); the first per_step / k of them are step 1's."""
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    first_round = [c for c in calls if len(c["queries"]) == k]
+    steps = []
+    for s in range(len(first_round) * k // per_step):
+        kinds: dict[str, float] = {}
+        total = 0.0
+        for call in first_round[s * per_step // k:(s + 1) * per_step // k]:
+            assert any(label.split(":")[0] != "ok" for label in call["labels"]), "a call without a bad prompt"
+            for query, label in zip(call["queries"], call["labels"]):
+                kind = label.split(":")[0]
+                if kind == "ok":
+                    total += (len(query) % 7) / 7
+                else:
+                    kinds[KIND_METRIC[kind]] = kinds.get(KIND_METRIC[kind], 0) + 1
+                    total += -1.0
+        steps.append((kinds, total / per_step))
+    return steps
+
+
+def test_failing_samples_cost_only_themselves_and_the_run_trains_to_the_end(ray_head, demo_assets, tmp_path):
+    _, address = ray_head
+    out = tmp_path / "run"
+    prompts, reward, log = flaky_inputs(demo_assets, tmp_path)
+    args = ["--pretrain", str(demo_assets.model_dir), "--prompt_data", str(prompts), "--input_key", "prompt",
+            "--label_key", "answer", "--input_template", "User: {}\nAssistant: ", "--remote_rm_url", str(reward),
+            "--max_samples", "32", "--rollout_batch_size", "16", "--n_samples_per_prompt", "2",
+            "--micro_rollout_batch_size", "16", "--train_batch_size", "32", "--micro_train_batch_size", "8",
+            "--generate_max_len", "6", "--prompt_max_len", "32", "--save_path", str(out), "--disable_progress_bar",
+            "--advantage_estimator", "group_norm", "--init_kl_coef", "0", "--vllm_num_engines", "0",
+            "--actor_num_gpus_per_node", "1", "--ray_call_timeout", "300", "--seed", "42",
+            "--reward_workers", "4", "--reward_timeout", "2", "--reward_fallback", "-1",
+            "--max_reward_failure_ratio", "0.5"]
+    run = Run(address, args, out)
+    try:
+        code = run.wait(timeout=900)
+    finally:
+        run.kill()
+    stdout, stderr = run.output()
+    assert code == 0, stdout[-3000:] + stderr[-3000:]
+    assert (out / "model.safetensors").is_file()
+    rows = [r for r in (json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines())
+            if "train/reward" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    expected = expected_steps(log, k=32 // 2, per_step=32)
+    assert sum(sum(kinds.values()) for kinds, _ in expected) == 2 * len(BAD_PROMPTS)  # 2 samples per prompt
+    for row, (kinds, mean) in zip(rows, expected):
+        assert {k.rsplit("/", 1)[1]: v for k, v in row.items() if "failure_kinds" in k} == kinds
+        assert row["train/reward/failures"] == sum(kinds.values())
+        assert row["train/reward"] == pytest.approx(mean, abs=1e-5)
+        # calls of 16: at most log2(16) = 4 rounds of retries, a hang costing one 2 s timeout in each (8.0 s
+        # measured for step 2, whose hanging prompt took all 4), plus starting the replacement workers
+        assert row["train/reward/retry_rounds"] <= 4
+        assert row["train/reward/retry_seconds"] < 2 * 4 + 4
+    print("retry seconds per step:", [r["train/reward/retry_seconds"] for r in rows],
+          "retry rounds:", [r["train/reward/retry_rounds"] for r in rows])

@@ -59,7 +59,7 @@ def test_canonical_solutions_score_1_and_wrong_ones_0(problems, source):
              "HumanEval/162": "    return text\n"}
     out = source.score(batch(problems, wrong))
     assert out["rewards"].tolist() == [0.0, 0.0, 0.0]
-    assert out["extra_logs"]["failed"] == 1.0 and out["metrics"] == {"reward/failures": 0.0}
+    assert out["extra_logs"]["failed"] == 1.0 and out["metrics"]["reward/failures"] == 0.0
 
 
 def test_bad_completions_get_the_fallback_and_leave_nothing_behind(problems, source, runs_dir, tmp_path):
@@ -76,7 +76,7 @@ def test_bad_completions_get_the_fallback_and_leave_nothing_behind(problems, sou
     }
     out = source.score(batch(problems, bad))
     assert out["rewards"].tolist() == [0.0, 0.0, 0.0, 0.0]
-    assert out["metrics"] == {"reward/failures": 0.0}  # the model's failures, not the reward file's
+    assert out["metrics"]["reward/failures"] == 0.0  # the model's failures, not the reward file's
     assert out["extra_logs"]["timeout"] == 0.5, out  # the loop and the fork bomb ran into the wall clock or CPU limit
     assert list(outside.iterdir()) == []
     assert list(runs_dir.iterdir()) == []  # every sandbox directory removed
@@ -93,7 +93,7 @@ def test_exiting_early_with_status_0_scores_0(problems, source):
              "HumanEval/7": "    pass\nimport os\nos._exit(0)\n"}  # at module level, before check() is reached
     out = source.score(batch(problems, hacks))
     assert out["rewards"].tolist() == [0.0, 0.0, 0.0, 0.0]
-    assert out["extra_logs"]["passed"] == 0.0 and out["metrics"] == {"reward/failures": 0.0}
+    assert out["extra_logs"]["passed"] == 0.0 and out["metrics"]["reward/failures"] == 0.0
     right = source.score(batch(problems, {"HumanEval/4": problems["HumanEval/4"]["canonical_solution"]}))
     assert right["rewards"].tolist() == [1.0]
 

@@ -47,8 +47,8 @@ def test_dict_output_with_scores_and_extra_logs(tmp_path):
 @pytest.mark.parametrize("body, message", [
     ("def reward_func(queries, prompts, labels):\n    raise ValueError('boom')\n",
      "reward_func raised ValueError: boom"),
-    ("def reward_func(queries, prompts, labels):\n    return [1.0, 2.0, 3.0]\n",
-     "returned 3 rewards for 4 queries"),
+    ("def reward_func(queries, prompts, labels):\n    return [1.0] * (len(queries) + 2)\n",
+     "returned 3 rewards for 1 query"),  # retried in halves: the error of one sample alone
     ("def reward_func(queries, prompts, labels):\n    return torch.tensor([1.0, float('nan'), 0.0, 0.0])\n",
      "rewards nan for query 1 is not a finite number"),
     ("def reward_func(queries, prompts, labels):\n    return {'rewards': [1, 1, 1, float('inf')]}\n",
@@ -244,11 +244,12 @@ def test_bad_crash_and_timeout_calls_cost_their_samples_and_are_counted(tmp_path
         assert out["scores"].tolist() == out["rewards"].tolist()
         assert out["metrics"] == {"reward/failures": 6.0, "reward/failure_kinds/exception": 1.0,
                                   "reward/failure_kinds/timeout": 1.0, "reward/failure_kinds/non_finite": 1.0,
-                                  "reward/failure_kinds/wrong_length": 1.0, "reward/failure_kinds/crash": 2.0}
+                                  "reward/failure_kinds/wrong_length": 1.0, "reward/failure_kinds/crash": 2.0,
+                                  "reward/retry_rounds": 0.0, "reward/retry_seconds": 0.0}  # calls of 1 sample
         assert source.pool.replaced == 3  # timeout, exit, segfault
         clean = source.score({**batch, "labels": ["ok"] * 8})  # the pool serves on, with no failure counted
         assert clean["rewards"].tolist() == [float(2 + i) for i in range(8)]
-        assert clean["metrics"] == {"reward/failures": 0.0}
+        assert clean["metrics"] == {"reward/failures": 0.0, "reward/retry_rounds": 0.0, "reward/retry_seconds": 0.0}
     finally:
         source.close()
 
@@ -279,4 +280,5 @@ def test_bad_nan_costs_only_its_own_sample_in_a_call(tmp_path):
         source.close()
     assert out["rewards"].tolist() == [1.0, -2.0, -2.0, 2.0]
     assert out["scores"].tolist() == [1.0, -2.0, -2.0, 1.0]
-    assert out["metrics"] == {"reward/failures": 2.0, "reward/failure_kinds/non_finite": 2.0}
+    assert out["metrics"] == {"reward/failures": 2.0, "reward/failure_kinds/non_finite": 2.0,
+                              "reward/retry_rounds": 0.0, "reward/retry_seconds": 0.0}  # no retry for NaN

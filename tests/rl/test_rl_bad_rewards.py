@@ -9,13 +9,14 @@ from pathlib import Path
 from tests.helpers import run_module
 from tests.rl.test_rl_estimators import ppo_args
 
-# Calls are numbered across all worker processes (a marker file per call); each number has one behaviour.
-# 2 samples per call (--micro_rollout_batch_size 2), 4 calls per step:
+# First-round calls (2 samples each, --micro_rollout_batch_size 2) are numbered across all worker processes (a
+# marker file per call); each number has one behaviour, which the call's samples keep in the retries in halves (a
+# file per sample records it), so each of them fails alone too. 4 first-round calls per step:
 #   step 1 = calls 0-3: raise (2 samples), sleep past the timeout (2), NaN for its first sample (1), fine
 #   step 2 = calls 4-7: wrong length (2), os._exit (2), segfault (2), fine
 #   step 3 = calls 8-11: all raise -> 8 of 8 failed, more than the ratio 0.8
 BAD_REWARD = """
-import ctypes, os, time
+import ctypes, hashlib, os, time
 
 MARKERS = {markers!r}
 
@@ -30,8 +31,23 @@ def call_number():
             i += 1
 
 
+def sample_file(query):
+    return os.path.join(MARKERS, "q" + hashlib.sha256(query.encode()).hexdigest())
+
+
+def behaviour(queries):
+    if len(queries) == 2:
+        n = call_number()
+        for q in queries:
+            with open(sample_file(q), "w") as f:
+                f.write(str(n))
+        return n
+    known = [sample_file(q) for q in queries if os.path.exists(sample_file(q))]
+    return int(open(known[0]).read()) if known else 7
+
+
 def reward_func(queries, prompts, labels):
-    n = call_number()
+    n = behaviour(queries)
     if n == 0 or n >= 8:
         raise ValueError("boom on purpose")
     if n == 1:
@@ -39,7 +55,7 @@ def reward_func(queries, prompts, labels):
     if n == 2:
         return [float("nan")] + [1.0] * (len(queries) - 1)
     if n == 4:
-        return [1.0]
+        return []
     if n == 5:
         os._exit(3)
     if n == 6:
@@ -77,6 +93,8 @@ def test_bad_crash_and_timeout_rewards_cost_samples_then_the_ratio_stops_the_run
     kinds = [{k.rsplit("/", 1)[1]: v for k, v in r.items() if "failure_kinds" in k} for r in rows]
     assert kinds == [{"exception": 2, "timeout": 2, "non_finite": 1}, {"wrong_length": 2, "crash": 4}]
     assert [r["train/reward/failures"] for r in rows] == [5, 6]
+    assert [r["train/reward/retry_rounds"] for r in rows] == [1, 1]  # calls of 2: one round of retries in halves
+    assert 2 <= rows[0]["train/reward/retry_seconds"] < 2 + 10  # the sleeping samples: one 2 s timeout
     # failed samples get the fallback -1, the others 1: (3 - 5) / 8 and (2 - 6) / 8
     assert [r["train/reward"] for r in rows] == [-0.25, -0.5]
     assert (ckpt / "latest").read_text() == "global_step2"

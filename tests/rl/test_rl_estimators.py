@@ -159,11 +159,11 @@ def test_resume_continues_exactly(demo_assets, reward_file, tmp_path):
 
 def test_failing_reward_function_is_one_line_exit_2(demo_assets, tmp_path):
     bad = tmp_path / "bad_reward.py"
-    bad.write_text("def reward_func(queries, prompts, labels):\n    return [0.0]\n")
+    bad.write_text("def reward_func(queries, prompts, labels):\n    return [0.0] * (len(queries) + 1)\n")
     proc = run_module(ppo_args(demo_assets, tmp_path / "out", "reinforce", "--remote_rm_url", str(bad)))
     assert proc.returncode == 2
     last = proc.stderr.strip().splitlines()[-1]
-    assert str(bad) in last and "returned 1 rewards for 4 queries" in last  # calls of --micro_rollout_batch_size
+    assert str(bad) in last and "returned 2 rewards for 1 query" in last  # retried in halves down to one sample
     assert "Traceback" not in proc.stderr
 
 
