@@ -331,7 +331,8 @@ RLHFKIT_ONLY = frozenset({
     "clip_eps_high", "reward_stats_samples", "policy_loss_agg", "host", "port", "api_key", "batch_size",
     "batch_wait_ms", "max_body_bytes", "compute_fp32_loss", "ddp_timeout", "dry_run", "dry_run_gpu_memory_gb",
     "dry_run_num_gpus", "partial_rollout_chunk_len", "doctor", "doctor_window", "doctor_entropy_ratio",
-    "doctor_kl_max", "doctor_clip_fraction_range", "doctor_length_range", "doctor_equal_reward_groups_max",
+    "doctor_kl_max", "doctor_clip_fraction_range", "doctor_length_range", "doctor_truncated_max",
+    "doctor_equal_reward_groups_max",
     "doctor_logprob_gap_max", "doctor_heldout_drop",
 })
 

@@ -268,6 +268,9 @@ class DoctorArgs:
     doctor_length_range: list[float] = arg(help="Response length collapsing or running away: the mean response "
                                                 "length is outside LO HI times its value at the first step.",
                                            factory=lambda: [0.25, 3.0])
+    doctor_truncated_max: float = arg(0.5, "Response length running away into the cap: the share of responses cut "
+                                           "at --generate_max_len (train/truncated) rose above this from a start "
+                                           "at or below it.")
     doctor_equal_reward_groups_max: float = arg(0.8, "All-equal reward groups: the share of prompts whose "
                                                      "--n_samples_per_prompt samples all got the same reward (no "
                                                      "group advantage, nothing learned) is above this.")
@@ -281,7 +284,7 @@ class DoctorArgs:
     def validate(self) -> None:
         if self.doctor_window < 1:
             raise UserError(f"--doctor_window must be >= 1 (got {self.doctor_window})")
-        for flag in ("doctor_entropy_ratio", "doctor_equal_reward_groups_max"):
+        for flag in ("doctor_entropy_ratio", "doctor_truncated_max", "doctor_equal_reward_groups_max"):
             if not 0 <= getattr(self, flag) <= 1:
                 raise UserError(f"--{flag} must be in [0, 1] (got {getattr(self, flag)})")
         for flag in ("doctor_kl_max", "doctor_logprob_gap_max", "doctor_heldout_drop"):

