@@ -62,6 +62,7 @@ SLOW = {
     "rewards/test_server.py::test_cli_bad_model_path_is_one_line_exit_2",
     "rewards/test_server.py::test_cli_prints_its_url_and_serves",
     "rl/test_rl_bad_rewards.py",
+    "rl/test_rl_doctor.py",
     "rl/test_rl_estimators.py",
     "rl/test_rl_learning.py",
     "rl/test_rl_recipes.py",

@@ -330,7 +330,10 @@ RLHFKIT_ONLY = frozenset({
     "remote_rm_timeout", "remote_rm_retries", "metrics_path", "disable_progress_bar", "clip_eps_low",
     "clip_eps_high", "reward_stats_samples", "policy_loss_agg", "host", "port", "api_key", "batch_size",
     "batch_wait_ms", "max_body_bytes", "compute_fp32_loss", "ddp_timeout", "dry_run", "dry_run_gpu_memory_gb",
-    "dry_run_num_gpus", "partial_rollout_chunk_len",
+    "dry_run_num_gpus", "partial_rollout_chunk_len", "doctor", "doctor_window", "doctor_entropy_ratio",
+    "doctor_kl_max", "doctor_clip_fraction_range", "doctor_length_range", "doctor_truncated_max",
+    "doctor_equal_reward_groups_max",
+    "doctor_logprob_gap_max", "doctor_heldout_drop",
 })
 
 

@@ -37,6 +37,7 @@ from rlhfkit.config.rl_sections import (
     AgentArgs,
     AlgorithmArgs,
     AsyncArgs,
+    DoctorArgs,
     RecipeArgs,
     ResourceArgs,
     RLDataArgs,
@@ -67,6 +68,7 @@ class PPOConfig:
     checkpoint: CheckpointArgs = field(default_factory=CheckpointArgs)
     plan: DryRunArgs = field(default_factory=DryRunArgs)
     save: RLSaveArgs = field(default_factory=RLSaveArgs)
+    doctor: DoctorArgs = field(default_factory=DoctorArgs)
 
     def validate(self) -> None:
         """Every flag rule (UserError, one line): the sections' own, then the ones that join sections."""

@@ -255,3 +255,52 @@ class RLSaveArgs:
     ema_beta: float = arg(0.992, "EMA decay: ema = beta * ema + (1 - beta) * weights after each optimizer step.")
     best_metric_key: str | None = arg(None, "Also export the policy with the best value of this eval metric "
                                             "(higher is better, e.g. eval/pass@1) to <save_path>/best.")
+
+
+@dataclass
+class DoctorArgs:
+    """The RL run doctor's switch and thresholds (rlhfkit/logging/doctor.py; docs/doctor.md lists each alarm)."""
+
+    doctor: str = arg("on", "In-run alarms with one line of advice each (console, metrics.jsonl `doctor/...` "
+                            "records, the run report): entropy collapse, KL blow-up, clip fraction out of range, "
+                            "response length running away or collapsing, all-equal reward groups, rollout/trainer "
+                            "log-prob gap, reward hacking. off: none.", choices=("on", "off"))
+    doctor_window: int = arg(5, "RL steps in the doctor's moving averages; each alarm compares the mean of the "
+                                "last this many steps with its threshold.")
+    doctor_entropy_ratio: float = arg(0.2, "Entropy collapse: the actor's mean token entropy fell below this "
+                                           "fraction of its value at the first step.")
+    doctor_kl_max: float = arg(1.0, "KL blow-up: the mean per-token KL to the reference (train/kl, nats) is "
+                                    "above this.")
+    doctor_clip_fraction_range: list[float] = arg(help="Clip fraction out of range: the share of clipped tokens "
+                                                       "(train/actor/clip_fraction) is outside LO HI (LO 0 never "
+                                                       "fires: one optimizer step per rollout clips nothing).",
+                                                  factory=lambda: [0.0, 0.3])
+    doctor_length_range: list[float] = arg(help="Response length collapsing or running away: the mean response "
+                                                "length is outside LO HI times its value at the first step.",
+                                           factory=lambda: [0.25, 3.0])
+    doctor_truncated_max: float = arg(0.5, "Response length running away into the cap: the share of responses cut "
+                                           "at --generate_max_len (train/truncated) rose above this from a start "
+                                           "at or below it.")
+    doctor_equal_reward_groups_max: float = arg(0.8, "All-equal reward groups: the share of prompts whose "
+                                                     "--n_samples_per_prompt samples all got the same reward (no "
+                                                     "group advantage, nothing learned) is above this.")
+    doctor_logprob_gap_max: float = arg(0.1, "Rollout/trainer log-prob gap: the mean absolute per-token gap "
+                                             "between the rollout engine's and the trainer's log-probs "
+                                             "(train/rollout_logprob_diff) is above this.")
+    doctor_heldout_drop: float = arg(0.05, "Reward hacking hint: the held-out eval/pass@1 fell this much below "
+                                           "its best evaluation while the training reward rose above its level "
+                                           "then (needs --eval_dataset).")
+
+    def validate(self) -> None:
+        if self.doctor_window < 1:
+            raise UserError(f"--doctor_window must be >= 1 (got {self.doctor_window})")
+        for flag in ("doctor_entropy_ratio", "doctor_truncated_max", "doctor_equal_reward_groups_max"):
+            if not 0 <= getattr(self, flag) <= 1:
+                raise UserError(f"--{flag} must be in [0, 1] (got {getattr(self, flag)})")
+        for flag in ("doctor_kl_max", "doctor_logprob_gap_max", "doctor_heldout_drop"):
+            if not getattr(self, flag) > 0:
+                raise UserError(f"--{flag} must be > 0 (got {getattr(self, flag)})")
+        for flag in ("doctor_clip_fraction_range", "doctor_length_range"):
+            values = getattr(self, flag)
+            if len(values) != 2 or not 0 <= values[0] < values[1]:
+                raise UserError(f"--{flag} takes LO HI with 0 <= LO < HI (got {values})")

@@ -5,7 +5,7 @@ charts with a few dozen lines of inline JavaScript (hover for values, click a le
 a smoothing slider), so it opens from a file with no network at view time and no plotting dependency. It shows
 loss, reward, KL, response length, learning rate, grad norm, throughput, phase timings and eval metrics (each
 chart only when the run logged it), the run's config (`rlhfkit_args.json`), its environment (`rlhfkit_env.json`)
-and, for RL, sample rollouts (`samples.jsonl`).
+and, for RL, the run doctor's alarms with their advice and sample rollouts (`samples.jsonl`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from rlhfkit.logging.doctor import alarms_in
 
 REPORT_NAME = "report.html"
 ENV_NAME = "rlhfkit_env.json"
@@ -163,6 +165,17 @@ def _samples_html(rows: list[dict[str, Any]]) -> str:
             f"<th>response</th><th>reward</th></tr>{body}</table>")
 
 
+def _doctor_html(records: list[dict[str, Any]]) -> str:
+    """The RL run doctor's alarms (rlhfkit/logging/doctor.py), each with its advice; nothing when none fired."""
+    alarms = alarms_in(records)
+    if not alarms:
+        return ""
+    body = "".join(f"<tr><td>{step}</td><td>{html.escape(title)}</td><td>{_fmt(value)}</td>"
+                   f"<td>{html.escape(advice)}</td></tr>" for step, title, value, advice in alarms)
+    return ("<h2>Doctor</h2><table class='doctor' id='doctor'><tr><th>step</th><th>alarm</th><th>value</th>"
+            f"<th>advice</th></tr>{body}</table>")
+
+
 def _fmt(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
@@ -186,7 +199,8 @@ def render_report(run_dir: str | Path, metrics_path: str | Path | None = None, t
     chart_divs = "".join(f"<section class='chart' data-plot='{c['id']}'><h3>{html.escape(c['title'])}</h3>"
                          f"<div class='plot' id='plot-{c['id']}'></div></section>" for c in charts)
     name = html.escape(title or f"rlhfkit run report: {run.resolve().name}")
-    return _PAGE.format(title=name, summary=_table(summary), charts=chart_divs or "<p>No metrics logged.</p>",
+    return _PAGE.format(title=name, summary=_table(summary), doctor=_doctor_html(records),
+                        charts=chart_divs or "<p>No metrics logged.</p>",
                         samples=_samples_html(samples), config=_table(_flatten(config)),
                         env=_table(_flatten(env)), data=data, script=_SCRIPT)
 
@@ -225,6 +239,7 @@ table.samples pre {{ margin: 0; white-space: pre-wrap; max-width: 520px; }}
 <body>
 <h1>{title}</h1>
 {summary}
+{doctor}
 <p>Smoothing (moving average window): <input type="range" id="smooth" min="1" max="50" value="1">
 <span id="smooth-value">1</span></p>
 <div class="charts">{charts}</div>

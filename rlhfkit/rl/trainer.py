@@ -24,6 +24,7 @@ from rlhfkit.algorithms.advantages import compute_advantages
 from rlhfkit.algorithms.kl import compute_approx_kl, make_kl_controller
 from rlhfkit.algorithms.masking import masked_mean
 from rlhfkit.config.rl import PPOConfig, reward_clip_bounds
+from rlhfkit.logging.doctor import make_doctor, report_alarms
 from rlhfkit.logging.metrics import MetricsLogger
 from rlhfkit.rl.experience import Experience
 from rlhfkit.rl.replay_buffer import one_optimizer_step
@@ -55,6 +56,13 @@ def _mean(t: torch.Tensor) -> float:
 
 def _std(t: torch.Tensor) -> float:
     return float(t.float().std(unbiased=False)) if t.numel() > 1 else 0.0
+
+
+def equal_reward_share(rewards: torch.Tensor, n_samples_per_prompt: int) -> float:
+    """The share of prompts whose `n_samples_per_prompt` samples (consecutive in `rewards`) all got the same
+    reward: their group advantages are zero, so a group estimator learns nothing from them."""
+    groups = rewards.float().reshape(-1, n_samples_per_prompt)
+    return float(((groups.amax(dim=1) - groups.amin(dim=1)) <= 1e-6).float().mean())
 
 
 def reuses_old_log_probs(cfg: PPOConfig, has_reference: bool, samples: int, step: int) -> bool:
@@ -124,6 +132,7 @@ class RLTrainer(Trainer):
         a = cfg.algo
         self.kl_ctl = make_kl_controller(a.init_kl_coef, a.kl_target, a.kl_horizon)
         self._last_rollouts: list[dict[str, Any]] = []
+        self.doctor = make_doctor(cfg.doctor)  # None with --doctor off
 
     # -- the loop's side (rlhfkit.run.loop.Trainer) ----------------------------------------------------------
     def steps_per_epoch(self) -> int:
@@ -142,7 +151,10 @@ class RLTrainer(Trainer):
         metrics.update(work.extra_metrics)
         self._last_rollouts = work.report_rows()
         pause_point("mid", step + 1)
-        return self.train(exp, metrics, step, work.started)
+        metrics = self.train(exp, metrics, step, work.started)
+        if self.doctor is not None:
+            report_alarms(self.doctor.observe(step + 1, metrics), self.strategy.print, self.logger.log)
+        return metrics
 
     def progress_fields(self, metrics: dict[str, float]) -> dict[str, float]:
         return {"reward": metrics["reward"], "len": metrics["response_length"], "kl": metrics["kl"],
@@ -181,7 +193,11 @@ class RLTrainer(Trainer):
         rewards = exp.rewards = shaped.clamp(*bounds) if bounds else shaped.clone()
         exp.info.update(reward=raw, score=rollout.reward["scores"])
         advantages, returns = add_advantages(self.cfg, exp, rewards, old_log_probs, self.kl_ctl.value)
-        return exp, experience_metrics(exp, rollout, advantages, returns, old_log_probs, self.kl_ctl.value)
+        metrics = experience_metrics(exp, rollout, advantages, returns, old_log_probs, self.kl_ctl.value)
+        n = self.cfg.rollout.n_samples_per_prompt
+        if n > 1 and len(raw) % n == 0:  # a group per prompt (the doctor's all-equal-groups alarm)
+            metrics["reward_groups_all_equal"] = equal_reward_share(raw, n)
+        return exp, metrics
 
     # -- updates ---------------------------------------------------------------------------------------------
     def train(self, exp: Experience, metrics: dict[str, float], step: int, started: float) -> dict[str, float]:
@@ -233,6 +249,8 @@ class RLTrainer(Trainer):
             metrics[f"pass@{n}"] = _mean(scores.clamp(0, 1).reshape(-1, n).amax(dim=1))
         self.logger.log(step, metrics, prefix="eval")
         self.strategy.print(f"eval @ step {step}: reward {metrics['reward']:.4f}, pass@1 {metrics['pass@1']:.4f}")
+        if self.doctor is not None:
+            report_alarms(self.doctor.observe_eval(step, metrics), self.strategy.print, self.logger.log)
         return metrics
 
     # -- what is saved -------------------------------------------------------------------------------------------

@@ -116,7 +116,8 @@ class Sync:
 def test_a_step_calls_the_roles_in_order_and_syncs_after_the_actor_trains():
     for freeze, trained in ((0, True), (1, False)):
         calls: list[str] = []
-        cfg = config("--init_kl_coef", "0.01", "--freezing_actor_steps", str(freeze))
+        # the doctor off: no logger or strategy here to report its alarms to (the next test has them)
+        cfg = config("--init_kl_coef", "0.01", "--freezing_actor_steps", str(freeze), "--doctor", "off")
         src = source(cfg, 4, calls)
         trainer = RLTrainer(cfg, Role("actor", calls), src, Sync(calls), src, logger=None, strategy=None,
                             ref=Role("ref", calls))
@@ -127,3 +128,33 @@ def test_a_step_calls_the_roles_in_order_and_syncs_after_the_actor_trains():
         first = global_batches(4, 2, 7, 0)[0]
         assert metrics["reward"] == sum(i % 2 for i in first) / 4 and ("actor/policy_loss" in metrics) == trained
         assert [r["prompt"] for r in trainer.report_rows()] == [f"p{i}" for i in first for _ in range(2)]
+
+
+class Recorder:
+    """A strategy's print and a metrics logger's log, recorded."""
+
+    def __init__(self):
+        self.printed: list[str] = []
+        self.logged: list[tuple[int, dict, str]] = []
+
+    def print(self, *args) -> None:
+        self.printed.append(" ".join(map(str, args)))
+
+    def log(self, step: int, metrics: dict, prefix: str = "train") -> None:
+        self.logged.append((step, metrics, prefix))
+
+
+def test_the_doctor_sees_every_step_and_reports_its_alarms():
+    """Even prompts' two samples both score 0 here (`Reward`): half the groups of each step are all-equal, above
+    the doctor's limit set to 0.4, so its equal-reward-groups alarm starts at step 1, printed once and logged once
+    as a doctor record."""
+    cfg = config("--init_kl_coef", "0", "--doctor_equal_reward_groups_max", "0.4")
+    src, out = source(cfg, 4), Recorder()
+    trainer = RLTrainer(cfg, Role("actor", []), src, Sync([]), src, logger=out, strategy=out)
+    state = LoopState()
+    for _ in range(2):
+        metrics = trainer.step(trainer.next_work(state), state)
+        state.global_step += 1
+    assert metrics["reward_groups_all_equal"] == 0.5
+    assert [line.split(":")[:3] for line in out.printed] == [["doctor", " step 1", " all-equal reward groups"]]
+    assert out.logged == [(1, {"equal_reward_groups": 0.5}, "doctor")]

@@ -131,3 +131,13 @@ def test_trimming_keeps_the_actions_after_an_agent_episodes_feedback():
     assert exp.action_mask.shape[1] == 7  # not 4 (the most actions of a row): the last turn stays in the loss
     assert exp.rollout_log_probs[0].tolist() == [-1.0, -2.0, 0.0, 0.0, 0.0, -3.0, -4.0]
     assert exp.action_mask[0].tolist() == [True, True, False, False, False, True, True]
+
+
+def test_equal_reward_share_counts_groups_with_one_reward():
+    """Groups of 3 consecutive samples, by hand: [1,1,1] equal, [1,0,1] not, [0,0,0] equal, [0.5,0.5,0.5000001]
+    equal (within 1e-6): 3 of 4."""
+    from rlhfkit.rl.trainer import equal_reward_share
+
+    rewards = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5000001])
+    assert equal_reward_share(rewards, 3) == 0.75
+    assert equal_reward_share(torch.tensor([0.2, 0.3]), 1) == 1.0  # one sample per prompt: trivially equal
