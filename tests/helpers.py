@@ -53,7 +53,7 @@ def launcher_env_of_one() -> Iterator[None]:
         os.environ.update(saved)
 
 
-def start_ray_head(log_path: Path, env: dict[str, str], dashboard_port: int | None = None
+def start_ray_head(log_path: Path, env: dict[str, str], dashboard_port: int | None = None, num_cpus: int = 4
                    ) -> tuple[subprocess.Popen, int, str]:
     """`ray start --head --block` on 127.0.0.1 in its own process session, every port chosen free (a second Ray
     instance on this machine, this session's own or a colleague's, holds the default agent ports, and this head's
@@ -73,9 +73,28 @@ def start_ray_head(log_path: Path, env: dict[str, str], dashboard_port: int | No
     with open(log_path, "w") as log:
         head = subprocess.Popen(
             [ray_bin, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
-             *dashboard, "--num-cpus", "4", "--num-gpus", "0", "--temp-dir", ray_tmp, "--disable-usage-stats",
-             *ports], env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+             *dashboard, "--num-cpus", str(num_cpus), "--num-gpus", "0", "--temp-dir", ray_tmp,
+             "--disable-usage-stats", *ports], env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT,
+            cwd=REPO)
     return head, port, ray_tmp
+
+
+def start_ray_worker(gcs_port: int, log_path: Path, env: dict[str, str], num_cpus: int = 1) -> subprocess.Popen:
+    """`ray start --address 127.0.0.1:PORT --block`: one more Ray node on this machine (its own raylet, object store
+    and agents, every port free), in its own process session: `stop_ray_head` stops it, and killing its process
+    group takes the node down as a machine failure would."""
+    from rlhfkit.distributed.launch import free_port
+
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    ports = [arg for flag in ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--metrics-export-port",
+                              "--runtime-env-agent-port", "--node-manager-port", "--object-manager-port")
+             for arg in (flag, str(free_port()))]
+    env = {k: v for k, v in env.items() if k != "RAY_ADDRESS"}
+    with open(log_path, "w") as log:
+        return subprocess.Popen(
+            [ray_bin, "start", "--address", f"127.0.0.1:{gcs_port}", "--block", "--node-ip-address", "127.0.0.1",
+             "--num-cpus", str(num_cpus), "--num-gpus", "0", "--disable-usage-stats", *ports],
+            env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
 
 
 def stop_ray_head(head: subprocess.Popen, timeout: float = 15) -> None:

@@ -45,6 +45,17 @@ _PASS_THROUGH = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"
                  "TORCH_EXTENSIONS_DIR", "RAY_AUTH_MODE", "VLLM_CPU_KVCACHE_SPACE", "VLLM_LOGGING_LEVEL")
 
 
+def _node_of(_instance: Any) -> tuple[str, str]:
+    import ray
+
+    return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+
+
+def actor_nodes(actors: Sequence[Any], what: str) -> list[tuple[str, str]]:
+    """(Ray node id, node IP) of each actor, in order; works for any actor class (`__ray_call__`)."""
+    return list(ray_get([a.__ray_call__.remote(_node_of) for a in actors], what))
+
+
 def kill_actors(actors: Sequence[Any]) -> None:
     """Kill Ray actors, best effort (shutdown goes on past one that is already gone)."""
     import ray

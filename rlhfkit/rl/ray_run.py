@@ -164,6 +164,33 @@ def build_ray_roles(run: RayRunPlan) -> tuple[Any, RayRoles]:
     return handles, ray_roles
 
 
+def record_placement(ray_roles: RayRoles, save_path: str) -> str | None:
+    """When the run spans more than one Ray node: which node each role's ranks and each engine run on, written to
+    `save_path`/placement.json ({"roles": {role: [node id per rank]}, "nodes": {node id: IP}}) and returned as a
+    line to print. None on one node (one machine needs no map)."""
+    import json
+    from pathlib import Path
+
+    from rlhfkit.distributed.ray_groups import actor_nodes
+
+    members = {name: group.workers for name, group in ray_roles.groups.items()}
+    members["engine"] = list(ray_roles.engine.engines)
+    roles: dict[str, list[str]] = {}
+    ips: dict[str, str] = {}
+    for name, actors in members.items():
+        where = actor_nodes(actors, f"the {name} role")
+        roles[name] = [node for node, _ in where]
+        ips.update(where)
+    if len(ips) < 2:
+        return None
+    out = Path(save_path)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "placement.json").write_text(json.dumps({"roles": roles, "nodes": ips}, indent=1))
+    short = {node: f"{ips[node]}/{node[:8]}" for node in ips}
+    return f"{len(ips)} nodes: " + "; ".join(f"{name} on {', '.join(short[n] for n in nodes)}"
+                                             for name, nodes in roles.items())
+
+
 def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None,
                 after_sync: list[Callable[[RLTrainer], None]] | None = None, save: bool = True) -> RLTrainer:
     """Validate, start (or join) Ray, build the role groups and engines, run the RL loop, save, tear down. Returns
@@ -197,6 +224,9 @@ def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None,
             raise unwrap_user_error(e) from None
         strategy.print(f"train_ppo_ray: placement {run.plan.describe()}; roles and engines up in "
                        f"{time.perf_counter() - started:.1f} s; weight sync: {run.sync_backend}")
+        spread = record_placement(ray_roles, cfg.checkpoint.save_path)
+        if spread:
+            strategy.print(f"train_ppo_ray: {spread}")
         assemble = ray_loop_assembly(cfg, roles, ray_roles.groups.get("reward"), run.inputs, strategy, run_info,
                                      after_sync or [])
         return train_rl(cfg, strategy, "ppo_ray", assemble, save=save)
