@@ -17,6 +17,7 @@ The schedule is Transformers' (`get_scheduler`); `--min_lr_ratio` is the floor o
 
 from __future__ import annotations
 
+from collections import ChainMap
 from typing import Any
 
 import torch
@@ -77,12 +78,18 @@ class MuonWithAdamW(torch.optim.Optimizer):
     """One optimizer over two: `torch.optim.Muon` on the Muon groups, `torch.optim.AdamW` on the others.
 
     `param_groups` is the two optimizers' groups (the same dicts), so an LR schedule, gradient clipping and
-    `zero_grad` see every parameter; the state dict holds both optimizers' states."""
+    `zero_grad` see every parameter; `state` reads both optimizers' per-parameter states (the sleep-mode byte count
+    does) and the state dict holds both."""
 
     def __init__(self, muon: torch.optim.Optimizer, adamw: torch.optim.Optimizer | None):
         self.muon, self.adamw = muon, adamw
         super().__init__([p for g in self._parts_groups() for p in g["params"]], {})
+        self._link()
+
+    def _link(self) -> None:
+        """Point `param_groups` and `state` at the parts' own (again after loading, which replaces them)."""
         self.param_groups = self._parts_groups()
+        self.state = ChainMap(*(part.state for part in self._parts()))  # type: ignore[assignment]
 
     def _parts(self) -> list[torch.optim.Optimizer]:
         return [self.muon] + ([self.adamw] if self.adamw is not None else [])
@@ -104,7 +111,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
         self.muon.load_state_dict(state_dict["muon"])
         if self.adamw is not None:
             self.adamw.load_state_dict(state_dict["adamw"])
-        self.param_groups = self._parts_groups()  # loading replaces the parts' group dicts
+        self._link()
 
 
 def _muon(args: StrategyArgs, model: nn.Module, learning_rate: float) -> MuonWithAdamW:

@@ -214,6 +214,9 @@ def test_muon_state_resumes_through_the_engine_checkpoint(world_of_one, tmp_path
     second.load_checkpoint(str(tmp_path), "t")
     step(second)
     assert second.get_lr() == first.get_lr()
+    inner = second.optimizer
+    assert isinstance(inner, MuonWithAdamW) and inner.adamw is not None
+    assert len(inner.state) == len(inner.muon.state) + len(inner.adamw.state) == len(list(first.module.parameters()))
     for a, b in zip(first.module.parameters(), second.module.parameters()):
         assert torch.equal(a, b)
 
