@@ -183,6 +183,18 @@ def test_the_critic_takes_the_actors_settings_unless_given_its_own():
     assert (s.adam_betas, s.max_norm, s.adam_eps, s.optim) == ([0.5, 0.6], 0.7, 1e-3, "adam")
 
 
+def test_the_critics_muon_flags_reach_its_muon_group(world_of_one):
+    flags = ("--critic.optim muon --critic.muon.lr 0.05 --critic.muon.momentum 0.7 --critic.muon.ns_steps 2 "
+             "--critic.muon.no_nesterov --critic.adam.lr 3e-3")
+    critic = rl_specs(parse_config(PPOConfig, flags.split(), "t")).critic
+    assert critic is not None
+    opt = make_optimizer(critic.strategy, tiny_llama(), critic.learning_rate)
+    assert isinstance(opt, MuonWithAdamW) and opt.adamw is not None
+    muon = opt.muon.param_groups[0]
+    assert (muon["lr"], muon["momentum"], muon["ns_steps"], muon["nesterov"]) == (0.05, 0.7, 2, False)
+    assert {g["lr"] for g in opt.adamw.param_groups} == {3e-3}
+
+
 @pytest.mark.parametrize("flags, named", [
     ("--critic.adam.eps 0", "--critic_adam_eps 0"),
     ("--critic.min_lr_ratio 2", "--critic_min_lr_ratio 2"),
