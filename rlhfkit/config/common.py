@@ -71,8 +71,8 @@ class StrategyArgs:
                                    "rate (of each parameter group).")
     optim: str = arg("adam", "Optimizer: adam (AdamW), or muon: torch's Muon (Jordan et al. 2024) for the hidden "
                              "layers' weight matrices at --muon_lr, AdamW at the learning rate for the rest "
-                             "(embeddings, LM head, value heads, norms, biases). Muon runs on rlhfkit's "
-                             "single-process engine (one process, fp32, no --adam_offload, --zero_stage < 3).",
+                             "(embeddings, LM head, value heads, norms, biases). Needs fp32 weights and no "
+                             "--adam_offload; over several processes --zero_stage 0 (one process: below 3).",
                      choices=OPTIMIZERS)
     l2: float = arg(0.0, "Weight decay of AdamW (and of Muon with --optim muon; biases and norms get none).")
     adam_betas: list[float] = arg(help="AdamW betas.", factory=lambda: [0.9, 0.95])

@@ -127,13 +127,14 @@ def _muon(args: StrategyArgs, model: nn.Module, learning_rate: float) -> MuonWit
     return MuonWithAdamW(muon, adamw)
 
 
-def check_deepspeed_optimizer(args: StrategyArgs) -> None:
-    """Muon runs on the single-process engine only: DeepSpeed's ZeRO and bf16 optimizers hand a client optimizer
-    flattened 1-D partitions, and torch's Muon needs each weight as a matrix."""
-    if args.optim == "muon":
-        raise UserError("--optim muon runs on one process with fp32 weights, no --adam_offload and --zero_stage "
-                        "below 3 (rlhfkit's plain-torch engine); under DeepSpeed ZeRO / bf16 the optimizer sees "
-                        "flattened 1-D shards, which torch's Muon cannot orthogonalise. Use --optim adam there")
+def check_deepspeed_optimizer(args: StrategyArgs, bf16: bool) -> None:
+    """Muon under DeepSpeed runs at ZeRO-0 in fp32 (DeepSpeed then averages the gradients over the ranks and steps
+    the client optimizer on whole weights); ZeRO-1/2/3, the bf16 optimizer and CPU Adam hand the optimizer flat 1-D
+    shards, which torch's Muon cannot orthogonalise."""
+    if args.optim == "muon" and (args.zero_stage > 0 or bf16 or args.adam_offload):
+        raise UserError("--optim muon over several processes needs --zero_stage 0, fp32 weights (--param_dtype fp32 "
+                        "on a GPU) and no --adam_offload: ZeRO-1/2/3 and DeepSpeed's bf16 optimizer hand it flat "
+                        "1-D shards, which torch's Muon cannot orthogonalise (one process runs any stage below 3)")
 
 
 def make_optimizer(args: StrategyArgs, model: nn.Module, learning_rate: float) -> torch.optim.Optimizer:

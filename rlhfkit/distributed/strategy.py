@@ -175,7 +175,7 @@ class DeepSpeedStrategy:
             scheduler = self.make_scheduler(optimizer, num_update_steps)
             return PlainTorchEngine(model, optimizer, scheduler, self.accumulation_steps, self.args.max_norm,
                                self.args.train_batch_size)
-        optimizers.check_deepspeed_optimizer(self.args)
+        optimizers.check_deepspeed_optimizer(self.args, self.bf16)
         import deepspeed
 
         optimizer = self.make_optimizer(model, learning_rate)

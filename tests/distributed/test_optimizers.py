@@ -3,6 +3,7 @@ parameters Muon takes, and every OpenRLHF optimizer flag read back from the buil
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -233,8 +234,27 @@ def test_muon_state_resumes_through_the_engine_checkpoint(world_of_one, tmp_path
         assert torch.equal(a, b)
 
 
-def test_muon_under_deepspeed_fails_with_the_reason(world_of_one):
-    s = DeepSpeedStrategy(_train_args("--optim muon"), bf16=True)
-    with pytest.raises(UserError, match="--optim muon runs on one process"):
-        s.prepare_train(tiny_llama(), 1e-3, 2)
-    optimizers.check_deepspeed_optimizer(_train_args("--optim adam"))  # AdamW runs everywhere
+def test_muon_under_deepspeed_zero0_is_the_plain_engine_and_other_stages_fail(world_of_one, tmp_path):
+    """DeepSpeed ZeRO-0 in fp32 steps the client optimizer on whole weights (as over several ranks, after
+    averaging the gradients): one rank of it trains exactly as the plain engine, and its checkpoint resumes there."""
+    from tests.distributed.test_plain_torch_engine import ACCUM, STEPS, batches, strategy, train, weights
+
+    data = batches(STEPS * ACCUM)
+    local = strategy(True, optim="muon").prepare_train(tiny_llama(), 1e-2, STEPS)
+    ds = strategy(False, optim="muon").prepare_train(tiny_llama(), 1e-2, STEPS)
+    assert not isinstance(ds, PlainTorchEngine) and isinstance(ds.optimizer, MuonWithAdamW)
+    assert train(local, data) == pytest.approx(train(ds, data), rel=1e-6)
+    for name, w in weights(ds).items():
+        torch.testing.assert_close(weights(local)[name], w, rtol=1e-5, atol=1e-6)
+    ds.save_checkpoint(str(tmp_path), tag="ds")
+    assert strategy(True, optim="muon").prepare_train(tiny_llama(1), 1e-2, STEPS).load_checkpoint(
+        str(tmp_path), tag="ds")[0] is not None
+
+    needs = "--optim muon over several processes needs --zero_stage 0"
+    with pytest.raises(UserError, match=needs):
+        strategy(False, optim="muon", zero_stage=1).prepare_train(tiny_llama(), 1e-3, 2)
+    for settings, bf16 in (({"zero_stage": 3}, False), ({"zero_stage": 0}, True), ({"adam_offload": True}, False)):
+        args = dataclasses.replace(_train_args("--optim muon --zero_stage 0"), **settings)
+        with pytest.raises(UserError, match=needs):
+            optimizers.check_deepspeed_optimizer(args, bf16)
+    optimizers.check_deepspeed_optimizer(_train_args("--optim adam"), bf16=True)  # AdamW runs everywhere
