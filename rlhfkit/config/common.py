@@ -16,6 +16,9 @@ from rlhfkit.config.base import arg
 from rlhfkit.config.devices import ATTN_CHOICES, ATTN_HELP, AUTO, BF16_HELP
 from rlhfkit.errors import UserError
 
+OPTIMIZERS = ("adam", "muon")
+LR_SCHEDULERS = ("cosine_with_min_lr", "cosine", "linear", "constant_with_warmup", "constant")
+
 
 def _need(ok: bool, flag: str, value: object, rule: str) -> None:
     """A numeric flag outside its range is a user error named with its value and the allowed range."""
@@ -62,10 +65,23 @@ class StrategyArgs:
     max_norm: float = arg(1.0, "Gradient clipping norm.")
     learning_rate: float = arg(5e-6, "Peak learning rate.")
     lr_warmup_ratio: float = arg(0.03, "Fraction of the optimizer steps spent warming the learning rate up.")
-    lr_scheduler: str = arg("cosine_with_min_lr", "Learning-rate schedule after warmup (min lr = 0.1 x peak).",
-                            choices=("cosine_with_min_lr", "cosine", "linear", "constant_with_warmup", "constant"))
-    l2: float = arg(0.0, "Weight decay of AdamW.")
+    lr_scheduler: str = arg("cosine_with_min_lr", "Learning-rate schedule after warmup (cosine_with_min_lr ends at "
+                            "--min_lr_ratio x the peak).", choices=LR_SCHEDULERS)
+    min_lr_ratio: float = arg(0.1, "Floor of the cosine_with_min_lr schedule, as a fraction of the peak learning "
+                                   "rate (of each parameter group).")
+    optim: str = arg("adam", "Optimizer: adam (AdamW), or muon: torch's Muon (Jordan et al. 2024) for the hidden "
+                             "layers' weight matrices at --muon_lr, AdamW at the learning rate for the rest "
+                             "(embeddings, LM head, value heads, norms, biases). Needs fp32 weights and no "
+                             "--adam_offload; over several processes --zero_stage 0 (one process: below 3).",
+                     choices=OPTIMIZERS)
+    l2: float = arg(0.0, "Weight decay of AdamW (and of Muon with --optim muon; biases and norms get none).")
     adam_betas: list[float] = arg(help="AdamW betas.", factory=lambda: [0.9, 0.95])
+    adam_eps: float = arg(1e-8, "AdamW's eps (added to the root of the second moment).")
+    muon_lr: float = arg(0.02, "With --optim muon: peak learning rate of the Muon group (scaled by sqrt(max(1, "
+                               "rows / cols)) per matrix; the schedule applies to it as to the AdamW group).")
+    muon_momentum: float = arg(0.95, "With --optim muon: Muon's momentum.")
+    muon_ns_steps: int = arg(5, "With --optim muon: Newton-Schulz iterations that orthogonalise each update.")
+    muon_nesterov: bool = arg(True, "With --optim muon: Nesterov momentum (--no-muon_nesterov: plain momentum).")
     seed: int = arg(42, "Random seed (model init, data order, sampling).")
     local_rank: int = arg(-1, "Set by the deepspeed launcher; leave unset.")
     zpg: int = arg(1, "ZeRO++ hierarchical partition size (1 = off).")
@@ -89,13 +105,7 @@ class StrategyArgs:
         """Out-of-range numbers fail at parse time, before any model loads (NaN fails every `ok` test)."""
         lr = self.learning_rate
         _need(math.isfinite(lr) and lr > 0, "learning_rate", lr, "a positive finite number, e.g. 5e-6")
-        _need(math.isfinite(self.max_norm) and self.max_norm >= 0, "max_norm", self.max_norm,
-              "a finite number >= 0 (0 turns clipping off)")
-        _need(math.isfinite(self.l2) and self.l2 >= 0, "l2", self.l2, "a finite weight decay >= 0")
-        _need(0 <= self.lr_warmup_ratio <= 1, "lr_warmup_ratio", self.lr_warmup_ratio, "in [0, 1]")
-        betas = " ".join(map(str, self.adam_betas))
-        _need(len(self.adam_betas) == 2, "adam_betas", betas, "two numbers, e.g. --adam_betas 0.9 0.95")
-        _need(all(0 <= b < 1 for b in self.adam_betas), "adam_betas", betas, "two numbers in [0, 1)")
+        check_optimizer_flags(self)
         _need(self.zpg >= 1, "zpg", self.zpg, "at least 1 (1 = off)")
         _need(math.isfinite(self.ddp_timeout) and self.ddp_timeout > 0, "ddp_timeout", self.ddp_timeout,
               "a positive number of seconds (default 1800)")
@@ -199,6 +209,26 @@ class DryRunArgs:
         _need(n is None or n >= 1, "dry_run_num_gpus", n, "at least 1")
         if not self.dry_run and (gb is not None or n is not None):
             raise UserError("--dry_run_gpu_memory_gb / --dry_run_num_gpus only apply with --dry_run; add it")
+
+
+def check_optimizer_flags(s: StrategyArgs, prefix: str = "") -> None:
+    """The optimizer and schedule flags' rules, for the flags `--{prefix}max_norm`, ... (the critic's: prefix
+    critic_, checked on the critic's settings)."""
+    _need(math.isfinite(s.max_norm) and s.max_norm >= 0, prefix + "max_norm", s.max_norm,
+          "a finite number >= 0 (0 turns clipping off)")
+    _need(math.isfinite(s.l2) and s.l2 >= 0, prefix + "l2", s.l2, "a finite weight decay >= 0")
+    _need(0 <= s.lr_warmup_ratio <= 1, prefix + "lr_warmup_ratio", s.lr_warmup_ratio, "in [0, 1]")
+    _need(0 <= s.min_lr_ratio <= 1, prefix + "min_lr_ratio", s.min_lr_ratio, "in [0, 1]")
+    if s.min_lr_ratio != 0.1 and s.lr_scheduler != "cosine_with_min_lr":
+        raise UserError(f"--{prefix}min_lr_ratio only applies to --{prefix}lr_scheduler cosine_with_min_lr (got "
+                        f"{s.lr_scheduler}); drop it or pick that schedule")
+    betas = " ".join(map(str, s.adam_betas))
+    _need(len(s.adam_betas) == 2, prefix + "adam_betas", betas, "two numbers, e.g. --adam_betas 0.9 0.95")
+    _need(all(0 <= b < 1 for b in s.adam_betas), prefix + "adam_betas", betas, "two numbers in [0, 1)")
+    _need(math.isfinite(s.adam_eps) and s.adam_eps > 0, prefix + "adam_eps", s.adam_eps, "a positive number")
+    _need(math.isfinite(s.muon_lr) and s.muon_lr > 0, prefix + "muon_lr", s.muon_lr, "a positive finite number")
+    _need(0 <= s.muon_momentum < 1, prefix + "muon_momentum", s.muon_momentum, "in [0, 1)")
+    _need(1 <= s.muon_ns_steps < 100, prefix + "muon_ns_steps", s.muon_ns_steps, "in [1, 99] (torch's limit)")
 
 
 def check_batch_split(train_batch_size: int, micro_batch_size: int, ranks: int, ranks_name: str = "world size") -> int:

@@ -256,6 +256,10 @@ SAME_MEANING: tuple[Difference, ...] = (
                "entropy either way)"),
     Difference(_PPO, "ckpt.best_metric_key", "'' and None both mean no best-model export"),
     Difference(_PPO, "ckpt.max_mem", "1e8 GB (100 PB) is no limit in practice either"),
+    *(Difference(_PPO, f"critic.{flag}", "the critic takes the actor's setting unless given its own, and the "
+                 "actor's default is OpenRLHF's critic default", ours="None: the actor's")
+      for flag in ("optim", "adam.betas", "adam.eps", "adam.weight_decay", "lr_scheduler", "lr_warmup_ratio",
+                   "min_lr_ratio", "max_norm", "muon.lr", "muon.momentum", "muon.ns_steps", "muon.nesterov")),
 )
 
 

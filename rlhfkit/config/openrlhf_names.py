@@ -94,6 +94,28 @@ ALIASES: dict[str, str | tuple[str, ...]] = {
     "actor.lr_scheduler": "lr_scheduler",
     "actor.lr_warmup_ratio": "lr_warmup_ratio",
     "actor.max_norm": "max_norm",
+    "adam.eps": "adam_eps",
+    "actor.adam.eps": "adam_eps",
+    "actor.min_lr_ratio": "min_lr_ratio",
+    "actor.optim": "optim",
+    "muon.lr": "muon_lr",
+    "muon.momentum": "muon_momentum",
+    "muon.ns_steps": "muon_ns_steps",
+    "actor.muon.lr": "muon_lr",
+    "actor.muon.momentum": "muon_momentum",
+    "actor.muon.ns_steps": "muon_ns_steps",
+    # the critic's own optimizer settings (None: the actor's)
+    "critic.optim": "critic_optim",
+    "critic.adam.betas": "critic_adam_betas",
+    "critic.adam.eps": "critic_adam_eps",
+    "critic.adam.weight_decay": "critic_l2",
+    "critic.lr_scheduler": "critic_lr_scheduler",
+    "critic.lr_warmup_ratio": "critic_lr_warmup_ratio",
+    "critic.min_lr_ratio": "critic_min_lr_ratio",
+    "critic.max_norm": "critic_max_norm",
+    "critic.muon.lr": "critic_muon_lr",
+    "critic.muon.momentum": "critic_muon_momentum",
+    "critic.muon.ns_steps": "critic_muon_ns_steps",
     # data
     "data.dataset": "dataset",
     "data.dataset_probs": "dataset_probs",
@@ -198,7 +220,7 @@ class Adapted:
     `current(name)` reads a field's value as set so far (explicit or default), for a flag defined relative to
     another one (OpenRLHF's `--data.max_len` is prompt plus response; ours is split in two). `fields` are the
     fields it writes; it applies to a config that has all of `needs` (default: `fields`). A flag that only
-    checks its value (`--optim adam`: rlhfkit always uses AdamW) writes nothing and needs the field it concerns."""
+    checks its value writes nothing and needs the field it concerns."""
 
     flag: str
     fields: tuple[str, ...]
@@ -243,13 +265,21 @@ def _target_modules(value: list[str], current: Callable[[str], Any]) -> dict[str
     return {"target_modules": None if value in ([], ["all-linear"]) else list(value)}
 
 
-def _only(flag: str, allowed: str, why: str) -> Callable[[str, Callable[[str], Any]], dict[str, Any]]:
-    """A choice flag of which rlhfkit implements one value (the one it always uses): others fail, with `why`."""
-    def convert(value: str, current: Callable[[str], Any]) -> dict[str, Any]:
-        if value != allowed:
-            raise UserError(f"--{flag} {value} is not supported yet by rlhfkit ({why})")
-        return {}
+def _switch(field: str, on: bool) -> Callable[[Any, Callable[[str], Any]], dict[str, Any]]:
+    """OpenRLHF's pair of store_true / store_false flags of one setting (`--muon.nesterov`, `--muon.no_nesterov`):
+    given bare on the command line the flag means `on`; a config file's `true` / `false` says whether it is set."""
+    def convert(value: Any, current: Callable[[str], Any]) -> dict[str, Any]:
+        if value not in (None, True, False):
+            raise UserError(f"--{field} takes no value (got {value})")
+        return {field: on if value in (None, True) else not on}
     return convert
+
+
+def _nesterov(prefix: str, field: str) -> tuple[Adapted, Adapted]:
+    return (Adapted(f"{prefix}muon.nesterov", (field,), _switch(field, True), str, "?", "",
+                    f"OpenRLHF 0.11: Nesterov momentum in Muon (--{field}, the default)."),
+            Adapted(f"{prefix}muon.no_nesterov", (field,), _switch(field, False), str, "?", "",
+                    f"OpenRLHF 0.11: plain momentum in Muon (--{field} off)."))
 
 
 ADAPTED: tuple[Adapted, ...] = (
@@ -265,10 +295,9 @@ ADAPTED: tuple[Adapted, ...] = (
             "OpenRLHF 0.10.2+ RL: prompt + response tokens; sets --prompt_max_len N - --generate_max_len."),
     Adapted("ds.lora.target_modules", ("target_modules",), _target_modules, str, "*", "NAME",
             "OpenRLHF 0.10.2+: --target_modules ('all-linear': every linear layer, the default)."),
-    Adapted("optim", (), _only("optim", "adam", "rlhfkit trains with AdamW"), str, None, "adam",
-            "OpenRLHF 0.10.2+ optimizer choice; rlhfkit trains with AdamW (adam only).", ("learning_rate",)),
-    Adapted("actor.optim", (), _only("actor.optim", "adam", "rlhfkit trains with AdamW"), str, None, "adam",
-            "OpenRLHF 0.10.2+ optimizer choice; rlhfkit trains with AdamW (adam only).", ("actor_learning_rate",)),
+    *_nesterov("", "muon_nesterov"),
+    *_nesterov("actor.", "muon_nesterov"),
+    *_nesterov("critic.", "critic_muon_nesterov"),
 )
 
 # -- no equivalent yet --------------------------------------------------------------------------------------
@@ -276,8 +305,6 @@ _ROLLOUT_BUDGET = ("rlhfkit has one token budget for training and scoring forwar
                    "(--train.max_tokens_per_gpu)")
 _RING = "ring attention / sequence parallelism is not implemented"
 _TP = "DeepSpeed tensor parallelism is not implemented; use ZeRO (--zero_stage 3)"
-_CRITIC_OPT = "the critic shares the actor's optimizer settings; only its learning rate (--critic.adam.lr) differs"
-_MUON = "rlhfkit trains with AdamW; Muon is not implemented"
 _VLM = "vision-language models are not supported"
 
 NOT_SUPPORTED: dict[str, str] = {
@@ -305,24 +332,10 @@ NOT_SUPPORTED: dict[str, str] = {
                                    "parallelise",
     "dataloader_num_workers": "data is tokenised up front in the main process; there is no loader to parallelise",
     "ckpt.disable_ds": "checkpoints always hold the DeepSpeed states needed to resume",
-    "critic.optim": _CRITIC_OPT,
-    "critic.adam.betas": _CRITIC_OPT,
-    "critic.adam.eps": _CRITIC_OPT,
-    "critic.adam.weight_decay": _CRITIC_OPT,
-    "critic.lr_scheduler": _CRITIC_OPT,
-    "critic.lr_warmup_ratio": _CRITIC_OPT,
-    "critic.min_lr_ratio": _CRITIC_OPT,
-    "critic.max_norm": _CRITIC_OPT,
-    "adam.eps": "AdamW's eps is fixed at 1e-8",
-    "actor.adam.eps": "AdamW's eps is fixed at 1e-8",
-    "min_lr_ratio": "the cosine schedule's floor is fixed at 0.1 x the peak learning rate",
-    "actor.min_lr_ratio": "the cosine schedule's floor is fixed at 0.1 x the peak learning rate",
     "model.margin_loss_enable": "train_rm reads a per-pair margin from the record key named by --margin_key",
     "data.image_key": _VLM,
     "data.max_images_per_prompt": _VLM,
     "actor.freeze_visual_encoder": _VLM,
-    **{f"{p}muon.{k}": _MUON for p in ("", "actor.", "critic.")
-       for k in ("lr", "momentum", "ns_steps", "nesterov", "no_nesterov")},
 }
 
 # Our flags that OpenRLHF's flat CLI never had (the migration table shows no flat OpenRLHF spelling for them).

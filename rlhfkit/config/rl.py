@@ -24,6 +24,7 @@ from rlhfkit.config.common import (
     check_batch_split,
     check_token_budget,
 )
+from rlhfkit.config.critic_optim import CriticOptimArgs, check_critic_optimizer
 from rlhfkit.config.names import (
     GROUP_BASELINES,
 )
@@ -61,6 +62,7 @@ class PPOConfig:
     data: RLDataArgs = field(default_factory=RLDataArgs)
     rollout: RolloutArgs = field(default_factory=RolloutArgs)
     algo: AlgorithmArgs = field(default_factory=AlgorithmArgs)
+    critic_optim: CriticOptimArgs = field(default_factory=CriticOptimArgs)
     recipe: RecipeArgs = field(default_factory=RecipeArgs)
     asynchronous: AsyncArgs = field(default_factory=AsyncArgs)
     resources: ResourceArgs = field(default_factory=ResourceArgs)
@@ -179,6 +181,7 @@ def _validate_algorithm(cfg: PPOConfig) -> None:
     _positive({"actor_learning_rate": a.actor_learning_rate})
     if needs_critic(cfg):
         _positive({"critic_learning_rate": a.critic_learning_rate})
+        check_critic_optimizer(cfg.strategy, cfg.critic_optim)
     if not r.temperature > 0:
         raise UserError(f"--temperature must be > 0 (got {r.temperature})")
     if r.eval_temperature < 0:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from rlhfkit.config.critic_optim import critic_strategy
 from rlhfkit.config.rl import (
     ROLES,
     PPOConfig,
@@ -64,7 +65,9 @@ def actor_spec(cfg: PPOConfig) -> ActorSpec:
 
 
 def critic_spec(cfg: PPOConfig) -> CriticSpec:
-    return CriticSpec(**_role_common(cfg), path=critic_path(cfg), value_head_prefix=cfg.rl_model.value_head_prefix,
+    """The critic's strategy carries its own optimizer settings (`--critic.optim`, `--critic.adam.*`, ...)."""
+    common = {**_role_common(cfg), "strategy": critic_strategy(cfg.strategy, cfg.critic_optim)}
+    return CriticSpec(**common, path=critic_path(cfg), value_head_prefix=cfg.rl_model.value_head_prefix,
                       require_head=critic_needs_head(cfg), learning_rate=cfg.algo.critic_learning_rate,
                       value_clip=cfg.algo.value_clip)
 

@@ -22,22 +22,11 @@ import torch.distributed as dist
 from torch import nn
 
 from rlhfkit.config.common import StrategyArgs, check_batch_split
+from rlhfkit.distributed import optimizers
 from rlhfkit.distributed.launch import default_ds_accelerator, init_distributed, world_size_from_env
 from rlhfkit.distributed.plain_torch_engine import PlainTorchEngine
 
 default_ds_accelerator()
-
-
-def adamw_kernel(model: nn.Module) -> dict[str, bool]:
-    """`fused=True` where torch has a fused AdamW kernel for every parameter's device (CPU and CUDA in torch 2.13:
-    17.6 ms instead of 75 ms per step on 26.7M fp32 parameters on CPU), else `foreach=True`."""
-    from torch.optim.optimizer import _get_fused_kernels_supported_devices
-
-    supported = set(_get_fused_kernels_supported_devices())
-    params = [p for p in model.parameters() if p.requires_grad]
-    if params and all(p.device.type in supported and p.is_floating_point() for p in params):
-        return {"fused": True}
-    return {"foreach": True}
 
 
 def set_seed(seed: int) -> None:
@@ -160,31 +149,11 @@ class DeepSpeedStrategy:
 
     # -- models ----------------------------------------------------------------------------------------------
     def make_optimizer(self, model: nn.Module, learning_rate: float) -> torch.optim.Optimizer:
-        """AdamW with no decay on biases and norms. A client optimizer avoids DeepSpeed's fused-Adam compile;
-        with --adam_offload DeepSpeed's CPU Adam is required (it compiles once)."""
-        decay: list[nn.Parameter] = []
-        no_decay: list[nn.Parameter] = []
-        for name, p in model.named_parameters():
-            if not p.requires_grad:
-                continue
-            (no_decay if p.ndim < 2 or "norm" in name.lower() or name.endswith(".bias") else decay).append(p)
-        groups = [{"params": decay, "weight_decay": self.args.l2}, {"params": no_decay, "weight_decay": 0.0}]
-        groups = [g for g in groups if g["params"]]  # LoRA has no 1-D trainable parameters
-        beta1, beta2 = self.args.adam_betas
-        betas = (beta1, beta2)
-        if self.args.adam_offload:
-            from deepspeed.ops.adam import DeepSpeedCPUAdam
-
-            return DeepSpeedCPUAdam(groups, lr=learning_rate, betas=betas, adamw_mode=True)
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **adamw_kernel(model))
+        """`--optim`'s optimizer (AdamW, or Muon with AdamW): `rlhfkit.distributed.optimizers`."""
+        return optimizers.make_optimizer(self.args, model, learning_rate)
 
     def make_scheduler(self, optimizer: torch.optim.Optimizer, num_update_steps: int) -> Any:
-        from transformers import get_scheduler
-
-        warmup = int(round(self.args.lr_warmup_ratio * num_update_steps))
-        kwargs = {"min_lr_rate": 0.1} if self.args.lr_scheduler == "cosine_with_min_lr" else {}
-        return get_scheduler(self.args.lr_scheduler, optimizer, num_warmup_steps=warmup,
-                             num_training_steps=max(num_update_steps, 1), scheduler_specific_kwargs=kwargs)
+        return optimizers.make_scheduler(self.args, optimizer, num_update_steps)
 
     def uses_plain_torch_engine(self) -> bool:
         """True when DeepSpeed would add only cost: one process, fp32, no optimizer offload, no ZeRO-3 sharding
@@ -194,7 +163,7 @@ class DeepSpeedStrategy:
                 and a.grad_accum_dtype in (None, "fp32"))
 
     def prepare_train(self, model: nn.Module, learning_rate: float, num_update_steps: int) -> Any:
-        """A training engine that owns `model`, its AdamW optimizer and the LR schedule: a DeepSpeed engine, or
+        """A training engine that owns `model`, its optimizer (--optim) and the LR schedule: a DeepSpeed engine, or
         at world size 1 without a DeepSpeed feature a `PlainTorchEngine` with the same interface and numbers."""
         enable_checkpointing = getattr(model, "gradient_checkpointing_enable", None)  # a Transformers model's
         if self.gradient_checkpointing and enable_checkpointing is not None:
@@ -206,6 +175,7 @@ class DeepSpeedStrategy:
             scheduler = self.make_scheduler(optimizer, num_update_steps)
             return PlainTorchEngine(model, optimizer, scheduler, self.accumulation_steps, self.args.max_norm,
                                self.args.train_batch_size)
+        optimizers.check_deepspeed_optimizer(self.args, self.bf16)
         import deepspeed
 
         optimizer = self.make_optimizer(model, learning_rate)

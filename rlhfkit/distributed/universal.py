@@ -17,6 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlhfkit.distributed.optimizers import MuonWithAdamW
+from rlhfkit.errors import UserError
+
 UNIVERSAL_FILE = "universal_state.pt"
 ADAM_STATES = ("exp_avg", "exp_avg_sq")
 COUNTERS = ("global_steps", "global_samples", "skipped_steps")
@@ -151,6 +154,9 @@ def load_universal_state(engine: Any, path: Path) -> None:
 def save_engine_state(engine: Any, save_dir: str, tag: str, universal: bool, is_rank0: bool) -> None:
     """The engine's resumable state under save_dir/tag: DeepSpeed's own checkpoint, or the universal file."""
     if universal:
+        if isinstance(_inner_optimizer(engine), MuonWithAdamW):
+            raise UserError("--use_ds_universal_ckpt stores Adam moments and Muon keeps a momentum buffer; Muon runs "
+                            "resume from their own checkpoints: drop --use_ds_universal_ckpt with --optim muon")
         save_universal_state(engine, Path(save_dir) / tag / UNIVERSAL_FILE, is_rank0)
     else:
         engine.save_checkpoint(save_dir, tag=tag, save_latest=False)

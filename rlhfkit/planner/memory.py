@@ -77,6 +77,11 @@ class ModelShape:
         attention = h * self.num_heads * self.head_dim * 2 + h * self.kv_dim * 2
         return attention + self.mlp_params() + 2 * h
 
+    def hidden_matrix_params(self) -> int:
+        """The decoder layers' weight matrices (every layer parameter but its two norms): what `--optim muon`
+        trains with Muon."""
+        return self.num_layers * (self.layer_params() - 2 * self.hidden_size)
+
     def params(self, lm_head: bool = True) -> int:
         """All parameters: embeddings, layers, final norm, and the LM head unless tied (or replaced by a value head
         of hidden_size + 1 parameters when `lm_head` is False: a critic or reward model)."""
@@ -135,19 +140,20 @@ class TrainedStates:
 
 
 def trained_states(params: int, trainable: int, bf16: bool, zero_stage: int, ranks: int,
-                   adam_offload: bool = False) -> TrainedStates:
+                   adam_offload: bool = False, muon_params: int = 0) -> TrainedStates:
     """Bytes per rank of a model with `params` weights of which `trainable` are trained (all, or LoRA's).
 
     Weights: 2 bytes (bf16) or 4 (fp32) per parameter, / ranks under ZeRO-3. Gradients: the same width per trained
     parameter, / ranks from ZeRO-2. Optimizer: 12 bytes (bf16: fp32 master + 2 Adam moments) or 8 (fp32: the 2
-    moments) per trained parameter, / ranks from ZeRO-1; with offload they sit on the host, still partitioned."""
+    moments) per trained parameter, / ranks from ZeRO-1; with offload they sit on the host, still partitioned.
+    `muon_params` of the trained ones are Muon's (`--optim muon`): one fp32 momentum instead of two moments."""
     if ranks < 1:
         raise ValueError(f"ranks must be >= 1, got {ranks}")
     width = 2 if bf16 else 4
     optimizer_bytes = 12 if bf16 else 8
     weights = params * width / (ranks if zero_stage >= 3 else 1)
     gradients = trainable * width / (ranks if zero_stage >= 2 else 1)
-    optimizer = trainable * optimizer_bytes / (ranks if zero_stage >= 1 else 1)
+    optimizer = (trainable * optimizer_bytes - muon_params * 4) / (ranks if zero_stage >= 1 else 1)
     return TrainedStates(weights, gradients, 0.0 if adam_offload else optimizer, optimizer if adam_offload else 0.0)
 
 

@@ -24,6 +24,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from rlhfkit.config.critic_optim import critic_strategy
 from rlhfkit.config.kinds import OfflineConfig, TrainConfig, WithReference
 from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference, role_needed, role_ranks
 from rlhfkit.config.rl_specs import placement_spec
@@ -120,10 +121,13 @@ def _shape(path: str | None, flag: str) -> mem.ModelShape:
 
 def _trained_rows(role: str, shape: mem.ModelShape, cfg: TrainConfig, ranks: int, phase: str, *, lm_head: bool = True,
                   lora_rank: int = 0) -> list[Row]:
-    m, s = cfg.model, cfg.strategy
+    m = cfg.model
+    s = critic_strategy(cfg.strategy, cfg.critic_optim) if isinstance(cfg, PPOConfig) and role == "critic" \
+        else cfg.strategy
     params = shape.params(lm_head)
     trainable = shape.lora_params(lora_rank) + (0 if lm_head else shape.hidden_size + 1) if lora_rank else params
-    st = mem.trained_states(params, trainable, m.bf16, s.zero_stage, ranks, s.adam_offload)
+    muon = (shape.lora_params(lora_rank) if lora_rank else shape.hidden_matrix_params()) if s.optim == "muon" else 0
+    st = mem.trained_states(params, trainable, m.bf16, s.zero_stage, ranks, s.adam_offload, muon)
     weights_note = f"{params / 1e9:.3f}B x {'2 (bf16)' if m.bf16 else '4'}"
     if m.load_in_4bit and lora_rank:  # QLoRA: NF4 base weights, not partitioned
         st = replace(st, weights=mem.qlora_weights(params, trainable))
@@ -133,7 +137,8 @@ def _trained_rows(role: str, shape: mem.ModelShape, cfg: TrainConfig, ranks: int
                 note=weights_note + (f", {what}" if s.zero_stage >= 3 and not m.load_in_4bit else "")),
             Row(role, "gradients", phase, st.gradients, note=("LoRA only, " if lora_rank else "") + what),
             Row(role, "optimizer states", phase, st.optimizer,
-                note=f"Adam {'12' if m.bf16 else '8'} B/param, {what}" + (", offloaded" if s.adam_offload else ""))]
+                note=(f"Muon 4 B/matrix param, AdamW 8 B/other param, {what}" if muon else
+                      f"Adam {'12' if m.bf16 else '8'} B/param, {what}") + (", offloaded" if s.adam_offload else ""))]
     if st.optimizer_host:
         rows.append(Row(role, "optimizer states (host RAM)", "host", st.optimizer_host, note="--adam_offload"))
     return rows

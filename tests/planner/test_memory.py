@@ -50,6 +50,16 @@ def test_bf16_weights_of_7b_are_14_gb_and_zero_stages_divide_by_the_ranks():
     assert (fp32.weights, fp32.gradients, fp32.optimizer) == (400, 400, 800)
 
 
+def test_muon_keeps_one_momentum_for_the_hidden_matrices():
+    # 7B: 32 layers x (4*4096^2 + 3*4096*11008) matrices on Muon (4 B each), the rest (embeddings, head, norms) on
+    # AdamW (8 B each, fp32: Muon runs on one process in fp32)
+    matrices = 32 * (4 * 4096**2 + 3 * 4096 * 11008)
+    assert L7.hidden_matrix_params() == matrices
+    p = L7.params()
+    st = mem.trained_states(p, p, False, 0, 1, muon_params=matrices)
+    assert st.optimizer == 4 * matrices + 8 * (p - matrices)
+
+
 def test_lora_trains_only_the_adapters():
     # rank 8 on q,k,v,o,gate,up,down of one 7B layer: r x (in + out) each
     per_layer = 8 * (4 * (4096 + 4096) + 3 * (4096 + 11008))

@@ -72,8 +72,10 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("estimator", ["gae", "reinforce", "reinforce_baseline", "group_norm", "dr_grpo", "rloo"])
 def test_two_steps_of_every_estimator(demo_assets, reward_file, tmp_path, estimator):
-    # gae also runs the critic's forwards packed (--packing_samples); the other estimators stay padded.
-    extra = ["--save_value_network", "--packing_samples"] if estimator == "gae" else []
+    # gae also runs the critic's forwards packed (--packing_samples), and trains the critic with its own optimizer
+    # (OpenRLHF's --critic.optim muon; the actor stays on AdamW); the other estimators stay padded.
+    extra = ["--save_value_network", "--packing_samples", "--critic.optim", "muon", "--critic.max_norm", "0.5"] \
+        if estimator == "gae" else []
     check(run_module(ppo_args(demo_assets, tmp_path, estimator, "--remote_rm_url", reward_file, *extra)))
     rows = train_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2]

@@ -53,6 +53,17 @@ def test_one_rank_learns_and_saves_a_loadable_model(one_rank_curve, demo_assets)
     assert out.shape[1] > ids.shape[1]
 
 
+def test_muon_trains_and_its_loss_falls(one_rank_curve, demo_assets, tmp_path, world_of_one):
+    """--optim muon (OpenRLHF's spelling, its default --muon.lr 0.02): the hidden matrices on Muon, the rest on
+    AdamW at --learning_rate; it learns as the AdamW run does."""
+    from rlhfkit.cli.train_sft import main
+
+    assert main(sft_args(demo_assets, tmp_path, "--optim", "muon")[1:]) in (0, None)  # in process: no start-up
+    curve = losses(tmp_path)
+    assert len(curve) == 8 and all(map(lambda x: x == x, curve))
+    assert curve[-1] < curve[0] - 0.5, (curve, one_rank_curve[1])
+
+
 def test_torchrun_two_ranks_zero2_matches_one_rank(one_rank_curve, demo_assets, tmp_path):
     _, reference = one_rank_curve
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
