@@ -2,37 +2,42 @@
 
 An agent file's executor subclasses `OpenAIAgentExecutor` and implements `run_agent(base_url, prompt, label)`:
 plain (blocking) client code that talks to `{base_url}/chat/completions` (or `/completions`) as it would to any
-OpenAI-compatible server, and returns the episode's reward. Each episode gets its own server on 127.0.0.1 (an
-ephemeral port, inside the rollout engine's process, where the episodes run); every call's exact prompt token ids
-and sampled token ids (with their log-probs) are recorded into the episode's token trace:
+OpenAI-compatible server, the official `openai` client included (`OpenAI(base_url=base_url, api_key="-")`), and
+returns the episode's reward. The rollout engine's process runs one server (rlhfkit/agents/endpoint_server.py:
+FastAPI on uvicorn, 127.0.0.1 only, body limits and timeouts); each episode has its own base URL there. Every
+call's exact prompt token ids and sampled token ids (with their log-probs) are recorded into the episode's trace:
 
-- the first call's rendered prompt (`apply_chat_template(..., add_generation_prompt=True)` for chat, bos + text for
-  completions) is the episode's prompt;
+- the first call's rendered prompt (`apply_chat_template(..., add_generation_prompt=True)` for chat, with the
+  request's `tools`; bos + text for completions) is the episode's prompt;
 - a later call must continue the conversation the endpoint returned (the same messages, with the assistant's
-  replies as returned, then new ones; for completions the previous prompt + completion text, then more). The new
-  part is tokenised once and appended as feedback (action mask 0: no loss, no KL), after the sampled ids exactly
-  as the engine returned them: the model is never trained on a re-tokenisation of its own words. A call that
-  rewrites the history is refused (HTTP 400), as is a temperature / top-p / top-k other than the run's and a call
-  past the turn budget (--max_steps) or the response budget (--generate_max_len).
+  replies as returned, tool calls included, then new ones such as `tool` results; for completions the previous
+  prompt + completion text, then more). The new part is tokenised once and appended as feedback (action mask 0:
+  no loss, no KL), after the sampled ids exactly as the engine returned them: the model is never trained on a
+  re-tokenisation of its own words. A call that rewrites the history is refused (HTTP 400), as is a temperature /
+  top-p / top-k other than the run's and a call past the turn budget (--max_steps) or the response budget
+  (--generate_max_len). A refused call leaves the trace as it was.
 
-The responses are OpenAI's shape (`choices[0].message.content`, `finish_reason`, `usage`, `logprobs.content`) plus
+Tool calling: with `tools` in the request, the reply's text is parsed for tool calls in the tokenizer's format
+(rlhfkit/agents/tool_parsers.py: Hermes/Qwen, Llama 3, Mistral, from the chat template's markers) and returned as
+`tool_calls` with `finish_reason` "tool_calls". `stream: true` returns the reply as server-sent
+`chat.completion.chunk` events (the whole turn is sampled in one batched engine call, then sent).
+
+The responses are OpenAI's shape (`choices[0].message`, `finish_reason`, `usage`, `logprobs.content`) plus
 `prompt_token_ids` and `choices[0].token_ids`. Generation goes through the run's engine: calls of concurrent
-episodes are batched like those of the other agents. The response budget (--generate_max_len) covers the episode.
+episodes are batched like those of the other agents.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from rlhfkit.agents.api import FINISH_BUDGET, FINISH_DONE, AgentExecutorBase, AgentFailure, Episode
 
-GENERATE_TIMEOUT_S = 600.0  # one engine call, from an HTTP handler thread; bounded so a handler never hangs
-SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k"}
+GENERATE_TIMEOUT_S = 600.0  # one engine call, from a request's thread; bounded so a request never hangs
+SAMPLING = ("temperature", "top_p", "top_k")
 
 
 class EndpointError(Exception):
@@ -40,7 +45,7 @@ class EndpointError(Exception):
 
 
 class Trace:
-    """The token trace of one episode, grown by the endpoint's calls (thread-safe: one call at a time)."""
+    """The token trace of one episode, grown by the endpoint's calls (one call at a time: `lock`)."""
 
     def __init__(self, tokenizer: Any, budget: int, max_turns: int | None = None):
         self.tokenizer = tokenizer
@@ -51,41 +56,43 @@ class Trace:
         self.calls: list[dict[str, Any]] = []
         self.lock = threading.Lock()
 
-    def context(self, history: Any, rendered: str, previous: str | None, first_ids: list[int]) -> list[int]:
-        """The token ids this call continues from; appends the new part as feedback (mask 0). A chat template
-        closes each assistant turn with eos: after a reply cut by its token budget that eos is feedback too."""
-        if self.episode is None:
-            self.episode = Episode(prompt_ids=list(first_ids))
-            return list(first_ids)
+    def feedback(self, history: Any, rendered: str, previous: str | None) -> list[int]:
+        """The token ids this call adds before sampling (nothing is changed yet). A chat template closes each
+        assistant turn with eos: after a reply cut by its token budget that eos is feedback too."""
         if previous is None or not rendered.startswith(previous) or not _continues(history, self.history):
             raise EndpointError("this call does not continue the episode's conversation (send back the earlier "
                                 "messages and replies unchanged, then the new ones): token in, token out")
         eos = self.tokenizer.eos_token_id
-        close = isinstance(history, list) and not self.stopped and eos is not None
-        feedback = ([eos] if close else []) + \
-            self.tokenizer.encode(rendered[len(previous):], add_special_tokens=False)
+        chat = isinstance(history, list)
+        close = chat and not self.stopped and eos is not None
+        # The trace ends where the reply's eos is; what a template writes after it (Qwen's "\n" after <|im_end|>)
+        # is feedback, like the new turns.
+        cut, eos_text = len(previous), self.tokenizer.eos_token
+        if chat and eos_text and eos_text in previous:
+            cut = previous.rindex(eos_text) + len(eos_text)
+        return ([eos] if close else []) + self.tokenizer.encode(rendered[cut:], add_special_tokens=False)
+
+    def room(self, adding: int = 0) -> int:
+        return self.budget - (len(self.episode.response_ids) if self.episode else 0) - adding
+
+    def record(self, first_ids: list[int], feedback: list[int], sample: Any) -> list[int]:
+        """Append a served call: the feedback (mask 0), then the sampled ids (mask 1). Returns the call's context."""
+        if self.episode is None:
+            self.episode = Episode(prompt_ids=list(first_ids))
         episode = self.episode
         episode.response_ids += feedback
         episode.logprobs += [0.0] * len(feedback)
         episode.action_mask += [0] * len(feedback)
         episode.feedback_tokens += len(feedback)
-        return episode.prompt_ids + episode.response_ids
-
-    def record(self, context: list[int], sample: Any) -> None:
+        context = episode.prompt_ids + episode.response_ids
         action = list(sample.response_ids)
-        episode = self.episode
-        if episode is None:
-            raise RuntimeError("Trace.record() before Trace.context() opened the episode")
         episode.response_ids += action
         episode.logprobs += list(sample.logprobs) + [0.0] * (len(action) - len(sample.logprobs))
         episode.action_mask += [1] * len(action)
         episode.turns += 1
-        eos = self.tokenizer.eos_token_id
-        self.stopped = bool(action) and action[-1] == eos
+        self.stopped = bool(action) and action[-1] == self.tokenizer.eos_token_id
         self.calls.append({"prompt_ids": list(context), "response_ids": action, "logprobs": list(sample.logprobs)})
-
-    def room(self) -> int:
-        return self.budget - (len(self.episode.response_ids) if self.episode else 0)
+        return context
 
 
 def _continues(new: Any, old: Any) -> bool:
@@ -94,117 +101,112 @@ def _continues(new: Any, old: Any) -> bool:
     return isinstance(new, str) and new.startswith(old)
 
 
-class PolicyEndpoint:
-    """One episode's server: `/v1/chat/completions`, `/v1/completions`, `/v1/models` on 127.0.0.1."""
+class EpisodeEndpoint:
+    """What one episode's requests do; the process's server (endpoint_server.py) routes them here. Each route
+    returns (HTTP status, JSON payload or the server-sent events of a streamed reply)."""
 
     def __init__(self, trace: Trace, llm_engine: Any, sampling_params: dict, loop: asyncio.AbstractEventLoop,
                  model: str = "policy"):
+        from rlhfkit.agents.tool_parsers import detect_format
+
         self.trace, self.llm_engine, self.loop, self.model = trace, llm_engine, loop, model
         self.sampling = dict(sampling_params or {})
-        endpoint = self
+        self.tool_format = detect_format(getattr(trace.tokenizer, "chat_template", None))
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:  # no per-request lines on stderr
-                pass
+    def models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.model, "object": "model"}]}
 
-            def do_GET(self) -> None:
-                if self.path.rstrip("/") == "/v1/models":
-                    self._send(200, {"object": "list", "data": [{"id": endpoint.model, "object": "model"}]})
-                else:
-                    self._send(404, {"error": {"message": f"no route {self.path}"}})
+    def chat(self, body: Any) -> tuple[int, Any]:
+        from rlhfkit.agents.openai_schema import sse_chunks
 
-            def do_POST(self) -> None:
-                try:
-                    length = int(self.headers.get("Content-Length") or 0)
-                    body = json.loads(self.rfile.read(length) or b"{}")
-                    route = self.path.rstrip("/")
-                    if route == "/v1/chat/completions":
-                        self._send(200, endpoint.chat(body))
-                    elif route == "/v1/completions":
-                        self._send(200, endpoint.complete(body))
-                    else:
-                        self._send(404, {"error": {"message": f"no route {self.path}"}})
-                except (EndpointError, ValueError, KeyError, TypeError) as e:
-                    self._send(400, {"error": {"message": f"{type(e).__name__}: {e}", "type": "invalid_request"}})
+        try:
+            reply = self._chat(body)
+        except EndpointError as e:
+            return 400, {"error": {"message": f"EndpointError: {e}", "type": "invalid_request_error"}}
+        return 200, (sse_chunks(reply) if body.stream else reply)
 
-            def _send(self, status: int, payload: dict) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+    def complete(self, body: Any) -> tuple[int, Any]:
+        try:
+            if body.stream:
+                raise EndpointError("stream is served on /chat/completions only")
+            tok = self.trace.tokenizer
+            bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
+            with self.trace.lock:
+                sample, context = self._generate(body, body.prompt, body.prompt, self.trace.history,
+                                                 bos + tok.encode(body.prompt, add_special_tokens=False))
+                text = tok.decode(sample.response_ids, skip_special_tokens=True)
+                self.trace.history = body.prompt + text
+        except EndpointError as e:
+            return 400, {"error": {"message": f"EndpointError: {e}", "type": "invalid_request_error"}}
+        finish = "stop" if self.trace.stopped else "length"
+        return 200, self._reply("text_completion", {"text": text}, sample, context, finish)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
-                                       daemon=True)
-        self.thread.start()
+    def _render(self, messages: list[dict], tools: list[dict] | None, generation: bool) -> str:
+        from rlhfkit.agents.openai_schema import for_template
 
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        extra = {"tools": tools} if tools else {}
+        return self.trace.tokenizer.apply_chat_template(for_template(messages), tokenize=False,
+                                                        add_generation_prompt=generation, **extra)
 
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=5)
+    def _chat(self, body: Any) -> dict:
+        from rlhfkit.agents.openai_schema import normalized
 
-    # -- the two completion routes ---------------------------------------------------------------------------
-    def chat(self, body: dict) -> dict:
-        messages = body["messages"]
-        if not isinstance(messages, list) or not messages:
-            raise EndpointError("messages must be a non-empty list")
-        messages = [{"role": m["role"], "content": m.get("content") or ""} for m in messages]
-        tok = self.trace.tokenizer
-        rendered = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        messages = normalized(body.messages)
+        tools = [t.model_dump() for t in body.tools] if body.tools else None
+        rendered = self._render(messages, tools, generation=True)
         with self.trace.lock:
-            previous = None
-            if self.trace.history is not None:
-                previous = tok.apply_chat_template(self.trace.history, tokenize=False)
+            history = self.trace.history
+            previous = None if history is None else self._render(history, tools, generation=False)
             sample, context = self._generate(body, messages, rendered, previous,
-                                             tok.encode(rendered, add_special_tokens=False))
-            text = tok.decode(sample.response_ids, skip_special_tokens=True)
-            self.trace.history = messages + [{"role": "assistant", "content": text}]
-        return self._reply("chat.completion", {"message": {"role": "assistant", "content": text}}, sample, context)
+                                             self.trace.tokenizer.encode(rendered, add_special_tokens=False))
+            message, reply, finish = self._message(sample, tools, body.tool_choice)
+            self.trace.history = messages + [message]
+        return self._reply("chat.completion", {"message": reply}, sample, context, finish)
 
-    def complete(self, body: dict) -> dict:
-        prompt = body["prompt"]
-        if not isinstance(prompt, str):
-            raise EndpointError("prompt must be one string")
+    def _message(self, sample: Any, tools: list[dict] | None, tool_choice: Any) -> tuple[dict, dict, str]:
+        """(the assistant message as the history keeps it, as the reply shows it, finish reason)."""
+        from rlhfkit.agents.openai_schema import tool_calls_out
+        from rlhfkit.agents.tool_parsers import parse_tool_calls
+
         tok = self.trace.tokenizer
-        bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
-        with self.trace.lock:
-            sample, context = self._generate(body, prompt, prompt, self.trace.history,
-                                             bos + tok.encode(prompt, add_special_tokens=False))
-            text = tok.decode(sample.response_ids, skip_special_tokens=True)
-            self.trace.history = prompt + text
-        return self._reply("text_completion", {"text": text}, sample, context)
+        finish = "stop" if self.trace.stopped else "length"
+        text = tok.decode(sample.response_ids, skip_special_tokens=True)
+        if tools and tool_choice != "none" and self.tool_format:
+            eos = tok.eos_token_id
+            raw = tok.decode([t for t in sample.response_ids if t != eos], skip_special_tokens=False)
+            parsed = parse_tool_calls(raw, self.tool_format)
+            if parsed.calls:
+                calls = tool_calls_out(parsed.calls)
+                kept = {"role": "assistant", "content": parsed.content, "tool_calls": calls}
+                return kept, {**kept, "content": parsed.content or None}, "tool_calls"
+        message = {"role": "assistant", "content": text}
+        return message, message, finish
 
-    def _generate(self, body: dict, history: Any, rendered: str, previous: str | None,
+    def _generate(self, body: Any, history: Any, rendered: str, previous: str | None,
                   first_ids: list[int]) -> tuple[Any, list[int]]:
-        for key, run_key in SAMPLING.items():
-            if body.get(key) is not None and run_key in self.sampling and body[key] != self.sampling[run_key]:
-                raise EndpointError(f"{key}={body[key]} differs from the run's {self.sampling[run_key]}: the "
-                                    "trainer's log-probs assume the run's sampling settings")
+        """Check the call, sample its reply, record both; nothing is recorded for a refused call."""
+        for key in SAMPLING:
+            value = getattr(body, key, None)
+            if value is not None and key in self.sampling and value != self.sampling[key]:
+                raise EndpointError(f"{key}={value} differs from the run's {self.sampling[key]}: the trainer's "
+                                    "log-probs assume the run's sampling settings")
         episode = self.trace.episode
         if self.trace.max_turns and episode is not None and episode.turns >= self.trace.max_turns:
             raise EndpointError(f"the episode's turn budget (--max_steps {self.trace.max_turns}) is spent")
-        context = self.trace.context(history, rendered, previous, first_ids)
-        room = self.trace.room()
+        feedback = [] if episode is None else self.trace.feedback(history, rendered, previous)
+        room = self.trace.room(len(feedback))
         if room <= 0:
             raise EndpointError("the episode's response budget (--generate_max_len) is spent")
-        wanted = body.get("max_completion_tokens") or body.get("max_tokens")
+        wanted = body.max_completion_tokens or body.max_tokens
         budget = min(room, int(wanted)) if wanted else room
+        context = first_ids if episode is None else episode.prompt_ids + episode.response_ids + feedback
         future = asyncio.run_coroutine_threadsafe(self.llm_engine.generate(context, budget, self.sampling), self.loop)
         sample = future.result(timeout=GENERATE_TIMEOUT_S)
-        self.trace.record(context, sample)
-        return sample, context
+        return sample, self.trace.record(first_ids, feedback, sample)
 
-    def _reply(self, kind: str, choice: dict, sample: Any, context: list[int]) -> dict:
+    def _reply(self, kind: str, choice: dict, sample: Any, context: list[int], finish: str) -> dict:
         tok = self.trace.tokenizer
         ids = list(sample.response_ids)
-        finish = "stop" if self.trace.stopped else "length"
         logprobs = {"content": [{"token": tok.convert_ids_to_tokens(t), "logprob": lp}
                                 for t, lp in zip(ids, sample.logprobs)]}
         return {"id": f"rlhfkit-{len(self.trace.calls)}", "object": kind, "created": int(time.time()),
@@ -212,7 +214,6 @@ class PolicyEndpoint:
                 "choices": [{"index": 0, **choice, "finish_reason": finish, "token_ids": ids, "logprobs": logprobs}],
                 "usage": {"prompt_tokens": len(context), "completion_tokens": len(ids),
                           "total_tokens": len(context) + len(ids)}}
-
 
 class OpenAIAgentExecutor(AgentExecutorBase):
     """An executor whose episodes an external agent drives through an OpenAI-compatible endpoint.
@@ -231,17 +232,19 @@ class OpenAIAgentExecutor(AgentExecutorBase):
     async def execute(self, prompt: str, label: Any, sampling_params: Any, max_length: int | None = None,
                       hf_tokenizer: Any = None, llm_engine: Any = None) -> Episode:
         tokenizer = hf_tokenizer or self.hf_tokenizer
+        from rlhfkit.agents.endpoint_server import server
+
         trace = Trace(tokenizer, self._budget(max_length), self.max_steps)
-        endpoint = PolicyEndpoint(trace, llm_engine or self.llm_engine, dict(sampling_params or {}),
-                                  asyncio.get_running_loop())
+        endpoint = EpisodeEndpoint(trace, llm_engine or self.llm_engine, dict(sampling_params or {}),
+                                   asyncio.get_running_loop())
+        base_url, key = server().register(endpoint)
         failure = None
         try:
-            reward = await self._user("run_agent", asyncio.to_thread(self.run_agent, endpoint.base_url, str(prompt),
-                                                                     label))
+            reward = await self._user("run_agent", asyncio.to_thread(self.run_agent, base_url, str(prompt), label))
         except AgentFailure as e:
             failure, reward = e, 0.0
         finally:
-            endpoint.close()
+            server().unregister(key)
         episode = trace.episode
         if episode is None:  # the agent never called the endpoint: nothing was sampled, nothing to train on
             ids = self._prompt_ids(str(prompt), prompt)
