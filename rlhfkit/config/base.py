@@ -254,6 +254,7 @@ def parse_config_given(cls: type[T], argv: Sequence[str] | None, prog: str,
     cfg = _construct(cls, {**file_values, **ns})
     try:
         validate(cfg)
+        refuse_inert_flags(cfg, frozenset(file_values) | frozenset(ns))
     except UserError as e:  # a rule broken by a value of the file names the file and its key
         raise config_file.name_file_in_error(e, {k: v for k, v in file_keys.items() if k not in ns},
                                              str(config_path)) from None
@@ -282,6 +283,17 @@ def validate(cfg: Any) -> None:
         cfg.validate()
     else:
         validate_sections(cfg)
+
+
+def refuse_inert_flags(cfg: Any, given: frozenset[str]) -> None:
+    """One rule for every flag that cannot act in the layout the other flags give (vLLM flags with no vLLM engine,
+    colocation of a role the run does not have): the config's `inert_flags()` says which and why, and a flag the
+    command gave (`given`: on the command line or in the config file) among them stops the run (UserError). A
+    default is never refused, so a flag's default value may be inert."""
+    inert = getattr(cfg, "inert_flags", None)
+    for name, why in (inert() if inert is not None else {}).items():
+        if name in given:
+            raise UserError(f"--{name} {why}")
 
 
 def validate_sections(cfg: Any) -> None:

@@ -134,7 +134,7 @@ def _convert(action: argparse.Action, value: Any, nullable: bool) -> Any:
 def _checked(action: argparse.Action, value: Any) -> Any:
     typed = _typed(action.type, value)  # type: ignore[arg-type]
     if action.choices is not None and typed not in action.choices:
-        choices = ", ".join(map(str, action.choices))  # type: ignore[call-overload]
+        choices = ", ".join(map(str, action.choices))
         raise ValueError(f"invalid choice {value!r} (choose from {choices})")
     return typed
 

@@ -28,12 +28,13 @@ from rlhfkit.config.critic_optim import CriticOptimArgs, check_critic_optimizer
 from rlhfkit.config.names import (
     GROUP_BASELINES,
 )
+from rlhfkit.config.paths import check_output_paths
 from rlhfkit.config.rl_resources import ROLES as ROLES
 from rlhfkit.config.rl_resources import check_positive as _positive
+from rlhfkit.config.rl_resources import inert_flags, role_ranks, validate_placement, validate_resources
 from rlhfkit.config.rl_resources import needs_critic as needs_critic
 from rlhfkit.config.rl_resources import needs_reference as needs_reference
 from rlhfkit.config.rl_resources import role_needed as role_needed
-from rlhfkit.config.rl_resources import role_ranks, validate_placement, validate_resources
 from rlhfkit.config.rl_sections import (
     AgentArgs,
     AlgorithmArgs,
@@ -83,10 +84,15 @@ class PPOConfig:
         _validate_async(self)
         validate_placement(self)  # colocation and each role's batch split (rules of train_ppo_ray's placement)
 
+    def inert_flags(self) -> dict[str, str]:
+        """The flags that cannot act in this run's layout, with why (`rl_resources.inert_flags`)."""
+        return inert_flags(self)
+
     def check_inputs(self) -> None:
         """What the run needs besides valid flags: a policy, prompts, a reward source, the files named (the
         trainers call it before reading anything)."""
         _check_sources(self)
+        check_output_paths(self)
 
 
 # -- derived settings ---------------------------------------------------------------------------------------
