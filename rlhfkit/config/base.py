@@ -144,7 +144,9 @@ def build_parser(cls: type, prog: str, description: str = "") -> argparse.Argume
     parser = _Parser(prog=prog, description=description, allow_abbrev=False,
                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--config", default=None,
-                        help="YAML or JSON file with option values; flags on the command line override it")
+                        help="YAML or JSON file of flag values (flat keys, by section, or OpenRLHF's names), each "
+                             "converted and checked as the same flag on the command line; flags given there "
+                             "override it")
     fields = field_names(cls)
     groups: dict[str, Any] = {}
     for section, name, f, ftype in iter_fields(cls):
