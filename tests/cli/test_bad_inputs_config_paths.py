@@ -145,6 +145,8 @@ CASES = [
          ("--colocate_critic_reward", "no critic", "nor reward model")),
     Case("ref_reward_offload_without_either", PPO_RAY, lambda a, t: ["--ref_reward_offload"],
          ("--ref_reward_offload", "neither")),
+    Case("vllm_engines_in_the_single_process_run", "train_ppo", lambda a, t: ["--vllm_num_engines", "2"],
+         ("--vllm_num_engines 2", "train_ppo runs every role in this process", "train_ppo_ray")),
     Case("save_value_network_without_critic", "train_ppo", lambda a, t: ["--save_value_network"],
          ("--save_value_network", "group_norm trains none")),
     Case("vllm_flag_from_config_without_engines", PPO_RAY,
