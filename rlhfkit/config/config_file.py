@@ -5,9 +5,10 @@ A value in the file is the flag's value, so it goes through the flag's own parse
 (`learning_rate: 1e-3`, a string for a YAML 1.1 reader, is the float 0.001 as `--learning_rate 1e-3` is), its
 choices (`zero_stage: 7` fails as `--zero_stage 7` does), its arity (`adam_betas: 0.9` is the list [0.9], as
 `--adam_betas 0.9` gives, and `validate` refuses it for the same reason). A boolean flag takes true or false (YAML's
-booleans, or the strings "true" / "false": `bf16: "false"` is False, never a truthy string); null is allowed only
-where the flag's default is None. Every error names the file and the key: `--config run.yaml: zero_stage: invalid
-choice 7 (choose from 0, 1, 2, 3)`. A rule of `validate` broken by a file value says so too (`validate_naming_file`).
+booleans, or the strings "true" / "false": `bf16: "false"` is False, never a truthy string), and only a boolean flag
+takes a YAML boolean (`use_wandb: false` would be the text "False"); null is allowed only where the flag's default
+is None. Every error names the file and the key: `--config run.yaml: zero_stage: invalid choice 7 (choose from 0,
+1, 2, 3)`. A rule of `validate` broken by a file value says so too (`name_file_in_error`).
 """
 
 from __future__ import annotations
@@ -142,10 +143,11 @@ def _checked(action: argparse.Action, value: Any) -> Any:
 def _typed(kind: Callable[[str], Any] | None, value: Any) -> Any:
     if isinstance(value, (list, dict)):
         raise ValueError(f"expected one value, got {value!r}")
+    if isinstance(value, bool):  # no flag text is a boolean; str(False) would be a truthy "False" (`--use_wandb`)
+        raise ValueError(f"expected {'a number' if kind in (int, float) else 'text'}, got the YAML boolean "
+                         f"{str(value).lower()} (quote it if it is text)")
     if kind is None:
         return str(value)
-    if isinstance(value, bool) and kind is not str:
-        raise ValueError(f"invalid {kind.__name__} value {value!r}")
     try:
         return kind(str(value))
     except (TypeError, ValueError):
