@@ -30,12 +30,13 @@ from rlhfkit.config.names import (
     GROUP_BASELINES,
 )
 from rlhfkit.config.paths import check_output_paths
+from rlhfkit.config.rl_inert import inert_flags
 from rlhfkit.config.rl_resources import ROLES as ROLES
 from rlhfkit.config.rl_resources import check_positive as _positive
-from rlhfkit.config.rl_resources import inert_flags, role_ranks, validate_placement, validate_resources
 from rlhfkit.config.rl_resources import needs_critic as needs_critic
 from rlhfkit.config.rl_resources import needs_reference as needs_reference
 from rlhfkit.config.rl_resources import role_needed as role_needed
+from rlhfkit.config.rl_resources import role_ranks, validate_placement, validate_resources
 from rlhfkit.config.rl_sections import (
     AgentArgs,
     AlgorithmArgs,
@@ -86,7 +87,7 @@ class PPOConfig:
         validate_placement(self)  # colocation and each role's batch split (rules of train_ppo_ray's placement)
 
     def inert_flags(self) -> dict[str, str]:
-        """The flags that cannot act in this run's layout, with why (`rl_resources.inert_flags`)."""
+        """The flags that cannot act in this run's layout, with why (`rl_inert.inert_flags`)."""
         return inert_flags(self)
 
     def check_inputs(self) -> None:

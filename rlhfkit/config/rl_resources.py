@@ -136,36 +136,3 @@ def validate_placement(cfg: RLFlags) -> None:
             raise UserError(f"{samples} samples per step (--rollout_batch_size x --n_samples_per_prompt) do not "
                             f"split evenly over the {ranks} {role} ranks ({flags}); use a multiple of {ranks}")
         check_batch_split(s.train_batch_size, s.micro_train_batch_size, ranks, f"{role} ranks ({flags})")
-
-
-# Flags that only configure vLLM engines (the Transformers engine reads none of them). --vllm_sync_backend is not
-# here: with --vllm_num_engines 0, train_ppo_ray's Transformers engine actors receive weights by it too.
-VLLM_ENGINE_FLAGS = ("vllm_tensor_parallel_size", "vllm_gpu_memory_utilization", "vllm_enable_sleep", "enforce_eager",
-                     "enable_prefix_caching")
-
-
-def inert_flags(cfg: RLFlags) -> dict[str, str]:
-    """{flag: why it cannot act} for the flags that do nothing in the layout the others give (no vLLM engine, no
-    reference, no critic): `rlhfkit.config.base.refuse_inert_flags` refuses the ones the command gave."""
-    inert: dict[str, str] = {}
-    if cfg.rollout.vllm_num_engines == 0:
-        for flag in VLLM_ENGINE_FLAGS:
-            inert[flag] = ("configures the vLLM engines, but --vllm_num_engines is 0 (the Transformers engine "
-                           "generates); add --vllm_num_engines N or drop it")
-    has = {role: role_needed(cfg, role) for role in ROLES}
-    if not has["ref"]:
-        inert["colocate_actor_ref"] = ("places the reference model, but this run has none (only a KL term, "
-                                       "--init_kl_coef > 0 or --use_kl_loss, needs it); drop it")
-    if not (has["critic"] and has["reward"]):
-        missing = " nor ".join(what for role, what in (("critic", "critic (--advantage_estimator gae)"),
-                                                       ("reward", "reward model (--reward_pretrain)"))
-                               if not has[role])
-        inert["colocate_critic_reward"] = f"puts the reward model on the critic's devices, but this run has no " \
-                                          f"{missing}; drop it"
-    if not (has["ref"] or has["reward"]):
-        inert["ref_reward_offload"] = ("offloads the reference and reward models, but this run has neither; "
-                                       "drop it")
-    if not has["critic"]:
-        inert["save_value_network"] = (f"saves the critic, but --advantage_estimator "
-                                       f"{cfg.algo.advantage_estimator} trains none; drop it")
-    return inert

@@ -7,10 +7,10 @@ import dataclasses
 
 import pytest
 
-from rlhfkit.config.base import parse_config, parse_config_given
+from rlhfkit.config.base import field_names, parse_config, parse_config_given
 from rlhfkit.config.paths import check_output_paths
 from rlhfkit.config.rl import PPOConfig
-from rlhfkit.config.rl_resources import VLLM_ENGINE_FLAGS
+from rlhfkit.config.rl_inert import VLLM_ENGINE_FLAGS
 from rlhfkit.config.rl_sections import RolloutArgs
 from rlhfkit.config.sft import SFTConfig
 from rlhfkit.errors import UserError
@@ -106,8 +106,16 @@ def test_every_vllm_engine_flag_is_bound_to_the_engines():
     assert vllm_fields - set(VLLM_ENGINE_FLAGS) == {"vllm_num_engines", "vllm_sync_backend"}
     inert = parse_config(PPOConfig, PPO, "t").inert_flags()
     assert set(VLLM_ENGINE_FLAGS) <= set(inert)
-    assert set(inert) <= {f.name for f in dataclasses.fields(RolloutArgs)} | {
-        "colocate_actor_ref", "colocate_critic_reward", "ref_reward_offload", "save_value_network"}
+    assert set(inert) <= field_names(PPOConfig)  # every rule names a real flag
+
+
+def test_companions_of_a_feature_that_is_off_are_refused_when_given():
+    for extra, flag in ((["--vllm_is_truncated_threshold", "0.5", "3"], "vllm_is_truncated_threshold"),
+                        (["--dynamic_filtering_max_rounds", "3"], "dynamic_filtering_max_rounds"),
+                        (["--overlong_penalty_factor", "0.5"], "overlong_penalty_factor"),
+                        (["--kl_horizon", "500"], "kl_horizon"), (["--value_clip", "0.3"], "value_clip")):
+        with pytest.raises(UserError, match=f"^--{flag} (has no effect without|acts on the critic)"):
+            parse_config(PPOConfig, [*PPO, *extra], "t")
 
 
 @pytest.mark.parametrize("extra", [
@@ -115,6 +123,9 @@ def test_every_vllm_engine_flag_is_bound_to_the_engines():
     ["--vllm_num_engines", "1", "--vllm_enable_sleep", "--enforce_eager", "--vllm_gpu_memory_utilization", "0.5"],
     ["--vllm_sync_backend", "gloo"],  # the Transformers engine actors receive weights by it
     ["--colocate_actor_ref", "--use_kl_loss", "--init_kl_coef", "0.01"],
+    ["--enable_vllm_is_correction", "--vllm_is_truncated_threshold", "0.5", "3", "--kl_target", "0.1",
+     "--kl_horizon", "500", "--overlong_buffer_len", "2", "--overlong_penalty_factor", "0.5",
+     "--critic_learning_rate", "1e-5", "--freezing_actor_steps", "1"],  # kept for shared commands / freezes the actor
     ["--ref_reward_offload", "--init_kl_coef", "0.01"],
     ["--advantage_estimator", "gae", "--n_samples_per_prompt", "1", "--rollout_batch_size", "8",
      "--save_value_network", "--colocate_critic_reward", "--reward_pretrain", "rm", "--remote_rm_url", ""],
