@@ -11,12 +11,17 @@ and companions of a feature that is off (`--vllm_is_truncated_threshold` without
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from rlhfkit.config.rl_resources import ROLES, RLFlags, role_needed
+from rlhfkit.config.rl_sections import RecipeArgs
 
-if TYPE_CHECKING:  # rl.py, which defines PPOConfig, imports this module
-    from rlhfkit.config.rl import PPOConfig
+
+class RunFlags(RLFlags, Protocol):
+    """The sections of `rlhfkit.config.rl.PPOConfig` these rules read (a Protocol: `config.rl` imports this module)."""
+
+    @property
+    def recipe(self) -> RecipeArgs: ...
 
 # Flags that only configure vLLM engines (the Transformers engine reads none of them). --vllm_sync_backend is not
 # here: with --vllm_num_engines 0, train_ppo_ray's Transformers engine actors receive weights by it too.
@@ -26,7 +31,7 @@ VLLM_ENGINE_FLAGS = ("vllm_tensor_parallel_size", "vllm_gpu_memory_utilization",
 # here: OpenRLHF's commands pass both learning rates whatever the estimator, and scripts share them between runs.
 CRITIC_FLAGS = ("value_clip", "save_value_network")
 # feature flag -> (whether the run has it off, its companions, what turning it on takes)
-COMPANIONS: dict[str, tuple[Callable[[PPOConfig], bool], tuple[str, ...], str]] = {
+COMPANIONS: dict[str, tuple[Callable[[RunFlags], bool], tuple[str, ...], str]] = {
     "enable_vllm_is_correction": (lambda c: not c.algo.enable_vllm_is_correction,
                                   ("vllm_is_correction_type", "vllm_is_truncated_threshold"),
                                   "--enable_vllm_is_correction"),
@@ -38,7 +43,7 @@ COMPANIONS: dict[str, tuple[Callable[[PPOConfig], bool], tuple[str, ...], str]] 
 }
 
 
-def inert_flags(cfg: PPOConfig) -> dict[str, str]:
+def inert_flags(cfg: RunFlags) -> dict[str, str]:
     """{flag: why it cannot act} for every flag that does nothing in this run."""
     inert = _layout(cfg)
     if not role_needed(cfg, "critic"):
