@@ -21,18 +21,22 @@ PROG = "rlhfkit.cli.lora_combiner"
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_libraries()
     cfg = parse_config(LoraCombinerConfig, argv, PROG, __doc__)
+    cfg.check_inputs()
     import torch
 
     from rlhfkit.models.loading import load_tokenizer
     from rlhfkit.models.lora import merge_adapter
+    from rlhfkit.models.publish import publish_model_dir, staging_dir
 
     dtype = torch.bfloat16 if cfg.bf16 else torch.float32
     model_path, output_path = required(cfg.model_path, "model_path"), required(cfg.output_path, "output_path")
     model = merge_adapter(model_path, required(cfg.lora_path, "lora_path"), is_rm=cfg.is_rm,
                           value_head_prefix=cfg.value_head_prefix, dtype=dtype)
     tokenizer = load_tokenizer(model_path, flag="--model_path")
-    model.save_pretrained(output_path, safe_serialization=True)
-    tokenizer.save_pretrained(output_path)
+    staging = staging_dir(output_path)  # written aside, moved in config.json last: a kill leaves no half model
+    model.save_pretrained(str(staging), safe_serialization=True)
+    tokenizer.save_pretrained(str(staging))
+    publish_model_dir(staging, output_path)
     kind = "reward model" if cfg.is_rm else "model"
     print(f"lora_combiner: merged {cfg.lora_path} into {cfg.model_path}; {kind} saved to {cfg.output_path}")
     return 0

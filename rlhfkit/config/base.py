@@ -3,7 +3,8 @@
 A CLI config is a dataclass whose fields are either plain options or nested dataclasses (sections). Every plain
 field becomes one flag named after the field (`--zero_stage`), so the nested grouping is for the code and the
 `--help` output only; field names are unique across a config. A YAML or JSON file given with `--config` supplies
-defaults (flat keys, nested by section, or dotted), and flags on the command line override it.
+defaults (flat keys, nested by section, or dotted), converted and checked as the same flags on the command line
+(`rlhfkit.config.config_file`), and flags on the command line override it.
 
 OpenRLHF's other spellings (`--actor.model_name_or_path`, `--eps_clip_low_high LO HI`, ...; the table is
 `rlhfkit.config.openrlhf_names`) are accepted everywhere a flag is: as aliases on the command line (listed in
@@ -18,14 +19,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import re
 import sys
 import typing
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from rlhfkit.config import config_file
 from rlhfkit.config import openrlhf_names as theirs
 from rlhfkit.config.devices import resolve_device_defaults
 from rlhfkit.errors import UserError
@@ -123,6 +123,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 _ADAPTED_DEST = "openrlhf:"
+SEED_LIMIT = 2**32
 
 
 class _NotSupported(argparse.Action):
@@ -143,7 +144,9 @@ def build_parser(cls: type, prog: str, description: str = "") -> argparse.Argume
     parser = _Parser(prog=prog, description=description, allow_abbrev=False,
                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--config", default=None,
-                        help="YAML or JSON file with option values; flags on the command line override it")
+                        help="YAML or JSON file of flag values (flat keys, by section, or OpenRLHF's names), each "
+                             "converted and checked as the same flag on the command line; flags given there "
+                             "override it")
     fields = field_names(cls)
     groups: dict[str, Any] = {}
     for section, name, f, ftype in iter_fields(cls):
@@ -186,67 +189,6 @@ def build_parser(cls: type, prog: str, description: str = "") -> argparse.Argume
     return parser
 
 
-def _read_config_file(path: str) -> dict[str, Any]:
-    """The file's options as {dotted key: value}: nested mappings become dotted keys (`actor: {adam: {lr: x}}`
-    -> `actor.adam.lr`), dashes become underscores."""
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"--config {path}: file not found")
-    text = p.read_text()
-    try:
-        if p.suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text) or {}
-        else:
-            data = json.loads(text)
-    except Exception as e:  # noqa: BLE001 - any parse error is the user's file
-        raise UserError(f"--config {path}: cannot parse ({e.__class__.__name__}: {e})") from None
-    if not isinstance(data, dict):
-        raise UserError(f"--config {path}: expected a mapping of option names to values")
-    flat: dict[str, Any] = {}
-
-    def walk(prefix: str, mapping: dict[str, Any]) -> None:
-        for key, value in mapping.items():
-            name = prefix + str(key).replace("-", "_")
-            if isinstance(value, dict):
-                walk(name + ".", value)
-            else:
-                flat[name] = value
-
-    walk("", data)
-    return flat
-
-
-def _resolve_file_keys(cls: type, file_values: dict[str, Any], path: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Split a config file's keys into our fields and OpenRLHF value-adapted flags; fail on the rest.
-
-    A key is one of our fields (`zero_stage`), OpenRLHF's name for one (`ds.zero_stage`), one of our fields under
-    its section (`strategy.zero_stage`), or an adapted OpenRLHF flag (`actor.eps_clip_low_high: [0.2, 0.28]`)."""
-    fields = field_names(cls)
-    sections = {section for section, _, _, _ in iter_fields(cls) if section}
-    values: dict[str, Any] = {}
-    adapted: dict[str, Any] = {}
-    unknown = []
-    for key, value in file_values.items():
-        section, _, rest = key.partition(".")
-        target = key if key in fields else theirs.alias_target(key, fields)
-        if target is None and section in sections and rest in fields:
-            target = rest
-        if target is not None:
-            values[target] = value
-        elif theirs.adapted_for(key, fields) is not None:
-            adapted[key] = value
-        elif theirs.not_supported_reason(key, fields):
-            raise UserError(f"--config {path}: {key} is not supported yet by rlhfkit "
-                            f"({theirs.not_supported_reason(key, fields)})")
-        else:
-            unknown.append(key)
-    if unknown:
-        raise UserError(f"--config {path}: unknown option(s) {', '.join(sorted(unknown))}")
-    return values, adapted
-
-
 def _apply_adapted(cls: type, values: dict[str, Any], adapted: dict[str, Any],
                    context: dict[str, Any] | None = None) -> None:
     """Turn OpenRLHF flags of another value shape into our fields of `values` (after the plain values are known).
@@ -282,6 +224,17 @@ def _construct(cls: type[T], values: dict[str, Any]) -> T:
     return cls(**kwargs)
 
 
+def _file_values(cls: type, parser: argparse.ArgumentParser, path: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """({field: value} of the `--config` file, converted as the flags are; {field: the file's key})."""
+    fields = field_names(cls)
+    sections = {section for section, _, _, _ in iter_fields(cls) if section}
+    raw = config_file.read_config_file(path)
+    keys, adapted = config_file.resolve_file_keys(fields, sections, raw, path)
+    values = config_file.convert_file_values(parser, keys, raw, field_defaults(cls), path)
+    _apply_adapted(cls, values, config_file.convert_adapted(adapted, fields, path))
+    return values, keys
+
+
 def parse_config(cls: type[T], argv: Sequence[str] | None, prog: str, description: str = "") -> T:
     """Parse flags (and an optional `--config` file, which they override) into an instance of `cls`."""
     return parse_config_given(cls, argv, prog, description)[0]
@@ -296,15 +249,17 @@ def parse_config_given(cls: type[T], argv: Sequence[str] | None, prog: str,
     and validation errors answer without importing torch (`rlhfkit.config.devices`)."""
     parser = build_parser(cls, prog, description)
     ns = vars(parser.parse_args(argv))
-    file_values: dict[str, Any] = {}
     config_path = ns.pop("config", None)
-    if config_path:
-        file_values, file_adapted = _resolve_file_keys(cls, _read_config_file(config_path), config_path)
-        _apply_adapted(cls, file_values, file_adapted)
+    file_values, file_keys = _file_values(cls, parser, config_path) if config_path else ({}, {})
     adapted = {key[len(_ADAPTED_DEST):]: ns.pop(key) for key in [k for k in ns if k.startswith(_ADAPTED_DEST)]}
     _apply_adapted(cls, ns, adapted, context=file_values)
     cfg = _construct(cls, {**file_values, **ns})
-    validate(cfg)
+    try:
+        validate(cfg)
+        refuse_inert_flags(cfg, frozenset(file_values) | frozenset(ns))
+    except UserError as e:  # a rule broken by a value of the file names the file and its key
+        raise config_file.name_file_in_error(e, {k: v for k, v in file_keys.items() if k not in ns},
+                                             str(config_path)) from None
     given = frozenset(file_values) | frozenset(ns)
     resolve_device_defaults(cfg, given)
     return cfg, given
@@ -320,11 +275,27 @@ def required(value: V | None, flag: str) -> V:
 
 def validate(cfg: Any) -> None:
     """Every flag rule of a parsed config, before any model loads: `cfg.validate()` (which runs its sections'
-    and adds the rules that join them), or the sections' alone for a config class without one."""
+    and adds the rules that join them), or the sections' alone for a config class without one; and every command's
+    `--seed` in range."""
+    seed = field_values(cfg).get("seed")
+    if seed is not None and not 0 <= seed < SEED_LIMIT:
+        # numpy, Python's random and the engines' per-sample seeds all take it: beyond 2^32 some overflow
+        raise UserError(f"--seed {seed} is out of range: use an integer in [0, 2^32 - 1]")
     if hasattr(cfg, "validate"):
         cfg.validate()
     else:
         validate_sections(cfg)
+
+
+def refuse_inert_flags(cfg: Any, given: frozenset[str]) -> None:
+    """One rule for every flag that cannot act in the layout the other flags give (vLLM flags with no vLLM engine,
+    colocation of a role the run does not have): the config's `inert_flags()` says which and why, and a flag the
+    command gave (`given`: on the command line or in the config file) among them stops the run (UserError). A
+    default is never refused, so a flag's default value may be inert."""
+    inert = getattr(cfg, "inert_flags", None)
+    for name, why in (inert() if inert is not None else {}).items():
+        if name in given:
+            raise UserError(f"--{name} {why}")
 
 
 def validate_sections(cfg: Any) -> None:

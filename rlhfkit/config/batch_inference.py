@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlhfkit.config.base import arg
+from rlhfkit.config.paths import check_output_paths
 from rlhfkit.config.specs import EngineSpec
 from rlhfkit.errors import UserError
 
@@ -118,6 +119,13 @@ class BatchInferenceConfig:
         """Every flag rule (UserError, one line)."""
         _validate(self)
 
+    def inert_flags(self) -> dict[str, str]:
+        """The vLLM engine flags, which cannot act without vLLM engines (`base.refuse_inert_flags`)."""
+        if self.generation.eval_task == "generate_vllm":
+            return {}
+        return {flag: "configures vLLM engines; vLLM flags apply to --eval_task generate_vllm only"
+                for flag in ("tp_size", "max_num_seqs", "enable_prefix_caching", "vllm_gpu_memory_utilization")}
+
     def check_inputs(self) -> None:
         """What the run needs besides valid flags (the trainer calls it before reading anything)."""
         if self.generation.eval_task is None:
@@ -129,6 +137,7 @@ class BatchInferenceConfig:
             raise UserError("--output_path is required: the JSONL file to write")
         if not self.model.pretrain and not self.scoring.reward_pretrain:
             raise UserError("--pretrain is required: the model directory")
+        check_output_paths(self, {"output_path": "file"})
 
 
 def reward_model_path(cfg: BatchInferenceConfig) -> str | None:
@@ -166,11 +175,6 @@ def _validate(cfg: BatchInferenceConfig) -> None:
         if g.best_of_n != 1 or g.enable_csft or g.num_engines != 1:
             raise UserError("--best_of_n, --enable_csft and --num_engines apply to generation; --eval_task rm only "
                             "scores the records of --dataset")
-    vllm_only = {"tp_size": 1, "max_num_seqs": 256, "enable_prefix_caching": False,
-                 "vllm_gpu_memory_utilization": 0.9}
-    changed = [f"--{k}" for k, default in vllm_only.items() if getattr(g, k) != default]
-    if changed and g.eval_task != "generate_vllm":
-        raise UserError(f"{', '.join(changed)} configure vLLM engines; they apply to --eval_task generate_vllm only")
     for section, names in ((g, ("max_new_tokens", "best_of_n", "micro_batch_size", "num_engines", "tp_size",
                                 "max_num_seqs")), (d, ("prompt_max_len", "max_len", "rollout_batch_size"))):
         for name in names:

@@ -24,6 +24,7 @@ from rlhfkit.config.common import (
 )
 from rlhfkit.config.devices import ATTN_CHOICES, ATTN_HELP, AUTO
 from rlhfkit.config.names import RM_LOSS_KINDS
+from rlhfkit.config.paths import check_output_paths
 from rlhfkit.errors import UserError
 
 
@@ -159,6 +160,7 @@ class RMConfig:
     def check_inputs(self) -> None:
         """What the run needs besides valid flags (the trainer calls it before reading anything)."""
         _require_dataset(self.data, "preference pairs")
+        check_output_paths(self)
 
 
 @dataclass
@@ -184,6 +186,7 @@ class DPOConfig:
     def check_inputs(self) -> None:
         """What the run needs besides valid flags (the trainer calls it before reading anything)."""
         _require_dataset(self.data, "preference pairs")
+        check_output_paths(self)
 
 
 @dataclass
@@ -213,6 +216,7 @@ class KTOConfig:
     def check_inputs(self) -> None:
         """What the run needs besides valid flags (the trainer calls it before reading anything)."""
         _require_dataset(self.data, "unpaired completions with labels")
+        check_output_paths(self)
 
 
 @dataclass

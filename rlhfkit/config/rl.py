@@ -4,8 +4,9 @@ Flag names are OpenRLHF's (`--advantage_estimator group_norm --n_samples_per_pro
 (run by `parse_config`) fails fast, with one line, on flags that cannot run: batch sizes that do not divide, a group
 estimator with one sample per prompt, a dual clip <= 1; `PPOConfig.check_inputs` (run by the trainers) on missing
 inputs: no model, no prompts, no reward source, a reward function file that is not there. The distributed flags
-(role placement, vLLM engines, colocation, sleep) are accepted and checked here; the single-process trainer runs
-every role in one process with the Transformers rollout engine, and `train_ppo_ray` acts on them.
+(role placement, vLLM engines, colocation, sleep) are accepted and checked here, and `train_ppo_ray` acts on them;
+the single-process trainer runs every role in one process with the Transformers rollout engine and refuses vLLM
+engines (`validate_single_process`). A flag given where it cannot act is refused (`PPOConfig.inert_flags`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from rlhfkit.config.critic_optim import CriticOptimArgs, check_critic_optimizer
 from rlhfkit.config.names import (
     GROUP_BASELINES,
 )
+from rlhfkit.config.paths import check_output_paths
+from rlhfkit.config.rl_inert import inert_flags
 from rlhfkit.config.rl_resources import ROLES as ROLES
 from rlhfkit.config.rl_resources import check_positive as _positive
 from rlhfkit.config.rl_resources import needs_critic as needs_critic
@@ -83,10 +86,15 @@ class PPOConfig:
         _validate_async(self)
         validate_placement(self)  # colocation and each role's batch split (rules of train_ppo_ray's placement)
 
+    def inert_flags(self) -> dict[str, str]:
+        """The flags that cannot act in this run's layout, with why (`rl_inert.inert_flags`)."""
+        return inert_flags(self)
+
     def check_inputs(self) -> None:
         """What the run needs besides valid flags: a policy, prompts, a reward source, the files named (the
         trainers call it before reading anything)."""
         _check_sources(self)
+        check_output_paths(self)
 
 
 # -- derived settings ---------------------------------------------------------------------------------------
@@ -332,7 +340,12 @@ def _validate_async(cfg: PPOConfig) -> None:
 
 
 def validate_single_process(cfg: PPOConfig) -> None:
-    """What only train_ppo_ray runs: asynchronous training needs the generator as its own Ray actor."""
+    """What only train_ppo_ray runs: asynchronous training needs the generator as its own Ray actor, and vLLM
+    engines are Ray actors too (the single-process run generates with the Transformers engine)."""
+    if cfg.rollout.vllm_num_engines > 0:
+        raise UserError(f"--vllm_num_engines {cfg.rollout.vllm_num_engines}: train_ppo runs every role in this "
+                        "process and generates with the Transformers engine; drop it, or run vLLM engines with "
+                        "python -m rlhfkit.cli.train_ppo_ray")
     if cfg.asynchronous.async_train:
         raise UserError("--async_train needs a generator actor beside the trainer: run it with "
                         "python -m rlhfkit.cli.train_ppo_ray")

@@ -16,6 +16,7 @@ from rlhfkit.config.common import (
     check_loop_counts,
     check_token_budget,
 )
+from rlhfkit.config.paths import check_output_paths
 from rlhfkit.errors import UserError
 
 
@@ -57,4 +58,5 @@ class SFTConfig:
         """What the run needs besides valid flags (the trainer calls it before reading anything)."""
         if not self.data.dataset:
             raise UserError("--dataset is required: a local json/jsonl/parquet/csv/arrow file or dataset directory")
+        check_output_paths(self)
 

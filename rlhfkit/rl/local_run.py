@@ -31,9 +31,6 @@ def run_ppo(cfg: PPOConfig) -> RLTrainer:
     inputs = load_rl_inputs(cfg)
     try:
         strategy = build_strategy(cfg.model, cfg.strategy)
-        if cfg.rollout.vllm_num_engines > 0:
-            strategy.print("train_ppo: --vllm_num_engines applies to train_ppo_ray; this single-process run "
-                           "generates with the Transformers engine")
         roles = local_roles(cfg, inputs, strategy)
 
         def assemble(logger: MetricsLogger) -> TrainingLoop:  # synchronous: the rollout source is the batch supply

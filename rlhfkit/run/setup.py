@@ -16,13 +16,13 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import torch
 
 from rlhfkit.config.base import required
 from rlhfkit.config.common import LoggingArgs, ModelArgs, StrategyArgs
+from rlhfkit.config.paths import check_not_under_a_file
 from rlhfkit.config.preference import DPOConfig, KTOConfig, RMConfig
 from rlhfkit.config.rl import PPOConfig, is_http, remote_reward_urls, samples_per_rollout
 from rlhfkit.config.sft import SFTConfig
@@ -73,13 +73,7 @@ def load_trainable_lm(model_args: ModelArgs, path: str | None = None, flag: str 
 def check_writable(path: str, flag: str) -> None:
     """UserError unless `path` can be created (or written) as a directory: its nearest existing ancestor must be a
     writable directory, and nothing on the way may be a file. Creates nothing."""
-    p = Path(path).expanduser().absolute()
-    probe = p
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir():
-        where = "is" if probe == p else f"is under {probe}, which is"
-        raise UserError(f"{flag} {path} {where} a file, not a directory; choose another {flag}")
+    probe = check_not_under_a_file(path, flag)
     try:
         tempfile.TemporaryFile(dir=probe).close()
     except OSError as e:
