@@ -16,3 +16,5 @@ IS_CORRECTIONS = ("tis", "icepop", "seq-mask-tis")
 AGGREGATION_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 SFT_REDUCTIONS = ("mean", "sum", "per_sample")
 RM_LOSS_KINDS = ("sigmoid", "logexp")
+DPO_LOSS_TYPES = ("sigmoid", "simpo", "orpo")  # train_dpo --loss_type; simpo and orpo need no reference
+REFERENCE_FREE_DPO_LOSSES = ("simpo", "orpo")
