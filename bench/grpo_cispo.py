@@ -1,12 +1,13 @@
 """Benchmark: does GRPO with the CISPO policy loss learn the demo's addition task? Held-out exact-match of the SFT
-model against the same model after GRPO+CISPO.
+model against the same model after GRPO+CISPO, and after GRPO with PPO's clip for comparison.
 
-One run: build the demo assets, SFT (the demo's recipe, 600 steps), then the demo's GRPO stage (train_ppo_ray,
-hybrid engine, local Ray; 16 prompts x 8 samples per step) with `--policy_loss_type cispo --clip_eps_low 1
---clip_eps_high 0.28` (the paper's form: no lower bound on the importance-sampling weight, a tuned upper one) and
-two optimizer steps per rollout batch (`--train_batch_size 64` of the 128 samples), so the second mini-batch is one
-update off-policy and CISPO's clipped weights act (with one step per batch the ratio is 1 and CISPO's gradient is
-plain REINFORCE's). Appends the result with the machine, versions and date to bench/results/grpo_cispo.md.
+One run: build the demo assets, SFT (the demo's recipe, 600 steps), then twice the demo's GRPO stage
+(train_ppo_ray, hybrid engine, local Ray; 16 prompts x 8 samples per step) from that SFT model, with two optimizer
+steps per rollout batch (`--train_batch_size 64` of the 128 samples) so the second mini-batch is one update
+off-policy and the losses differ (with one step per batch the ratio is 1 and CISPO's gradient is PPO's):
+`--policy_loss_type cispo --clip_eps_low 1 --clip_eps_high 0.28` (the paper's form: no lower bound on the
+importance-sampling weight, a tuned upper one), and PPO's clip at its default 0.2. Appends the results with the
+machine, versions and date to bench/results/grpo_cispo.md.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/grpo_cispo.py [--out runs/bench_cispo] [--steps 100]
 """
@@ -23,7 +24,8 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).with_name("results") / "grpo_cispo.md"
-CISPO_FLAGS = ["--policy_loss_type", "cispo", "--clip_eps_low", "1", "--clip_eps_high", "0.28"]
+LOSSES = {"cispo": ["--policy_loss_type", "cispo", "--clip_eps_low", "1", "--clip_eps_high", "0.28"],
+          "ppo": ["--policy_loss_type", "ppo"]}
 
 
 def versions() -> str:
@@ -38,8 +40,8 @@ def versions() -> str:
     return ", ".join(found)
 
 
-def run_cispo_stage(sft_dir: str, prompts: Path, save: Path, steps: int, seed: int) -> tuple[str, Path]:
-    """The demo's GRPO stage with the CISPO loss and two optimizer steps per rollout batch."""
+def run_stage(sft_dir: str, prompts: Path, save: Path, steps: int, seed: int, loss: str) -> tuple[str, Path]:
+    """The demo's GRPO stage with the policy loss `loss` and two optimizer steps per rollout batch."""
     from rlhfkit.cli.demo import grpo_argv
     from rlhfkit.config.base import parse_config
     from rlhfkit.config.rl import PPOConfig
@@ -48,7 +50,7 @@ def run_cispo_stage(sft_dir: str, prompts: Path, save: Path, steps: int, seed: i
 
     argv = grpo_argv(sft_dir, prompts, save, steps, seed, vllm_available())
     argv[argv.index("--train_batch_size") + 1] = "64"
-    trainer = run_ppo_ray(parse_config(PPOConfig, [*argv, *CISPO_FLAGS], "bench"))
+    trainer = run_ppo_ray(parse_config(PPOConfig, [*argv, *LOSSES[loss]], "bench"))
     return str(save), Path(trainer.logger.path)
 
 
@@ -76,27 +78,28 @@ def main() -> None:
     sft_dir = run_sft_stage(assets, sft_data, out, 600, args.seed)
     sft_em = _exact_match(sft_dir, held_out)
     print(f"[bench] SFT held-out exact-match: {sft_em:.3f}")
-    shutil.rmtree(out / "cispo", ignore_errors=True)  # metrics files are appended to: start clean
-    started = time.perf_counter()
-    policy, metrics = run_cispo_stage(sft_dir, rl_prompts, out / "cispo", args.steps, args.seed)
-    seconds = time.perf_counter() - started
-    cispo_em = _exact_match(policy, held_out)
-    records = [json.loads(line) for line in Path(metrics).read_text().splitlines()]
-    first, last = slice(0, 10), slice(-10, None)
+    rows = [f"| SFT (600 steps, the demo's recipe) | {sft_em:.3f} | | | |"]
+    for loss in LOSSES:
+        shutil.rmtree(out / loss, ignore_errors=True)  # metrics files are appended to: start clean
+        started = time.perf_counter()
+        policy, metrics = run_stage(sft_dir, rl_prompts, out / loss, args.steps, args.seed, loss)
+        seconds = time.perf_counter() - started
+        em = _exact_match(policy, held_out)
+        records = [json.loads(line) for line in Path(metrics).read_text().splitlines()]
+        rows.append(f"| {args.steps} GRPO steps, `{' '.join(LOSSES[loss])}` | **{em:.3f}** ({em - sft_em:+.3f}) | "
+                    f"{mean_of(records, 'train/reward', slice(0, 10)):.3f} / "
+                    f"{mean_of(records, 'train/reward', slice(-10, None)):.3f} | "
+                    f"{mean_of(records, 'train/actor/clip_fraction', slice(None)):.4f} | {seconds:.0f} |")
     table = [
-        f"## {datetime.date.today().isoformat()}: SFT 600 steps, then {args.steps} GRPO+CISPO steps",
+        f"## {datetime.date.today().isoformat()}: SFT 600 steps, then {args.steps} GRPO steps with CISPO and with "
+        "PPO's clip",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}, Python "
-        f"{platform.python_version()}; {versions()}. OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}.",
-        f"Flags over the demo's GRPO stage: `{' '.join(CISPO_FLAGS)} --train_batch_size 64`, seed {args.seed}.", "",
-        "| model | held-out exact-match |", "| --- | --- |",
-        f"| SFT (600 steps, the demo's recipe) | {sft_em:.3f} |",
-        f"| after {args.steps} GRPO+CISPO steps | **{cispo_em:.3f}** ({cispo_em - sft_em:+.3f}) |",
-        "",
-        f"{len(held_out)} held-out prompts, greedy. Stage wall time {seconds:.0f} s. Training reward, mean of the "
-        f"first / last 10 steps: {mean_of(records, 'train/reward', first):.3f} / "
-        f"{mean_of(records, 'train/reward', last):.3f}; `actor/clip_fraction` (tokens whose CISPO weight was "
-        f"clipped), mean over the run: {mean_of(records, 'train/actor/clip_fraction', slice(None)):.4f}.", "", "",
+        f"{platform.python_version()}; {versions()}. OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}. Both GRPO "
+        f"runs: the demo's stage with `--train_batch_size 64` (two optimizer steps per rollout batch), seed "
+        f"{args.seed}. {len(held_out)} held-out prompts, greedy.", "",
+        "| model | held-out exact-match | train reward, first / last 10 steps | mean `actor/clip_fraction` | "
+        "stage wall time (s) |", "| --- | --- | --- | --- | --- |", *rows, "", "",
     ]
     print("\n".join(table))
     with RESULTS.open("a") as f:
