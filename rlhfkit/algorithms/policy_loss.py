@@ -1,7 +1,7 @@
 """Actor and critic losses of the RL loop: the PPO clipped surrogate with its variants (asymmetric clip, dual
-clip, GSPO's sequence-level ratio, importance-sampling corrections tis / icepop / seq-mask-tis) and the clipped value
-loss. (The entropy bonus, `entropy_from_logits`, lives
-in logprobs.py and is re-exported here.)
+clip, GSPO's sequence-level ratio, importance-sampling corrections tis / icepop / seq-mask-tis), CISPO's clipped
+importance-sampling weights, SAPO's soft gate, and the clipped value loss. (The entropy bonus,
+`entropy_from_logits`, lives in logprobs.py and is re-exported here.)
 
 Token tensors are [B, T] aligned with the action mask. The `info` dicts hold detached 0-dim tensors (no
 host sync here: call .item() when logging).
@@ -76,14 +76,64 @@ def sequence_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.T
     return diff.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1).to(diff.dtype)
 
 
+def cispo_token_loss(logp: torch.Tensor, ratio: torch.Tensor, advantages: torch.Tensor, clip_eps_low: float,
+                     clip_eps_high: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """CISPO's per-token loss and its clipped mask (MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute
+    Efficiently with Lightning Attention", arXiv 2506.13585, eq. 4-5).
+
+        loss_t = -sg(clip(ratio_t, 1 - clip_eps_low, 1 + clip_eps_high)) * A_t * logp_t
+    A REINFORCE-style term whose importance-sampling weight is clipped and detached (sg: stop-gradient): unlike
+    PPO's clip, which zeroes the gradient of a token whose ratio left the band, every token keeps its gradient
+    (weighted by at most 1 + clip_eps_high), so rare tokens that matter ("However", "Wait") still learn. The paper
+    drops the lower bound (a large eps_low; clip_eps_low >= 1 does that) and tunes only eps_high.
+    Returns (loss [B, T], clipped [B, T]: the tokens whose weight was clipped).
+    """
+    weight = ratio.detach().clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high)
+    return -weight * advantages * logp, weight != ratio.detach()
+
+
+def sapo_token_loss(ratio: torch.Tensor, advantages: torch.Tensor, tau_pos: float, tau_neg: float) -> torch.Tensor:
+    """SAPO's per-token loss (Gao et al. 2025, "Soft Adaptive Policy Optimization", arXiv 2511.20347, eq. 5-6).
+
+        loss_t = -f(ratio_t) * A_t,  f(r) = (4 / tau) * sigmoid(tau * (r - 1)),  tau = tau_pos if A_t > 0 else tau_neg
+    A smooth, temperature-controlled gate in place of PPO's hard clip: the gradient is
+    -4 * s * (1 - s) * ratio * A * grad(logp) with s = sigmoid(tau * (ratio - 1)), exactly the policy gradient at
+    ratio = 1 and fading smoothly as the ratio leaves it (faster for a larger tau). tau_neg > tau_pos damps the
+    updates of negative-advantage tokens more, as the paper recommends (its defaults: 1.0 and 1.05).
+    """
+    if tau_pos <= 0 or tau_neg <= 0:
+        raise ValueError(f"SAPO's temperatures must be > 0 (got tau_pos={tau_pos}, tau_neg={tau_neg})")
+    tau = torch.where(advantages > 0, torch.full_like(ratio, tau_pos), torch.full_like(ratio, tau_neg))
+    return -(4.0 / tau) * torch.sigmoid(tau * (ratio - 1.0)) * advantages
+
+
+def _check_policy_loss_args(clip_eps_low: float, clip_eps_high: float, dual_clip: float | None, loss_type: str,
+                            rollout_logp: torch.Tensor | None, tis_cap: float | None) -> None:
+    if clip_eps_low < 0 or clip_eps_high < 0:
+        raise ValueError(f"clip epsilons must be >= 0 (got low={clip_eps_low}, high={clip_eps_high})")
+    if loss_type not in POLICY_LOSS_TYPES:
+        raise ValueError(f"unknown policy loss type {loss_type!r}; expected one of {POLICY_LOSS_TYPES}")
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (got {dual_clip}): it bounds the loss of negative advantages "
+                         "by dual_clip * |A|")
+    if dual_clip is not None and loss_type in ("cispo", "sapo"):
+        raise ValueError(f"dual_clip bounds PPO's clipped surrogate; the {loss_type} loss has none")
+    if (rollout_logp is None) != (tis_cap is None):
+        raise ValueError("truncated importance sampling needs both the rollout log-probs and a cap")
+    if tis_cap is not None and tis_cap <= 0:
+        raise ValueError(f"the importance-sampling cap must be > 0 (got {tis_cap})")
+
+
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
                 clip_eps_low: float = 0.2, clip_eps_high: float | None = None, dual_clip: float | None = None,
                 rollout_logp: torch.Tensor | None = None, tis_cap: float | None = None,
                 is_correction: str = "tis", is_low: float = 0.0, loss_type: str = "ppo",
+                tau_pos: float = 1.0, tau_neg: float = 1.05,
                 agg: str = "token_mean", num_tokens: int | float | torch.Tensor | None = None,
                 num_seqs: int | float | torch.Tensor | None = None, norm_len: int | None = None,
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO clipped surrogate loss (Schulman et al. 2017, "Proximal Policy Optimization Algorithms") or GSPO's.
+    """PPO clipped surrogate loss (Schulman et al. 2017, "Proximal Policy Optimization Algorithms"), GSPO's, CISPO's
+    or SAPO's.
 
     Per action token, with ratio = exp(logp - old_logp) (log ratio bounded to +-20) and A the advantage:
         loss_t = -min(ratio * A, clip(ratio, 1 - clip_eps_low, 1 + clip_eps_high) * A)
@@ -92,29 +142,26 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
       sequence's advantage; loss_i = -min(s_i * A_i, clip(s_i, 1 - low, 1 + high) * A_i) is put on each of the
       sequence's action tokens and reduced by `agg` (seq_mean_token_mean gives the paper's mean over sequences).
       The gradient flows through every token of the mean, as in the paper's GSPO-token form with equal advantages.
+    - loss_type "cispo" (MiniMax-M1, 2025): loss_t = -sg(clip(ratio, 1 - low, 1 + high)) * A * logp_t, see
+      `cispo_token_loss`.
+    - loss_type "sapo" (Gao et al. 2025): loss_t = -(4 / tau) * sigmoid(tau * (ratio - 1)) * A with tau = tau_pos
+      where A > 0, else tau_neg, see `sapo_token_loss` (the clip epsilons only feed the clip_fraction metric).
     - clip_eps_high (default: clip_eps_low) > clip_eps_low is DAPO's clip-higher (Yu et al. 2025).
     - dual_clip = c > 1 (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep Reinforcement
       Learning"): where A < 0 the loss is also bounded by c * |A|, i.e. loss_t = min(loss_t, -c * A), so a huge
-      ratio on a bad token cannot blow the step up.
+      ratio on a bad token cannot blow the step up (ppo and gspo only).
     - rollout_logp with tis_cap: the per-token loss is multiplied by
       is_correction_weights(old_logp, rollout_logp, mask, is_correction, is_low, tis_cap) (tis / icepop /
       seq-mask-tis, see there).
     The per-token loss is reduced by `aggregate_loss(agg, num_tokens=..., num_seqs=..., norm_len=...)`.
-    info: `clip_fraction` (tokens where the clipped term is the smaller one, i.e. no gradient), `dual_clip_fraction`
-    (with dual_clip), `approx_kl` (mean of (ratio - 1) - log ratio, the k3 estimate of KL(old || new)), `ratio_mean`
-    and, with a correction, `tis_weight_mean` and `is_masked_fraction` (tokens whose weight is 0), all means over
-    the action tokens of this batch.
+    info: `clip_fraction` (ppo / gspo: tokens where the clipped term is the smaller one, i.e. no gradient; cispo /
+    sapo: tokens whose ratio is outside [1 - low, 1 + high], for cispo the tokens whose weight was clipped),
+    `dual_clip_fraction` (with dual_clip), `approx_kl` (mean of (ratio - 1) - log ratio, the k3 estimate of
+    KL(old || new)), `ratio_mean` and, with a correction, `tis_weight_mean` and `is_masked_fraction` (tokens whose
+    weight is 0), all means over the action tokens of this batch.
     """
     clip_eps_high = clip_eps_low if clip_eps_high is None else clip_eps_high
-    if clip_eps_low < 0 or clip_eps_high < 0:
-        raise ValueError(f"clip epsilons must be >= 0 (got low={clip_eps_low}, high={clip_eps_high})")
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1 (got {dual_clip}): it bounds the loss of negative advantages "
-                         "by dual_clip * |A|")
-    if (rollout_logp is None) != (tis_cap is None):
-        raise ValueError("truncated importance sampling needs both the rollout log-probs and a cap")
-    if loss_type not in POLICY_LOSS_TYPES:
-        raise ValueError(f"unknown policy loss type {loss_type!r}; expected one of {POLICY_LOSS_TYPES}")
+    _check_policy_loss_args(clip_eps_low, clip_eps_high, dual_clip, loss_type, rollout_logp, tis_cap)
     # exp(20) = 4.9e8 is beyond any meaningful ratio; the bound keeps float32 (and its gradient) finite.
     if loss_type == "gspo":
         seq = sequence_log_ratio(logp, old_logp, mask).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
@@ -123,20 +170,20 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         log_ratio = _masked(logp - old_logp.detach(), mask).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     advantages = _masked(advantages.detach(), mask)
     ratio = torch.exp(log_ratio)
-    surr_unclipped = ratio * advantages
-    surr_clipped = ratio.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high) * advantages
-    loss = -torch.min(surr_unclipped, surr_clipped)
     info: dict[str, torch.Tensor] = {}
-    with torch.no_grad():
-        info["clip_fraction"] = masked_mean((surr_clipped < surr_unclipped).float(), mask)
+    if loss_type in ("ppo", "gspo"):
+        loss, clipped = _clipped_surrogate(ratio, advantages, clip_eps_low, clip_eps_high)
+    elif loss_type == "cispo":
+        loss, clipped = cispo_token_loss(_masked(logp, mask), ratio, advantages, clip_eps_low, clip_eps_high)
+    else:
+        loss = sapo_token_loss(ratio, advantages, tau_pos, tau_neg)
+        clipped = (ratio < 1.0 - clip_eps_low) | (ratio > 1.0 + clip_eps_high)
+    info["clip_fraction"] = masked_mean(clipped.float(), mask)
     if dual_clip is not None:
         bound = -dual_clip * advantages
-        dual_active = (advantages < 0) & (loss > bound)
+        info["dual_clip_fraction"] = masked_mean(((advantages < 0) & (loss > bound)).float(), mask)
         loss = torch.where(advantages < 0, torch.min(loss, bound), loss)
-        info["dual_clip_fraction"] = masked_mean(dual_active.float(), mask)
     if rollout_logp is not None and tis_cap is not None:  # both or neither (checked above)
-        if tis_cap <= 0:
-            raise ValueError(f"the importance-sampling cap must be > 0 (got {tis_cap})")
         weights = is_correction_weights(old_logp, rollout_logp, mask, is_correction, is_low, tis_cap)
         loss = loss * weights.to(loss.dtype)
         info["tis_weight_mean"] = masked_mean(weights, mask)
@@ -146,6 +193,14 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         info["ratio_mean"] = masked_mean(ratio, mask)
     reduced = aggregate_loss(loss, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm_len=norm_len)
     return reduced, {k: v.detach() for k, v in info.items()}
+
+
+def _clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, clip_eps_low: float, clip_eps_high: float
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's per-token -min(ratio * A, clip(ratio) * A) and where the clipped term won (no gradient there)."""
+    surr_unclipped = ratio * advantages
+    surr_clipped = ratio.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high) * advantages
+    return -torch.min(surr_unclipped, surr_clipped), (surr_clipped < surr_unclipped).detach()
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,

@@ -1,9 +1,10 @@
 """Losses on preference data: the pairwise reward-model loss, DPO and its variants (cDPO, IPO), the NLL term,
-and KTO.
+the reference-free SimPO and ORPO, and KTO.
 
 Inputs are per-sample tensors [B]: rewards from a reward head, or sequence log-probs, i.e. the sum of the
 per-token log-probs of the response tokens (`token_logprobs` summed under the loss mask), of the policy and of
-the frozen reference model. Losses are means over the batch.
+the frozen reference model; SimPO and ORPO take the per-token mean log-probs of the policy alone. Losses are
+means over the batch.
 """
 
 from __future__ import annotations
@@ -77,6 +78,57 @@ def nll_loss(chosen_logps_sum: torch.Tensor, chosen_num_tokens: torch.Tensor) ->
     Preference Optimization", RPO). chosen_num_tokens [B] counts the response tokens (floored at 1).
     """
     return (-chosen_logps_sum / chosen_num_tokens.clamp(min=1).to(chosen_logps_sum.dtype)).mean()
+
+
+def simpo_loss(chosen_avg_logps: torch.Tensor, rejected_avg_logps: torch.Tensor, beta: float,
+               gamma: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SimPO loss (Meng et al. 2024, "SimPO: Simple Preference Optimization with a Reference-Free Reward");
+    returns (loss, chosen_rewards, rejected_rewards).
+
+    The implicit reward is the length-normalised log-likelihood r(y) = beta * (1 / |y|) * log pi(y), with no
+    reference model; with a target reward margin gamma, per pair:
+        -log sigmoid(r(y_c) - r(y_r) - gamma)
+    chosen_avg_logps / rejected_avg_logps [B] are the per-token mean log-probs (1 / |y|) log pi(y). loss is the mean
+    over pairs; the rewards beta * mean log-prob are [B] and detached. (TRL's CPO trainer with loss_type simpo:
+    `simpo_gamma` is gamma in reward units, the same as here.)
+    """
+    if beta <= 0:
+        raise ValueError(f"SimPO's beta must be > 0 (got {beta})")
+    chosen_rewards = beta * chosen_avg_logps
+    rejected_rewards = beta * rejected_avg_logps
+    losses = -F.logsigmoid(chosen_rewards - rejected_rewards - gamma)
+    return losses.mean(), chosen_rewards.detach(), rejected_rewards.detach()
+
+
+def log_odds(avg_logps: torch.Tensor) -> torch.Tensor:
+    """log(p / (1 - p)) of p = exp(avg_logps) <= 1, computed without cancellation: log p - log(1 - exp(log p)).
+
+    log(1 - e^a) is log(-expm1(a)) near 0 and log1p(-e^a) below -log 2 (Maechler 2012, "Accurately Computing
+    log(1 - exp(-|a|))"). a is capped at -1e-6 so a response the model is certain of (p = 1 in floating point) gives
+    a large finite odds instead of inf.
+    """
+    a = avg_logps.clamp(max=-1e-6)
+    log1mexp = torch.where(a > -0.6931471805599453, torch.log(-torch.expm1(a)), torch.log1p(-torch.exp(a)))
+    return a - log1mexp
+
+
+def orpo_loss(chosen_avg_logps: torch.Tensor, rejected_avg_logps: torch.Tensor, lam: float
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ORPO loss (Hong et al. 2024, "ORPO: Monolithic Preference Optimization without Reference Model"); returns
+    (loss, chosen_rewards, rejected_rewards).
+
+    With P(y) = exp((1 / |y|) log pi(y)) (the length-normalised likelihood) and odds(y) = P / (1 - P), per pair:
+        -(1 / |y_c|) log pi(y_c) - lam * log sigmoid(log odds(y_c) - log odds(y_r))
+    i.e. the SFT negative log-likelihood of the chosen response plus lam times the odds-ratio term; no reference
+    model. The inputs are the per-token mean log-probs [B]; loss is the mean over pairs; the rewards
+    lam * mean log-prob (TRL's convention for ORPO's metrics) are [B] and detached. TRL's ORPO calls lam `beta`.
+    """
+    if lam <= 0:
+        raise ValueError(f"ORPO's lambda must be > 0 (got {lam})")
+    nll = -chosen_avg_logps
+    odds_ratio = -F.logsigmoid(log_odds(chosen_avg_logps) - log_odds(rejected_avg_logps))
+    losses = nll + lam * odds_ratio
+    return losses.mean(), (lam * chosen_avg_logps).detach(), (lam * rejected_avg_logps).detach()
 
 
 def kto_kl_reference_point(policy_kl_logps: torch.Tensor, ref_kl_logps: torch.Tensor) -> torch.Tensor:

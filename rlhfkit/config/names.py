@@ -11,8 +11,10 @@ from __future__ import annotations
 ADVANTAGE_ESTIMATORS = ("gae", "reinforce", "reinforce_baseline", "group_norm", "dr_grpo", "rloo")
 GROUP_BASELINES = ("reinforce_baseline", "group_norm", "dr_grpo", "rloo")  # estimators that compare a prompt's samples
 KL_ESTIMATORS = ("k1", "k2", "k3")
-POLICY_LOSS_TYPES = ("ppo", "gspo")
+POLICY_LOSS_TYPES = ("ppo", "gspo", "cispo", "sapo")
 IS_CORRECTIONS = ("tis", "icepop", "seq-mask-tis")
 AGGREGATION_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 SFT_REDUCTIONS = ("mean", "sum", "per_sample")
 RM_LOSS_KINDS = ("sigmoid", "logexp")
+DPO_LOSS_TYPES = ("sigmoid", "simpo", "orpo")  # train_dpo --loss_type; simpo and orpo need no reference
+REFERENCE_FREE_DPO_LOSSES = ("simpo", "orpo")

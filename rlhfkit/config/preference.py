@@ -23,7 +23,7 @@ from rlhfkit.config.common import (
     check_token_budget,
 )
 from rlhfkit.config.devices import ATTN_CHOICES, ATTN_HELP, AUTO
-from rlhfkit.config.names import RM_LOSS_KINDS
+from rlhfkit.config.names import DPO_LOSS_TYPES, REFERENCE_FREE_DPO_LOSSES, RM_LOSS_KINDS
 from rlhfkit.config.paths import check_output_paths
 from rlhfkit.errors import UserError
 
@@ -84,11 +84,20 @@ class ReferenceArgs:
 
 @dataclass
 class DPOTrainArgs(LoopArgs):
-    beta: float = arg(0.1, "DPO temperature: strength of the implicit KL penalty to the reference.")
+    loss_type: str = arg("sigmoid", "Preference loss, spelled as in TRL: sigmoid (DPO, with its --ipo / "
+                                    "--label_smoothing variants); simpo (Meng et al. 2024: length-normalised, "
+                                    "reference-free, margin --simpo_gamma; TRL's CPO loss_type simpo); orpo (Hong et "
+                                    "al. 2024: the chosen NLL plus --beta x the odds-ratio term, reference-free). "
+                                    "simpo and orpo load no reference model.", choices=DPO_LOSS_TYPES)
+    beta: float = arg(0.1, "DPO temperature: strength of the implicit KL penalty to the reference. SimPO: the "
+                           "reward scale (the paper uses 2 to 10). ORPO: lambda, the weight of the odds-ratio "
+                           "term (TRL's ORPO beta; the paper uses 0.1 to 1).")
+    simpo_gamma: float = arg(0.5, "SimPO's target reward margin gamma, in reward units (TRL's name and default).")
     ipo: bool = arg(False, "IPO loss (Azar et al. 2023) on per-token mean log-probs instead of DPO.")
     label_smoothing: float = arg(0.0, "cDPO (Mitchell 2023): assumed probability that a preference label is "
                                       "flipped, in [0, 0.5).")
-    nll_loss_coef: float = arg(0.0, "Weight of the NLL term on the chosen responses (RPO, Pang et al. 2024).")
+    nll_loss_coef: float = arg(0.0, "Weight of the NLL term on the chosen responses (RPO, Pang et al. 2024; with "
+                                    "--loss_type simpo it is TRL's --cpo_alpha, CPO-SimPO).")
 
     def validate(self) -> None:
         super().validate()
@@ -100,6 +109,19 @@ class DPOTrainArgs(LoopArgs):
             raise UserError("--label_smoothing (cDPO) does not apply to --ipo; drop one of the two flags")
         if self.nll_loss_coef < 0:
             raise UserError(f"--nll_loss_coef must be >= 0 (got {self.nll_loss_coef})")
+        self._validate_reference_free()
+
+    def _validate_reference_free(self) -> None:
+        if self.loss_type not in REFERENCE_FREE_DPO_LOSSES:
+            return
+        if self.ipo or self.label_smoothing > 0:
+            raise UserError(f"--ipo and --label_smoothing are DPO variants; --loss_type {self.loss_type} takes "
+                            "neither")
+        if self.simpo_gamma < 0:
+            raise UserError(f"--simpo_gamma must be >= 0 (got {self.simpo_gamma})")
+        if self.loss_type == "orpo" and self.nll_loss_coef > 0:
+            raise UserError("--loss_type orpo already holds the chosen NLL term with weight 1 (--beta weighs the "
+                            "odds-ratio term); drop --nll_loss_coef")
 
 
 @dataclass
@@ -182,6 +204,10 @@ class DPOConfig:
         check_aux_loss_flags(self.train.aux_loss_coef, self.data.packing_samples)
         if self.pairs.margin_key:
             raise UserError("--margin_key applies to train_rm only; DPO has no reward margin")
+        if self.train.loss_type in REFERENCE_FREE_DPO_LOSSES and (self.reference.ref_pretrain or
+                                                                  self.reference.ref_offload):
+            raise UserError(f"--loss_type {self.train.loss_type} is reference-free and loads no reference model; "
+                            "drop --ref_pretrain / --ref_offload")
 
     def check_inputs(self) -> None:
         """What the run needs besides valid flags (the trainer calls it before reading anything)."""

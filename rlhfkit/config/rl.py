@@ -164,6 +164,11 @@ def _validate_algorithm(cfg: PPOConfig) -> None:
                         f"needs --n_samples_per_prompt > 1 (got {r.n_samples_per_prompt})")
     if a.dual_clip is not None and a.dual_clip <= 1.0:
         raise UserError(f"--dual_clip must be > 1 (got {a.dual_clip})")
+    if a.dual_clip is not None and a.policy_loss_type in ("cispo", "sapo"):
+        raise UserError(f"--dual_clip bounds PPO's clipped surrogate; --policy_loss_type {a.policy_loss_type} has "
+                        "none, drop --dual_clip")
+    if a.tau_pos <= 0 or a.tau_neg <= 0:
+        raise UserError(f"--tau_pos and --tau_neg must be > 0 (got {a.tau_pos}, {a.tau_neg})")
     low, high = clip_range(cfg)
     if low < 0 or high < 0:
         raise UserError(f"clip ranges must be >= 0 (--eps_clip / --clip_eps_low / --clip_eps_high: {low}, {high})")

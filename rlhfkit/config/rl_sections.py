@@ -172,9 +172,17 @@ class AlgorithmArgs:
     policy_loss_agg: str = arg("auto", "How the per-token policy loss is reduced over an optimizer step: auto "
                                        "(token_mean; seq_mean_token_sum_norm over --generate_max_len for "
                                        "dr_grpo).", choices=LOSS_AGGREGATIONS)
-    policy_loss_type: str = arg("ppo", "Policy loss: ppo (token-level ratio) or gspo (sequence-level ratio of "
-                                       "length-normalised log-likelihoods, Zheng et al. 2025).",
+    policy_loss_type: str = arg("ppo", "Policy loss: ppo (token-level ratio); gspo (sequence-level ratio of "
+                                       "length-normalised log-likelihoods, Zheng et al. 2025); cispo (MiniMax-M1, "
+                                       "2025: -sg(clip(ratio)) * A * log p on every token, the ratio clipped by "
+                                       "--clip_eps_low / --clip_eps_high as veRL does; the paper drops the lower "
+                                       "bound: --clip_eps_low 1); sapo (Gao et al. 2025: a sigmoid gate of "
+                                       "temperature --tau_pos / --tau_neg instead of the clip).",
                                 choices=POLICY_LOSS_TYPES)
+    tau_pos: float = arg(1.0, "SAPO's gate temperature for positive advantages (veRL's name and the paper's "
+                              "default); larger fades off-policy updates faster.")
+    tau_neg: float = arg(1.05, "SAPO's gate temperature for negative advantages (veRL's name and the paper's "
+                               "default; > --tau_pos damps negative updates more).")
     enable_vllm_is_correction: bool = arg(False, "Correct the engine/trainer mismatch: weight the policy loss by "
                                                  "r = p_trainer / p_rollout per token, as --vllm_is_correction_type "
                                                  "says.")

@@ -52,7 +52,9 @@ class ActorSpec(RoleSpec):
     dual_clip: float | None
     loss_agg: str  # how the per-token loss is reduced (rlhfkit.algorithms.masking.aggregate_loss)
     loss_norm_len: int | None  # seq_mean_token_sum_norm's constant length (--generate_max_len), else None
-    policy_loss_type: str  # ppo or gspo
+    policy_loss_type: str  # ppo, gspo, cispo or sapo
+    tau_pos: float  # SAPO's gate temperatures
+    tau_neg: float
     is_correction: bool  # --enable_vllm_is_correction
     is_correction_type: str
     is_low: float

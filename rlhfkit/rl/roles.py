@@ -243,7 +243,8 @@ class ActorRole(_TrainedRole):
                                  clip_eps_high=a.clip_high, dual_clip=a.dual_clip,
                                  rollout_logp=micro.rollout_log_probs if tis else None,
                                  tis_cap=a.is_high if tis else None, is_correction=a.is_correction_type,
-                                 is_low=a.is_low, loss_type=a.policy_loss_type, agg=self.agg, **agg_kwargs)
+                                 is_low=a.is_low, loss_type=a.policy_loss_type, tau_pos=a.tau_pos,
+                                 tau_neg=a.tau_neg, agg=self.agg, **agg_kwargs)
         stats = {"policy_loss": loss.item(), **{k: v.item() for k, v in info.items()}, **reused_stats}
         total = loss
         if a.use_kl_loss and micro.base_action_log_probs is not None:

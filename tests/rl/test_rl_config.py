@@ -101,6 +101,8 @@ BASE = "--pretrain m --prompt_data p.jsonl --rollout_batch_size 4 --n_samples_pe
     ("--micro_rollout_batch_size 3", "not divisible by --micro_rollout_batch_size 3"),
     ("--actor_num_gpus_per_node 4", "actor devices 4"),
     ("--dual_clip 1.0", "--dual_clip must be > 1"),
+    ("--dual_clip 3 --policy_loss_type cispo", "--policy_loss_type cispo has none, drop --dual_clip"),
+    ("--policy_loss_type sapo --tau_neg 0", "--tau_pos and --tau_neg must be > 0"),
     ("--learning_rate 1e-5", "--learning_rate does not apply to RL"),
     ("--temperature 0", "--temperature must be > 0"),
     ("--top_p 1.5", "--top_p must be in (0, 1]"),
@@ -168,3 +170,10 @@ def test_is_threshold_one_value_is_a_cap_and_two_are_bounds(rm_file):
     cfg = checked(parse(base + "--vllm_is_truncated_threshold 0.5 5 --vllm_is_correction_type icepop "
                                           "--policy_loss_type gspo"))
     assert is_bounds(cfg) == (0.5, 5.0) and cfg.algo.vllm_is_correction_type == "icepop"
+
+
+def test_sapo_temperatures_reach_the_actor_spec(rm_file):
+    from rlhfkit.config.rl_specs import actor_spec
+
+    spec = actor_spec(checked(parse(BASE + f"--remote_rm_url {rm_file} --policy_loss_type sapo --tau_pos 0.5")))
+    assert (spec.policy_loss_type, spec.tau_pos, spec.tau_neg) == ("sapo", 0.5, 1.05)

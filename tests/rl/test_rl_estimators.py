@@ -1,7 +1,7 @@
 """Every estimator through the one RL loop: 2 steps on the tiny demo model, finite metrics, weights that move.
 
-Also the reward-model path, the PPO loss variants (KL loss, dual clip, entropy, TIS, clip-higher), exact resume,
-and a reward-function failure surfacing as one line with exit code 2.
+Also CISPO and SAPO, the reward-model path, the PPO loss variants (KL loss, dual clip, entropy, TIS, clip-higher),
+exact resume, and a reward-function failure surfacing as one line with exit code 2.
 """
 
 from __future__ import annotations
@@ -96,6 +96,18 @@ def test_two_steps_of_every_estimator(demo_assets, reward_file, tmp_path, estima
         assert "score.weight" in critic
     else:
         assert not any("train/critic/value_loss" in r for r in rows)
+
+
+@pytest.mark.parametrize("loss_type, extra", [("cispo", ["--clip_eps_low", "1", "--clip_eps_high", "0.28"]),
+                                              ("sapo", ["--tau_pos", "1.0", "--tau_neg", "1.05"])])
+def test_two_grpo_steps_with_cispo_and_sapo(demo_assets, reward_file, tmp_path, loss_type, extra):
+    check(run_module(ppo_args(demo_assets, tmp_path, "group_norm", "--remote_rm_url", reward_file,
+                              "--policy_loss_type", loss_type, "--max_epochs", "2", *extra)))
+    rows = train_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert_finite(rows)
+    assert all("train/actor/clip_fraction" in r and "train/actor/policy_loss" in r for r in rows)
+    assert max_change(weights(demo_assets.model_dir), weights(tmp_path)) > 1e-4
 
 
 def test_reward_model_path_with_normalisation(demo_assets, tmp_path):

@@ -1,5 +1,6 @@
 """DPO/IPO/cDPO in-process on the tiny demo model: held-out implicit-reward accuracy, closed-form first steps,
-exact packing, the offloaded ZeRO-3 reference, and a 2-rank ZeRO-3 torchrun run."""
+SimPO and ORPO from the CLI without a reference model, exact packing, the offloaded ZeRO-3 reference, and a 2-rank
+ZeRO-3 torchrun run."""
 
 from __future__ import annotations
 
@@ -74,6 +75,35 @@ def test_nll_term_adds_the_chosen_token_nll(max_assets, tmp_path, restore_env):
     first = trainer.history[0]
     assert first["nll_loss"] > 1.0  # a random-init model: several nats per token
     assert first["loss"] == pytest.approx(math.log(2) + 0.5 * first["nll_loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("loss_type, extra", [("simpo", ("--beta", "2.0", "--simpo_gamma", "0.5")),
+                                              ("orpo", ("--beta", "0.1"))])
+def test_reference_free_losses_train_two_steps_from_the_cli_without_a_reference(max_assets, tmp_path, restore_env,
+                                                                                monkeypatch, loss_type, extra):
+    """`train_dpo --loss_type simpo|orpo` (the CLI, in this process) trains 2 steps and never builds a reference."""
+    import rlhfkit.trainers.preference as preference
+    from rlhfkit.cli.common import run_cli
+    from rlhfkit.cli.train_dpo import main
+
+    def no_reference(*args, **kwargs):
+        raise AssertionError(f"--loss_type {loss_type} built a reference model")
+
+    monkeypatch.setattr(preference, "load_reference", no_reference)
+    monkeypatch.setattr(preference, "FrozenReference", no_reference)
+    save = tmp_path / loss_type
+    argv = dpo_args(max_assets, save, "--loss_type", loss_type, "--train_batch_size", "8",
+                    "--micro_train_batch_size", "4", "--max_steps", "2", "--max_samples", "64", *extra)
+    assert run_cli(main, argv, prog="train_dpo") == 0
+    rows = [json.loads(line) for line in (save / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "train/loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert all(math.isfinite(v) for v in r.values())
+        assert r["train/margin"] == pytest.approx(r["train/chosen_reward"] - r["train/rejected_reward"], abs=1e-5)
+        if loss_type == "orpo":  # the chosen NLL plus 0.1 x a positive odds-ratio term, and nothing else
+            assert r["train/nll_loss"] < r["train/loss"] == r["train/preference_loss"]
+    assert (save / "model.safetensors").is_file()
 
 
 def test_packed_and_padded_sequence_logps_agree(max_assets):
