@@ -1,0 +1,131 @@
+"""The agents' policy endpoint (rlhfkit/agents/endpoint_server.py) under idle connections and concurrent episodes.
+
+In one process, as in a rollout engine: the endpoint server, an engine stand-in that answers each call after a fixed
+delay (so the figures measure the server, not a model), and
+1. 1,000 idle TCP connections held open: the process's threads and RSS before and after, and the latency of a
+   request while they are open;
+2. 64 episodes driven at once by the official `openai` client (two chat turns each): wall time and p50/p99 latency.
+Writes bench/results/endpoint_load.md. Run: `.venv/bin/python bench/endpoint_load.py` (under a minute).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import resource
+import socket
+import statistics
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+RESULTS = Path(__file__).with_name("results") / "endpoint_load.md"
+DELAY_S = 0.02  # the stand-in engine's time per call
+
+
+class Tokenizer:
+    """Just enough of a tokenizer: one id per character, a chat template of role-prefixed lines."""
+
+    eos_token, eos_token_id, bos_token_id, chat_template = "$", 36, None, ""
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) % 1000 for c in text]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i) if i != 36 else ("" if skip_special_tokens else "$") for i in ids)
+
+    def convert_ids_to_tokens(self, i):
+        return chr(i)
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False, **_):
+        text = "".join(f"{m['role']}: {m['content']}$" for m in messages)
+        return text + ("assistant: " if add_generation_prompt else "")
+
+
+class Engine:
+    async def generate(self, context, max_new_tokens, sampling_params=None):
+        from rlhfkit.rollout.engine import SampledSequence
+
+        await asyncio.sleep(DELAY_S)
+        ids = [ord(c) for c in "ok"][:max_new_tokens] + [36]
+        return SampledSequence(list(context), ids, [-0.1] * len(ids), "stop")
+
+
+def rss_mib() -> float:
+    with open(f"/proc/{os.getpid()}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+def episode(loop, turns: int = 2) -> list[float]:
+    import openai
+
+    from rlhfkit.agents import endpoint_server as es
+    from rlhfkit.agents.openai_endpoint import EpisodeEndpoint, Trace
+
+    endpoint = EpisodeEndpoint(Trace(Tokenizer(), 10_000, max_turns=turns), Engine(), {}, loop)
+    url, key = es.server().register(endpoint)
+    client = openai.OpenAI(base_url=url, api_key="-", max_retries=0, timeout=60)
+    messages: list = [{"role": "user", "content": "hi"}]
+    times = []
+    try:
+        for _ in range(turns):
+            started = time.perf_counter()
+            reply = client.chat.completions.create(model="policy", messages=messages)
+            times.append(time.perf_counter() - started)
+            messages += [reply.choices[0].message, {"role": "user", "content": "more"}]
+    finally:
+        es.server().unregister(key)
+    return times
+
+
+def main() -> None:
+    from rlhfkit.agents import endpoint_server as es
+
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    episode(loop)  # start the server, warm the imports
+    before = (threading.active_count(), rss_mib())
+    resource.setrlimit(resource.RLIMIT_NOFILE, (4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    idle = [socket.create_connection(("127.0.0.1", es.server().port)) for _ in range(1000)]
+    time.sleep(1.0)
+    during = (threading.active_count(), rss_mib())
+    probe = episode(loop)
+    for s in idle:
+        s.close()
+    started = time.perf_counter()
+    with ThreadPoolExecutor(64) as pool:
+        latencies = [t for times in pool.map(lambda _: episode(loop), range(64)) for t in times]
+    wall = time.perf_counter() - started
+    latencies.sort()
+    p99 = latencies[int(0.99 * (len(latencies) - 1))]
+    load = os.getloadavg()
+    lines = [
+        f"## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; load average "
+        f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}. Engine stand-in: {DELAY_S * 1000:.0f} ms per call.",
+        "",
+        "| measure | value |",
+        "| --- | --- |",
+        f"| threads before / with 1,000 idle connections | {before[0]} / {during[0]} |",
+        f"| RSS before / with 1,000 idle connections | {before[1]:.0f} MiB / {during[1]:.0f} MiB |",
+        f"| a two-turn episode while they are open | {sum(probe) * 1000:.0f} ms |",
+        f"| 64 concurrent two-turn episodes (openai client) | {wall:.2f} s wall |",
+        f"| their per-call latency p50 / p99 | {statistics.median(latencies) * 1000:.0f} / {p99 * 1000:.0f} ms |",
+        "",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    header = "# Policy endpoint under load\n\nScript: `bench/endpoint_load.py`. Each section is one run.\n\n"
+    old = RESULTS.read_text() if RESULTS.exists() else header
+    RESULTS.write_text(old + text + "\n")
+
+
+if __name__ == "__main__":
+    main()
