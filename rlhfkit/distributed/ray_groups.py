@@ -211,6 +211,20 @@ def set_call_timeout(seconds: float | None) -> None:
     _CALL_TIMEOUT_S[0] = seconds
 
 
+def death_cause(text: str) -> str:
+    """One line of why a Ray actor died, from Ray's message: the node's death with the node's IP when that is the
+    cause (a lost machine), else the message's first line."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if not lines:
+        return "no reason given"
+    ip = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("ip:")), "")
+    node = next((line for line in lines if "node" in line.lower() and any(
+        word in line.lower() for word in ("died", "dead", "terminated", "preempted", "lost"))), None)
+    if node is not None:
+        return (f"node {ip}: " if ip else "") + node[:300]
+    return lines[0][:300]
+
+
 def ray_get(refs: Any, what: str, timeout: float | None = None) -> Any:
     """`ray.get` that turns a dead actor, a call past the timeout or a collective past --ddp_timeout inside the call
     into ComponentFailed naming `what` and the cause (any other exception raised inside the call, e.g. a UserError,
@@ -227,9 +241,8 @@ def ray_get(refs: Any, what: str, timeout: float | None = None) -> Any:
         raise ComponentFailed(f"{what}: no answer within --ray_call_timeout {limit:g} s; the run stopped (rerun "
                               "with --load_checkpoint to continue from the last checkpoint)") from None
     except RayActorError as e:
-        cause = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        raise ComponentFailed(f"{what}: its Ray actor died ({type(e).__name__}: {cause}); the run stopped (rerun "
-                              "with --load_checkpoint to continue from the last checkpoint)") from None
+        raise ComponentFailed(f"{what}: its Ray actor died ({type(e).__name__}: {death_cause(str(e))}); the run "
+                              "stopped (rerun with --load_checkpoint to continue from the last checkpoint)") from None
     except RayTaskError as e:  # a rank's collective past --ddp_timeout (its peer died or hangs) names the flag
         message = collective_timeout_message(getattr(e, "cause", None) or e)
         if message is None:
