@@ -242,9 +242,6 @@ def _validate_recipe(cfg: PPOConfig) -> None:
         _positive({"dynamic_filtering_max_rounds": rc.dynamic_filtering_max_rounds})
     if s.enable_ema and not 0 < s.ema_beta < 1:
         raise UserError(f"--ema_beta must be in (0, 1) (got {s.ema_beta})")
-    if s.enable_ema and cfg.strategy.zero_stage == 3:
-        raise UserError("--enable_ema keeps a full copy of the actor's weights and does not work with ZeRO-3's "
-                        "partitioned parameters yet; use --zero_stage 2 or drop --enable_ema")
     if s.best_metric_key is not None:
         if not s.best_metric_key.startswith("eval/"):
             raise UserError(f"--best_metric_key {s.best_metric_key}: only eval metrics can pick the best model "

@@ -40,3 +40,40 @@ def test_ema_equals_closed_form_after_k_steps():
     assert restored.updates == k and torch.equal(restored.shadow["0.bias"], ema.shadow["0.bias"])
     with pytest.raises(ValueError, match="beta"):
         ParameterEMA(model, 1.0)
+
+
+def test_zero3_keeps_the_average_sharded_and_exports_it(world_of_one):
+    """Under DeepSpeed ZeRO-3 the average is kept per partition (`ds_tensor`); the gathered export inside
+    `swapped_in` equals the float64 closed form of the gathered iterates, and the training weights come back."""
+    from rlhfkit.config.common import StrategyArgs
+    from rlhfkit.distributed.strategy import DeepSpeedStrategy
+    from tests.distributed.test_strategy_checkpointing import tiny_llama
+
+    strategy = DeepSpeedStrategy(StrategyArgs(zero_stage=3, train_batch_size=2, micro_train_batch_size=2))
+    strategy.setup_distributed()
+    engine = strategy.prepare_train(tiny_llama(), 1e-2, 10)
+    module = strategy.unwrap(engine)
+    beta, k = 0.8, 4
+    ema = ParameterEMA(module, beta)
+    assert all(v.dim() == 1 for v in ema.shadow.values())  # partitions, not full tensors
+
+    def gathered() -> dict[str, torch.Tensor]:
+        return {n: v.double().clone() for n, v in strategy.full_state_dict(engine).items()}
+
+    iterates = [gathered()]
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+    for _ in range(k):
+        engine.train()
+        engine.backward(engine(input_ids=ids, labels=ids, use_cache=False).loss)
+        engine.step()
+        ema.update(module)
+        iterates.append(gathered())
+    with ema.swapped_in(module):
+        exported = gathered()
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.norm.weight", "lm_head.weight"):
+        closed = beta ** k * iterates[0][name] + sum((1 - beta) * beta ** (k - j) * iterates[j][name]
+                                                     for j in range(1, k + 1))
+        torch.testing.assert_close(exported[name], closed, atol=1e-6, rtol=0, msg=name)
+        assert not torch.equal(exported[name], iterates[-1][name])  # the average, not the last weights
+    after = gathered()
+    assert all(torch.equal(after[n], iterates[-1][n]) for n in after)  # the training weights come back

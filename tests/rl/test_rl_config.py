@@ -117,7 +117,6 @@ BASE = "--pretrain m --prompt_data p.jsonl --rollout_batch_size 4 --n_samples_pe
     ("--dynamic_filtering --n_samples_per_prompt 1 --train_batch_size 4 --advantage_estimator reinforce",
      "--dynamic_filtering compares the samples of one prompt"),
     ("--enable_ema --ema_beta 1", "--ema_beta must be in (0, 1)"),
-    ("--enable_ema --zero_stage 3", "does not work with ZeRO-3"),
     ("--best_metric_key pass@1", "only eval metrics can pick the best model"),
     ("--best_metric_key eval/pass@1", "needs --eval_dataset"),
     ("--reward_workers 0", "--reward_workers must be >= 1"),
