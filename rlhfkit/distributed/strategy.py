@@ -169,6 +169,10 @@ class DeepSpeedStrategy:
         if self.gradient_checkpointing and enable_checkpointing is not None:
             enable_checkpointing(
                 gradient_checkpointing_kwargs={"use_reentrant": self.gradient_checkpointing_use_reentrant})
+        if self.args.backend == "fsdp2":
+            from rlhfkit.distributed.fsdp2_engine import prepare_fsdp2
+
+            return prepare_fsdp2(self, model, learning_rate, num_update_steps)
         if self.uses_plain_torch_engine():
             model = model.to(self.device)
             optimizer = self.make_optimizer(model, learning_rate)
@@ -204,6 +208,8 @@ class DeepSpeedStrategy:
     def full_state_dict(self, engine: nn.Module) -> dict[str, torch.Tensor] | None:
         """All weights on rank 0 (gathered from ZeRO-3 shards), None on the other ranks."""
         module = self.unwrap(engine)
+        if hasattr(engine, "full_state_dict"):  # an FSDP2 engine gathers its shards itself
+            return engine.full_state_dict()
         consolidated = getattr(engine, "_zero3_consolidated_16bit_state_dict", None)  # a DeepSpeed engine's
         if self.args.zero_stage == 3 and consolidated is not None:
             state = consolidated()
