@@ -41,3 +41,8 @@ def check_backend(cfg: Any, given: frozenset[str]) -> None:
     model = getattr(cfg, "model", None)
     if getattr(model, "lora_rank", 0) > 0:
         raise UserError("--lora_rank with --backend fsdp2 is not supported yet; use the DeepSpeed backend for LoRA")
+
+
+def layout_name(strategy: Any) -> str:
+    """How the start-up line names the training layout: "FSDP2" or "ZeRO-<stage>"."""
+    return "FSDP2" if strategy.backend == "fsdp2" else f"ZeRO-{strategy.zero_stage}"

@@ -1,7 +1,7 @@
 """The FSDP2 training backend (`--backend fsdp2`): PyTorch's `fully_shard` behind the DeepSpeed engine's interface.
 
 `shard_model` applies `fully_shard` to each decoder layer (the classes a Transformers model lists in
-`_no_split_modules`), then to the root, over a 1-D device mesh of all ranks: every rank holds 1/world of each
+`_no_split_modules`), to the backbone and head where they are called apart (`units_to_shard`), then to the root, over a 1-D device mesh of all ranks: every rank holds 1/world of each
 parameter, gradient and AdamW moment (as ZeRO-3), and a layer's parameters are all-gathered just before its forward
 and backward. Gradients are reduce-scattered and averaged over ranks, as DeepSpeed averages them, so the trainers'
 loss weighting (`rlhfkit.trainers.offline`) gives the same step at any world size.
@@ -37,12 +37,26 @@ from rlhfkit.errors import UserError
 ENGINE_STATE = "engine_state.pt"  # beside the DCP shards: schedule and counters, written by rank 0
 
 
-def layers_to_shard(model: nn.Module) -> list[nn.Module]:
-    """The decoder layers of a Transformers model (or of the model inside a PEFT wrapper): the modules whose class
-    is in `_no_split_modules`, in order. Each becomes its own FSDP unit, gathered only while it runs."""
+def _shares_parameters(part: nn.Module, whole: nn.Module) -> bool:
+    """Whether a parameter of `part` is also used outside it (a head tied to the embeddings)."""
+    inside = {id(p) for p in part.parameters()}
+    outside = {id(p) for name, m in whole.named_children() if m is not part for p in m.parameters()}
+    return bool(inside & outside)
+
+
+def units_to_shard(model: nn.Module) -> list[nn.Module]:
+    """The FSDP units below the root, innermost first: the decoder layers (the modules whose class is in a
+    Transformers model's `_no_split_modules`), then, unless a weight is tied across them, the backbone and each
+    other child of the model (a reward model's value head). The reward and value models call the backbone and the
+    head one after the other, not the root's forward, so each must gather its own parameters."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     names = set(getattr(base, "_no_split_modules", None) or ())
-    return [m for m in model.modules() if type(m).__name__ in names]
+    units = [m for m in model.modules() if type(m).__name__ in names]
+    backbone = getattr(base, getattr(base, "base_model_prefix", ""), None)
+    if isinstance(backbone, nn.Module) and backbone is not base and not _shares_parameters(backbone, base):
+        units += [m for m in base.children() if m is not backbone and any(True for _ in m.parameters())]
+        units.append(backbone)
+    return units
 
 
 def tied_duplicates(model: nn.Module) -> set[str]:
@@ -71,8 +85,8 @@ def shard_model(model: nn.Module, bf16: bool, offload: bool) -> nn.Module:
         "mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32),
         "offload_policy": CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload else OffloadPolicy(),
     }
-    for layer in layers_to_shard(model):
-        fully_shard(layer, **kwargs)
+    for unit in units_to_shard(model):
+        fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)
     return model
 
@@ -80,6 +94,8 @@ def shard_model(model: nn.Module, bf16: bool, offload: bool) -> nn.Module:
 class FSDP2Engine(PlainTorchEngine):
     """A `PlainTorchEngine` over an FSDP2-sharded module: the same interface, a DTensor-aware gradient norm and
     sharded (DCP) checkpoints."""
+
+    export_dtype = torch.float32  # the dtype of `full_state_dict`'s tensors (bf16 with --bf16)
 
     def _total_norm(self, grads: list[torch.Tensor]) -> torch.Tensor:
         from torch.distributed.tensor import DTensor
@@ -97,8 +113,11 @@ class FSDP2Engine(PlainTorchEngine):
         state = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if dist.get_rank() != 0:
             return None
-        # a tied head comes back as its own copy; drop it so the export holds the tensors DeepSpeed's does
-        return {k: v for k, v in state.items() if k not in tied_duplicates(self.module)}
+        # a tied head comes back as its own copy; drop it so the export holds the tensors DeepSpeed's does. With
+        # --bf16 the export is bf16, as DeepSpeed's (the fp32 shards are the optimizer's master copy)
+        tied = tied_duplicates(self.module)
+        return {k: v.to(self.export_dtype) if v.is_floating_point() else v
+                for k, v in state.items() if k not in tied}
 
     # -- checkpoints -----------------------------------------------------------------------------------------
     def save_checkpoint(self, save_dir: str, tag: str, save_latest: bool = False) -> None:
@@ -160,4 +179,6 @@ def prepare_fsdp2(strategy: Any, model: nn.Module, learning_rate: float, num_upd
     on_shards.args = dataclasses.replace(a, adam_offload=False)
     optimizer = on_shards.make_optimizer(model, learning_rate)
     scheduler = strategy.make_scheduler(optimizer, num_update_steps)
-    return FSDP2Engine(model, optimizer, scheduler, strategy.accumulation_steps, a.max_norm, a.train_batch_size)
+    engine = FSDP2Engine(model, optimizer, scheduler, strategy.accumulation_steps, a.max_norm, a.train_batch_size)
+    engine.export_dtype = torch.bfloat16 if strategy.bf16 else torch.float32
+    return engine
