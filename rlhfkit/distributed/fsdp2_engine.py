@@ -1,10 +1,11 @@
 """The FSDP2 training backend (`--backend fsdp2`): PyTorch's `fully_shard` behind the DeepSpeed engine's interface.
 
 `shard_model` applies `fully_shard` to each decoder layer (the classes a Transformers model lists in
-`_no_split_modules`), to the backbone and head where they are called apart (`units_to_shard`), then to the root, over a 1-D device mesh of all ranks: every rank holds 1/world of each
-parameter, gradient and AdamW moment (as ZeRO-3), and a layer's parameters are all-gathered just before its forward
-and backward. Gradients are reduce-scattered and averaged over ranks, as DeepSpeed averages them, so the trainers'
-loss weighting (`rlhfkit.trainers.offline`) gives the same step at any world size.
+`_no_split_modules`), to the backbone and head where they are called apart (`units_to_shard`), then to the root,
+over a 1-D device mesh of all ranks: every rank holds 1/world of each parameter, gradient and AdamW moment (as
+ZeRO-3), and a unit's parameters are all-gathered just before its forward and backward. Gradients are
+reduce-scattered and averaged over ranks, as DeepSpeed averages them, so the trainers' loss weighting
+(`rlhfkit.trainers.offline`) gives the same step at any world size.
 
 - `--bf16`: the sharded parameters stay fp32 (the master copy AdamW updates); `MixedPrecisionPolicy` casts the
   gathered parameters to bf16 for compute and reduces gradients in fp32.

@@ -33,8 +33,8 @@ def sft_flags(assets, save: Path, *extra: str) -> list[str]:
 def dpo_flags(assets, save: Path, *extra: str) -> list[str]:
     return ["--pretrain", str(assets.model_dir), "--dataset", str(assets.pref_train), "--prompt_key", "prompt",
             "--input_template", TEMPLATE, "--max_len", "64", "--max_samples", "64", "--train_batch_size", "8",
-            "--micro_train_batch_size", "2", "--learning_rate", "1e-3", "--save_path",
-            str(save), "--metrics_path", str(save / "metrics.jsonl"), "--disable_progress_bar", "--param_dtype", "fp32", *extra]
+            "--micro_train_batch_size", "2", "--learning_rate", "1e-3", "--save_path", str(save), "--metrics_path",
+            str(save / "metrics.jsonl"), "--disable_progress_bar", "--param_dtype", "fp32", *extra]
 
 
 def torchrun(module: str, flags: list[str]) -> None:
