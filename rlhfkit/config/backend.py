@@ -29,11 +29,6 @@ def check_backend(cfg: Any, given: frozenset[str]) -> None:
     for flag, why in _DEEPSPEED_ONLY.items():
         if flag in given:
             raise UserError(f"--{flag} is a DeepSpeed flag and this run uses --backend fsdp2 ({why}); drop it")
-    from rlhfkit.config.rl_sections import RLStrategyArgs
-
-    if isinstance(strategy, RLStrategyArgs):
-        raise UserError("--backend fsdp2 trains SFT, RM, DPO and KTO so far; the RL roles run on DeepSpeed: drop "
-                        "--backend fsdp2")
     checkpoint = getattr(cfg, "checkpoint", None)
     if getattr(checkpoint, "use_ds_universal_ckpt", False):
         raise UserError("--use_ds_universal_ckpt is DeepSpeed's; --backend fsdp2 checkpoints (torch.distributed."
@@ -41,6 +36,13 @@ def check_backend(cfg: Any, given: frozenset[str]) -> None:
     model = getattr(cfg, "model", None)
     if getattr(model, "lora_rank", 0) > 0:
         raise UserError("--lora_rank with --backend fsdp2 is not supported yet; use the DeepSpeed backend for LoRA")
+
+
+def refuse_fsdp2_for_rl(strategy: Any) -> None:
+    """The RL roles (actor, critic, reference, reward) still train and score on DeepSpeed only."""
+    if strategy.backend == "fsdp2":
+        raise UserError("--backend fsdp2 trains SFT, RM, DPO and KTO so far; the RL roles run on DeepSpeed: drop "
+                        "--backend fsdp2")
 
 
 def layout_name(strategy: Any) -> str:

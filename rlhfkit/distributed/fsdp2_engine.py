@@ -26,7 +26,7 @@ Arithmetic otherwise is `PlainTorchEngine`'s (accumulation boundary, non-finite 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -50,7 +50,8 @@ def units_to_shard(model: nn.Module) -> list[nn.Module]:
     Transformers model's `_no_split_modules`), then, unless a weight is tied across them, the backbone and each
     other child of the model (a reward model's value head). The reward and value models call the backbone and the
     head one after the other, not the root's forward, so each must gather its own parameters."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    unwrap = getattr(model, "get_base_model", None)  # a PEFT wrapper's
+    base: Any = unwrap() if unwrap is not None else model
     names = set(getattr(base, "_no_split_modules", None) or ())
     units = [m for m in model.modules() if type(m).__name__ in names]
     backbone = getattr(base, getattr(base, "base_model_prefix", ""), None)
@@ -111,7 +112,8 @@ class FSDP2Engine(PlainTorchEngine):
         """All weights as full CPU tensors on rank 0 (gathered one tensor at a time), None on the other ranks."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        state = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = cast(dict[str, torch.Tensor], get_model_state_dict(self.module, options=options))  # tensors only
         if dist.get_rank() != 0:
             return None
         # a tied head comes back as its own copy; drop it so the export holds the tensors DeepSpeed's does. With
@@ -153,7 +155,7 @@ class FSDP2Engine(PlainTorchEngine):
                                 "--pretrain")
             return None, {}
         model_state, optim_state = get_state_dict(self.module, self.optimizer)
-        state = {"model": model_state, "optim": optim_state}
+        state: dict[str, Any] = {"model": model_state, "optim": optim_state}
         dcp.load(state, checkpoint_id=path)
         set_state_dict(self.module, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"])

@@ -208,8 +208,9 @@ class DeepSpeedStrategy:
     def full_state_dict(self, engine: nn.Module) -> dict[str, torch.Tensor] | None:
         """All weights on rank 0 (gathered from ZeRO-3 shards), None on the other ranks."""
         module = self.unwrap(engine)
-        if hasattr(engine, "full_state_dict"):  # an FSDP2 engine gathers its shards itself
-            return engine.full_state_dict()
+        gather_shards = getattr(engine, "full_state_dict", None)  # an FSDP2 engine's
+        if gather_shards is not None:
+            return gather_shards()
         consolidated = getattr(engine, "_zero3_consolidated_16bit_state_dict", None)  # a DeepSpeed engine's
         if self.args.zero_stage == 3 and consolidated is not None:
             state = consolidated()
