@@ -33,9 +33,6 @@ def check_backend(cfg: Any, given: frozenset[str]) -> None:
     if getattr(checkpoint, "use_ds_universal_ckpt", False):
         raise UserError("--use_ds_universal_ckpt is DeepSpeed's; --backend fsdp2 checkpoints (torch.distributed."
                         "checkpoint) already resume at another world size: drop it")
-    model = getattr(cfg, "model", None)
-    if getattr(model, "lora_rank", 0) > 0:
-        raise UserError("--lora_rank with --backend fsdp2 is not supported yet; use the DeepSpeed backend for LoRA")
 
 
 def refuse_fsdp2_for_rl(strategy: Any) -> None:

@@ -122,6 +122,25 @@ class FSDP2Engine(PlainTorchEngine):
         return {k: v.to(self.export_dtype) if v.is_floating_point() else v
                 for k, v in state.items() if k not in tied}
 
+    def export_module(self, state: dict[str, torch.Tensor]) -> nn.Module:
+        """What rank 0's `save_hf_model` writes with `state` (`full_state_dict`): the sharded module itself, whose
+        `save_pretrained` takes the gathered state, or for a LoRA (PEFT) model an unsharded copy holding `state`,
+        since merging the adapters into sharded weights would need collectives that only rank 0 runs. The copy is
+        a second full model in rank 0's CPU memory, beside `state`."""
+        module: Any = self.module
+        if not hasattr(module, "peft_config"):
+            return module
+        from peft import get_peft_model
+        from torch.distributed.fsdp import FSDPModule
+
+        base = module.get_base_model()
+        plain_class = next(c for c in type(base).__mro__ if not issubclass(c, FSDPModule))  # before fully_shard
+        copy = get_peft_model(plain_class(base.config), module.peft_config["default"])
+        missing, unexpected = copy.load_state_dict(state, strict=False)  # a tied head is absent from `state`
+        if unexpected or set(missing) - tied_duplicates(copy):
+            raise RuntimeError(f"LoRA export: the gathered state does not fit the model ({missing}, {unexpected})")
+        return copy.to(self.export_dtype)
+
     # -- checkpoints -----------------------------------------------------------------------------------------
     def save_checkpoint(self, save_dir: str, tag: str, save_latest: bool = False) -> None:
         """Sharded weights and AdamW state under save_dir/tag (DCP, every rank writes its shards), with the LR

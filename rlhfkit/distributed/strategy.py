@@ -227,6 +227,9 @@ class DeepSpeedStrategy:
         state = self.full_state_dict(engine)
         if self.is_rank0:  # written beside `path`, then moved in config.json last: a kill leaves no half model
             module: Any = self.unwrap(engine)  # a Transformers or PEFT model: both have save_pretrained
+            export = getattr(engine, "export_module", None)  # an FSDP2 engine's (LoRA: an unsharded copy)
+            if export is not None and state is not None:
+                module = export(state)
             staging = staging_dir(path)
             if hasattr(module, "peft_config"):
                 module.save_pretrained(str(staging / "lora_adapter"), state_dict=state)

@@ -66,3 +66,24 @@ def test_units_are_the_layers_and_apart_called_backbone_and_head():
     tied = LlamaForCausalLM(config)
     assert units_to_shard(tied) == list(tied.model.layers)  # the root owns the shared embedding and head
     assert tied_duplicates(tied) == {"lm_head.weight"} and tied_duplicates(untied) == set()
+
+
+def test_lora_trains_like_the_plain_engine_and_exports_merged(world_of_one):
+    from peft import LoraConfig, get_peft_model
+
+    from rlhfkit.models.lora import merged_for_saving
+
+    def lora_llama():
+        config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+        return get_peft_model(tiny_llama(), config)
+
+    data = batches(2 * ACCUM)
+    plain = strategy("deepspeed").prepare_train(lora_llama(), 1e-2, 2)
+    sharded = strategy("fsdp2").prepare_train(lora_llama(), 1e-2, 2)
+    assert train(sharded, data) == pytest.approx(train(plain, data), rel=1e-5, abs=1e-6)
+    exported = sharded.export_module(full_weights(sharded))
+    assert not isinstance(exported, type(sharded.module))  # an unsharded copy, merged on rank 0 alone
+    merged, reference = merged_for_saving(exported).state_dict(), merged_for_saving(plain.module).state_dict()
+    assert merged.keys() == reference.keys()
+    for name, w in reference.items():
+        torch.testing.assert_close(merged[name], w, rtol=1e-5, atol=1e-6)
