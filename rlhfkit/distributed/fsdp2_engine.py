@@ -134,7 +134,7 @@ class FSDP2Engine(PlainTorchEngine):
         from torch.distributed.fsdp import FSDPModule
 
         base = module.get_base_model()
-        plain_class = next(c for c in type(base).__mro__ if not issubclass(c, FSDPModule))  # before fully_shard
+        plain_class: Any = next(c for c in type(base).__mro__ if not issubclass(c, FSDPModule))  # before sharding
         copy = get_peft_model(plain_class(base.config), module.peft_config["default"])
         missing, unexpected = copy.load_state_dict(state, strict=False)  # a tied head is absent from `state`
         if unexpected or set(missing) - tied_duplicates(copy):
