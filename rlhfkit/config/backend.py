@@ -29,6 +29,9 @@ def check_backend(cfg: Any, given: frozenset[str]) -> None:
     for flag, why in _DEEPSPEED_ONLY.items():
         if flag in given:
             raise UserError(f"--{flag} is a DeepSpeed flag and this run uses --backend fsdp2 ({why}); drop it")
+    if strategy.optim == "muon":
+        raise UserError("--optim muon is not supported with --backend fsdp2 (each rank holds row shards of a weight "
+                        "matrix, which Muon cannot orthogonalise); use --optim adam, or DeepSpeed --zero_stage 0")
     checkpoint = getattr(cfg, "checkpoint", None)
     if getattr(checkpoint, "use_ds_universal_ckpt", False):
         raise UserError("--use_ds_universal_ckpt is DeepSpeed's; --backend fsdp2 checkpoints (torch.distributed."

@@ -190,17 +190,17 @@ class FSDP2Engine(PlainTorchEngine):
 def prepare_fsdp2(strategy: Any, model: nn.Module, learning_rate: float, num_update_steps: int) -> FSDP2Engine:
     """Shard `model` (`shard_model`) and wrap it with its AdamW and LR schedule in an `FSDP2Engine`.
 
-    The optimizer is built by the strategy on the sharded (DTensor) parameters, with `adam_offload` off: FSDP2's
-    CPU offload already puts the shards and so the AdamW state in CPU memory, and torch's AdamW steps them there."""
-    import copy
+    The optimizer (`rlhfkit.distributed.optimizers`) is built on the sharded (DTensor) parameters with
+    `adam_offload` off: FSDP2's CPU offload already puts the shards and so the AdamW state in CPU memory, where
+    torch's AdamW steps them (DeepSpeed's CPU Adam does not take DTensors)."""
     import dataclasses
+
+    from rlhfkit.distributed import optimizers
 
     a = strategy.args
     model = shard_model(model, strategy.bf16, a.adam_offload)
-    on_shards = copy.copy(strategy)
-    on_shards.args = dataclasses.replace(a, adam_offload=False)
-    optimizer = on_shards.make_optimizer(model, learning_rate)
-    scheduler = strategy.make_scheduler(optimizer, num_update_steps)
+    optimizer = optimizers.make_optimizer(dataclasses.replace(a, adam_offload=False), model, learning_rate)
+    scheduler = optimizers.make_scheduler(a, optimizer, num_update_steps)
     engine = FSDP2Engine(model, optimizer, scheduler, strategy.accumulation_steps, a.max_norm, a.train_batch_size)
     engine.export_dtype = torch.bfloat16 if strategy.bf16 else torch.float32
     return engine

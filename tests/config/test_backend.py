@@ -34,6 +34,7 @@ def test_fsdp2_takes_its_own_flags_and_deepspeed_stays_the_default():
     ("--overlap_comm", "--overlap_comm is a DeepSpeed flag"),
     ("--grad_accum_dtype fp32", "--grad_accum_dtype is a DeepSpeed flag"),
     ("--use_ds_universal_ckpt", "already resume at another world size"),
+    ("--optim muon", "--optim muon is not supported with --backend fsdp2"),
 ])
 def test_bad_combinations_stop_with_one_line(flags, message):
     with pytest.raises(UserError, match=message) as raised:
