@@ -14,7 +14,7 @@ from rlhfkit.errors import UserError
 
 #: DeepSpeed-only StrategyArgs flags, refused with --backend fsdp2 when the command gives them
 _DEEPSPEED_ONLY = {
-    "zero_stage": "FSDP2 always shards parameters, gradients and optimizer state over all ranks (as ZeRO-3)",
+    "zero_stage": "FSDP2 always shards parameters, gradients and optimizer state over all ranks, as ZeRO-3",
     "zpg": "ZeRO++ hierarchical partitioning is DeepSpeed's",
     "overlap_comm": "FSDP2 overlaps its gathers and reductions with compute by itself",
     "grad_accum_dtype": "FSDP2 accumulates gradients in the parameters' dtype (fp32 shards)",
