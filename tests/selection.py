@@ -45,6 +45,7 @@ SLOW = {
     "cli/test_train_ppo_ray.py::test_cli_process_exits_2_without_starting_ray",
     "cli/test_train_ppo_ray_failures.py",
     "cli/test_train_sft.py",
+    "distributed/test_fsdp2_parity.py",
     "distributed/test_launch.py",
     "distributed/test_multinode.py",
     "distributed/test_ray_agents.py",

@@ -261,6 +261,9 @@ def parse_config_given(cls: type[T], argv: Sequence[str] | None, prog: str,
         raise config_file.name_file_in_error(e, {k: v for k, v in file_keys.items() if k not in ns},
                                              str(config_path)) from None
     given = frozenset(file_values) | frozenset(ns)
+    from rlhfkit.config.backend import check_backend  # the rules that read which flags were given
+
+    check_backend(cfg, given)
     resolve_device_defaults(cfg, given)
     return cfg, given
 

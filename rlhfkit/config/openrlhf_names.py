@@ -346,7 +346,7 @@ RLHFKIT_ONLY = frozenset({
     "dry_run_num_gpus", "partial_rollout_chunk_len", "doctor", "doctor_window", "doctor_entropy_ratio",
     "doctor_kl_max", "doctor_clip_fraction_range", "doctor_length_range", "doctor_truncated_max",
     "doctor_equal_reward_groups_max",
-    "doctor_logprob_gap_max", "doctor_heldout_drop", "tau_pos", "tau_neg", "loss_type", "simpo_gamma",
+    "doctor_logprob_gap_max", "doctor_heldout_drop", "tau_pos", "tau_neg", "loss_type", "simpo_gamma", "backend",
 })
 
 

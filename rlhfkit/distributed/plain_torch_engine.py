@@ -69,12 +69,16 @@ class PlainTorchEngine(nn.Module):
     def _parameters_with_grads(self) -> list[torch.Tensor]:
         return [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
 
+    def _total_norm(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """The 2-norm of all gradients (an FSDP2 engine's are shards: it reduces them over ranks)."""
+        return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+
     def step(self) -> None:
         """Count a micro-batch; at the accumulation boundary clip, step the optimizer and the LR schedule."""
         if self.is_gradient_accumulation_boundary():
             params = self._parameters_with_grads()
             grads = [p.grad for p in params if p.grad is not None]  # all of them; the test narrows the type
-            norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+            norm = self._total_norm(grads)
             self._grad_norm = float(norm) if self.max_norm > 0 or not torch.isfinite(norm) else None
             if not torch.isfinite(norm):
                 # As DeepSpeed ZeRO 1/2 do: a non-finite gradient skips the update (weights, optimizer moments and

@@ -169,6 +169,10 @@ class DeepSpeedStrategy:
         if self.gradient_checkpointing and enable_checkpointing is not None:
             enable_checkpointing(
                 gradient_checkpointing_kwargs={"use_reentrant": self.gradient_checkpointing_use_reentrant})
+        if self.args.backend == "fsdp2":
+            from rlhfkit.distributed.fsdp2_engine import prepare_fsdp2
+
+            return prepare_fsdp2(self, model, learning_rate, num_update_steps)
         if self.uses_plain_torch_engine():
             model = model.to(self.device)
             optimizer = self.make_optimizer(model, learning_rate)
@@ -204,6 +208,9 @@ class DeepSpeedStrategy:
     def full_state_dict(self, engine: nn.Module) -> dict[str, torch.Tensor] | None:
         """All weights on rank 0 (gathered from ZeRO-3 shards), None on the other ranks."""
         module = self.unwrap(engine)
+        gather_shards = getattr(engine, "full_state_dict", None)  # an FSDP2 engine's
+        if gather_shards is not None:
+            return gather_shards()
         consolidated = getattr(engine, "_zero3_consolidated_16bit_state_dict", None)  # a DeepSpeed engine's
         if self.args.zero_stage == 3 and consolidated is not None:
             state = consolidated()
@@ -220,6 +227,9 @@ class DeepSpeedStrategy:
         state = self.full_state_dict(engine)
         if self.is_rank0:  # written beside `path`, then moved in config.json last: a kill leaves no half model
             module: Any = self.unwrap(engine)  # a Transformers or PEFT model: both have save_pretrained
+            export = getattr(engine, "export_module", None)  # an FSDP2 engine's (LoRA: an unsharded copy)
+            if export is not None and state is not None:
+                module = export(state)
             staging = staging_dir(path)
             if hasattr(module, "peft_config"):
                 module.save_pretrained(str(staging / "lora_adapter"), state_dict=state)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from rlhfkit.algorithms.preference_losses import dpo_loss, nll_loss, orpo_loss, simpo_loss
+from rlhfkit.config.backend import layout_name
 from rlhfkit.config.names import REFERENCE_FREE_DPO_LOSSES
 from rlhfkit.config.preference import DPOConfig
 from rlhfkit.trainers.offline import to_device
@@ -123,7 +124,7 @@ def run_dpo(cfg: DPOConfig) -> DPOTrainer:
         run, reference = prepare_policy_and_reference(cfg, "dpo", load_pair_datasets)
     strategy = run.strategy
     strategy.print(f"dpo: {method_name(cfg)}, beta {t.beta}, {len(run.train)} pairs, {run.steps} optimizer steps, "
-                   f"world size {strategy.world_size}, ZeRO-{cfg.strategy.zero_stage}, gradient accumulation "
+                   f"world size {strategy.world_size}, {layout_name(cfg.strategy)}, gradient accumulation "
                    f"{strategy.accumulation_steps}")
     collate = partial(pair_collate, pad_id=run.tokenizer.pad_token_id, packing=cfg.data.packing_samples)
     trainer = DPOTrainer(strategy, run.engine, run.tokenizer, run.train, run.evalset, collate,

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from rlhfkit.algorithms.preference_losses import kto_kl_reference_point, kto_loss
+from rlhfkit.config.backend import layout_name
 from rlhfkit.config.base import required
 from rlhfkit.config.preference import KTOConfig
 from rlhfkit.trainers.offline import to_device
@@ -104,7 +105,7 @@ def run_kto(cfg: KTOConfig) -> KTOTrainer:
     t, strategy = cfg.train, run.strategy
     desirable = sum(int(s["label"]) for s in run.train)
     strategy.print(f"kto: beta {t.beta}, {len(run.train)} samples ({desirable} desirable), {run.steps} optimizer "
-                   f"steps, world size {strategy.world_size}, ZeRO-{cfg.strategy.zero_stage}")
+                   f"steps, world size {strategy.world_size}, {layout_name(cfg.strategy)}")
     collate = partial(unpaired_collate, pad_id=run.tokenizer.pad_token_id, packing=cfg.data.packing_samples,
                       kl_rows=True, max_len=cfg.data.max_len)
     trainer = KTOTrainer(strategy, run.engine, run.tokenizer, run.train, run.evalset, collate,

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from rlhfkit.algorithms.preference_losses import pairwise_rm_loss
+from rlhfkit.config.backend import layout_name
 from rlhfkit.config.preference import RMConfig
 from rlhfkit.models.value_model import sequence_rewards
 from rlhfkit.trainers.offline import to_device
@@ -88,7 +89,7 @@ def run_rm(cfg: RMConfig) -> RewardModelTrainer:
                            load_model=load_reward_model)
     strategy = run.strategy
     strategy.print(f"rm: {len(run.train)} pairs, {run.steps} optimizer steps, world size {strategy.world_size}, "
-                   f"ZeRO-{cfg.strategy.zero_stage}, gradient accumulation {strategy.accumulation_steps}")
+                   f"{layout_name(cfg.strategy)}, gradient accumulation {strategy.accumulation_steps}")
     collate = partial(pair_collate, pad_id=run.tokenizer.pad_token_id, packing=cfg.data.packing_samples)
     trainer = RewardModelTrainer(strategy, run.engine, run.tokenizer, run.train, run.evalset, collate,
                                  max_epochs=t.max_epochs, max_steps=t.max_steps, logging_args=cfg.logging,

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from rlhfkit.algorithms.sft_loss import sft_loss
+from rlhfkit.config.backend import layout_name
 from rlhfkit.config.base import required
 from rlhfkit.config.sft import SFTConfig
 from rlhfkit.data.tokens import as_long
@@ -161,7 +162,7 @@ def run_sft(cfg: SFTConfig) -> SFTTrainer:
     run = assemble_offline(cfg, "sft", load_sft_datasets)
     strategy = run.strategy
     strategy.print(f"sft: {len(run.train)} samples, {run.steps} optimizer steps, world size {strategy.world_size}, "
-                   f"ZeRO-{cfg.strategy.zero_stage}, gradient accumulation {strategy.accumulation_steps}")
+                   f"{layout_name(cfg.strategy)}, gradient accumulation {strategy.accumulation_steps}")
     collate: Collate = make_collate(run.tokenizer.pad_token_id, packing=d.packing_samples)
     trainer = SFTTrainer(strategy, run.engine, run.tokenizer, run.train, run.evalset, collate,
                          max_epochs=t.max_epochs, max_steps=t.max_steps, logging_args=cfg.logging,
