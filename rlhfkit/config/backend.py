@@ -24,7 +24,7 @@ _DEEPSPEED_ONLY = {
 def check_backend(cfg: Any, given: frozenset[str]) -> None:
     """Stop (UserError, one line) on a flag or feature that --backend fsdp2 does not take."""
     strategy = getattr(cfg, "strategy", None)
-    if getattr(strategy, "backend", "deepspeed") != "fsdp2":
+    if strategy is None or getattr(strategy, "backend", "deepspeed") != "fsdp2":
         return
     for flag, why in _DEEPSPEED_ONLY.items():
         if flag in given:

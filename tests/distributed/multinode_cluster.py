@@ -1,14 +1,18 @@
 """A Ray cluster of several nodes on this machine, for one command, inside a network namespace of its own.
 
-    unshare --net -- python tests/distributed/multinode_cluster.py OUT_DIR WORKERS -- COMMAND...
+    unshare --net -- python tests/distributed/multinode_cluster.py OUT_DIR SPEC.json
 
 Ray binds every interface once multi-node is enabled (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1, which `ray start
 --address` needs), so the cluster lives in a network namespace whose only interface is loopback: nothing of it can
 be reached from outside the test. The script brings loopback up, starts a head (`ray start --head`, one CPU, the job
-server) and WORKERS nodes (`ray start --address`, one CPU each), waits until all are alive, runs COMMAND with
-`{dashboard}` replaced by the job server's URL and `{gcs}` by the cluster address (again while the job server
-says "No available agent"), prints its output and writes OUT_DIR/cluster.json:
-the alive nodes ({node id: IP}) and the command's exit code. The cluster is stopped on exit.
+server) and `workers` nodes (`ray start --address`, one CPU each), waits until all are alive, then
+1. runs the `job` command (`{dashboard}` is the job server's URL, `{gcs}` the cluster address), again while the job
+   server says "No available agent", and prints its output;
+2. with `kill` ({"role", "ckpt", "placement", "driver"}): starts the driver command, SIGKILLs the node of the
+   role's last rank once the run's first checkpoint is complete, times how long the driver takes to stop, starts a
+   replacement node and reruns the driver with --load_checkpoint.
+OUT_DIR/cluster.json holds the alive nodes ({node id: IP}) and what each phase returned. The cluster is stopped on
+exit.
 """
 
 from __future__ import annotations
@@ -30,8 +34,19 @@ from tests.helpers import start_ray_head, start_ray_worker, stop_ray_head  # noq
 def alive_nodes(gcs_port: int, env: dict[str, str]) -> dict[str, str]:
     code = (f"import json, ray; ray.init(address='127.0.0.1:{gcs_port}', logging_level='ERROR'); "
             "print(json.dumps({n['NodeID']: n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']}))")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    return json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else {}
+    return _json_line(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                     timeout=120).stdout)
+
+
+def _json_line(stdout: str) -> dict:
+    """The JSON object a probe printed (Ray may print log lines around it); {} when there is none yet."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("{"):
+            try:
+                return dict(json.loads(line))
+            except ValueError:
+                continue
+    return {}
 
 
 def wait_for_dashboard(port: int, deadline: float) -> None:
@@ -44,7 +59,52 @@ def wait_for_dashboard(port: int, deadline: float) -> None:
     raise TimeoutError("the Ray job server did not come up")
 
 
-def main(out: Path, workers: int, command: list[str]) -> int:
+def node_processes(gcs: int, env: dict[str, str], workers: list[subprocess.Popen]) -> dict[str, subprocess.Popen]:
+    """{Ray node id: its `ray start` process} of the worker nodes, matched by their node-manager ports."""
+    code = (f"import json, ray; ray.init(address='127.0.0.1:{gcs}', logging_level='ERROR'); "
+            "print(json.dumps({n['NodeID']: n['NodeManagerPort'] for n in ray.nodes() if n['Alive']}))")
+    ports = _json_line(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                      timeout=120).stdout)
+    by_port = {int(w.args[w.args.index("--node-manager-port") + 1]): w for w in workers}
+    return {node: by_port[port] for node, port in ports.items() if port in by_port}
+
+
+def run_job(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    for _ in range(60):  # the job server answers before the head's job agent is up: "No available agent"
+        done = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True)
+        if "No available agent" not in done.stdout + done.stderr:
+            break
+        time.sleep(1)
+    sys.stdout.write(done.stdout)
+    sys.stderr.write(done.stderr)
+    return done
+
+
+def lose_a_node(spec: dict, gcs: int, env: dict[str, str], workers: list[subprocess.Popen], out: Path) -> dict:
+    """Start the driver, SIGKILL the node of `spec["role"]`'s last rank once the first checkpoint is complete, and
+    time how long the driver takes to stop."""
+    ckpt, placement = Path(spec["ckpt"]), Path(spec["placement"])
+    with open(out / "killed_run.log", "w") as log:
+        driver = subprocess.Popen(spec["driver"], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 400
+        while not ((ckpt / "latest").is_file() and placement.is_file()):
+            if driver.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"the run ended or stalled before its first checkpoint: {driver.poll()}")
+            time.sleep(0.5)
+        node = json.loads(placement.read_text())["roles"][spec["role"]][-1]
+        victim = node_processes(gcs, env, workers)[node]
+        os.killpg(victim.pid, 9)  # the whole node at once: raylet, object store, the role's worker
+        killed = time.time()
+        try:
+            code = driver.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            driver.kill()
+            code = None
+    return {"killed_node": node, "killed_worker": workers.index(victim), "returncode": code,
+            "seconds_to_stop": time.time() - killed, "log": (out / "killed_run.log").read_text()[-6000:]}
+
+
+def main(out: Path, spec: dict) -> int:
     from rlhfkit.distributed.launch import free_port
 
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
@@ -54,31 +114,40 @@ def main(out: Path, workers: int, command: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     dashboard = free_port()
     head, gcs, _ = start_ray_head(out / "head.log", env, dashboard_port=dashboard, num_cpus=1)
-    nodes = [head]
-    try:
+    workers: list[subprocess.Popen] = []
+    result: dict = {}
+
+    def fill(argv: list[str]) -> list[str]:
+        return [a.replace("{dashboard}", f"http://127.0.0.1:{dashboard}").replace("{gcs}", f"127.0.0.1:{gcs}")
+                for a in argv]
+
+    def all_up() -> dict[str, str]:
         deadline = time.time() + 240
-        wait_for_dashboard(dashboard, deadline)
-        nodes += [start_ray_worker(gcs, out / f"worker{i}.log", env) for i in range(workers)]
-        while len(alive := alive_nodes(gcs, env)) < 1 + workers:
+        while len(alive := alive_nodes(gcs, env)) < 1 + spec["workers"]:
             if time.time() > deadline:
-                raise TimeoutError(f"{len(alive)} of {1 + workers} Ray nodes came up")
+                raise TimeoutError(f"{len(alive)} of {1 + spec['workers']} Ray nodes came up")
             time.sleep(2)
-        argv = [a.replace("{dashboard}", f"http://127.0.0.1:{dashboard}").replace("{gcs}", f"127.0.0.1:{gcs}")
-                for a in command]
-        for _ in range(60):  # the job server answers before the head's job agent is up: "No available agent"
-            done = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True)
-            if "No available agent" not in done.stdout + done.stderr:
-                break
-            time.sleep(1)
-        sys.stdout.write(done.stdout)
-        sys.stderr.write(done.stderr)
-        (out / "cluster.json").write_text(json.dumps({"nodes": alive, "returncode": done.returncode}))
-        return done.returncode
+        return alive
+
+    try:
+        wait_for_dashboard(dashboard, time.time() + 240)
+        workers += [start_ray_worker(gcs, out / f"worker{i}.log", env) for i in range(spec["workers"])]
+        result["nodes"] = all_up()
+        result["job"] = run_job(fill(spec["job"]), env).returncode
+        if "kill" in spec:
+            kill = {**spec["kill"], "driver": fill(spec["kill"]["driver"])}
+            result["kill"] = lose_a_node(kill, gcs, env, workers, out)
+            workers.append(start_ray_worker(gcs, out / "replacement.log", env))  # the node comes back
+            all_up()
+            resumed = subprocess.run(kill["driver"] + ["--load_checkpoint"], env=env, cwd=REPO, capture_output=True,
+                                     text=True, timeout=400)
+            result["resume"] = {"returncode": resumed.returncode, "log": (resumed.stdout + resumed.stderr)[-6000:]}
+        (out / "cluster.json").write_text(json.dumps(result))
+        return 0
     finally:
-        for node in reversed(nodes):
+        for node in reversed([head, *workers]):
             stop_ray_head(node)
 
 
 if __name__ == "__main__":
-    split = sys.argv.index("--")
-    sys.exit(main(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[split + 1:]))
+    sys.exit(main(Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text())))

@@ -4,8 +4,10 @@ workers, one CPU each, so every bundle lands on its own node), submitted as Open
 
 The actor's two ranks train on two nodes (their process group crosses nodes), the reference sits on a third and the
 rollout engine on the fourth, so every weight sync crosses nodes; the run writes where each part ran
-(placement.json) and the test checks it against the cluster's own node list. The cluster runs in a network namespace
-of its own (tests/distributed/multinode_cluster.py says why)."""
+(placement.json) and the test checks it against the cluster's own node list. Then a second run loses the node of the
+actor's second rank after its first checkpoint: it stops within 60 s with one line naming the role and the node, and
+its rerun with --load_checkpoint on the restored cluster finishes. The cluster runs in a network namespace of its
+own (tests/distributed/multinode_cluster.py says why)."""
 
 from __future__ import annotations
 
@@ -37,24 +39,41 @@ def namespaces_work() -> bool:
     return probe.returncode == 0
 
 
-@pytest.mark.limit(600)
-def test_job_submit_spreads_the_roles_over_four_nodes(demo_assets, tmp_path):
+def with_flag(args: list[str], flag: str, value: str) -> list[str]:
+    i = args.index(flag)
+    return args[:i + 1] + [value] + args[i + 2:]
+
+
+@pytest.mark.limit(900)
+def test_four_nodes_job_submit_then_a_lost_node_and_the_resume(demo_assets, tmp_path):
     if not namespaces_work():
         pytest.skip("needs `unshare --net` and `ip` (util-linux, iproute2) to keep the cluster off the network")
-    out = tmp_path / "run"
+    out, lost = tmp_path / "run", tmp_path / "lost"
+    spread = ("--actor_num_nodes", "2", "--ref_num_nodes", "1", "--advantage_estimator", "group_norm",
+              "--vllm_num_engines", "0", "--init_kl_coef", "0.01", "--use_kl_loss")
     job = [str(Path(sys.executable).with_name("ray")), "job", "submit", "--address", "{dashboard}",
            "--runtime-env-json", json.dumps({"working_dir": str(REPO)}), "--", sys.executable, "-m",
-           "rlhfkit.cli.train_ppo_ray",
-           *argv(demo_assets, out, "--actor_num_nodes", "2", "--ref_num_nodes", "1", "--advantage_estimator",
-                 "group_norm", "--vllm_num_engines", "0", "--init_kl_coef", "0.01", "--use_kl_loss")]
+           "rlhfkit.cli.train_ppo_ray", *argv(demo_assets, out, *spread)]
+    # 4 steps, a checkpoint after each: the actor's second node is lost after the first one
+    driver = ["env", "RAY_ADDRESS={gcs}", sys.executable, "-m", "rlhfkit.cli.train_ppo_ray",
+              *with_flag(argv(demo_assets, lost, *spread, "--ckpt_path", str(tmp_path / "ckpt"), "--save_steps", "1"),
+                         "--max_samples", "8")]
+    spec = {"workers": 3, "job": job, "kill": {"role": "actor", "ckpt": str(tmp_path / "ckpt"),
+                                               "placement": str(lost / "placement.json"), "driver": driver}}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    run = subprocess.run(in_own_network(sys.executable, str(CLUSTER), str(tmp_path / "cluster"), "3", "--", *job),
-                         capture_output=True, text=True, timeout=560, env=env, cwd=REPO)
+    run = subprocess.run(in_own_network(sys.executable, str(CLUSTER), str(tmp_path / "cluster"),
+                                        str(tmp_path / "spec.json")),
+                         capture_output=True, text=True, timeout=880, env=env, cwd=REPO)
     log = run.stdout[-4000:] + run.stderr[-3000:]
-    assert run.returncode == 0 and "succeeded" in run.stdout, log
+    assert run.returncode == 0, log
+    result = json.loads((tmp_path / "cluster" / "cluster.json").read_text())
+    nodes = result["nodes"]
+
+    # 1. the job: roles on four nodes, the weight sync across nodes
+    assert result["job"] == 0 and "succeeded" in run.stdout, log
     assert "_ray_pkg_" in run.stdout + run.stderr, log  # the working_dir was uploaded
     assert "4 nodes: actor on" in run.stdout, log
-    nodes = json.loads((tmp_path / "cluster" / "cluster.json").read_text())["nodes"]
     placement = json.loads((out / "placement.json").read_text())
     roles = placement["roles"]
     assert set(placement["nodes"]) == set(nodes) and len(nodes) == 4  # the cluster's own node ids
@@ -67,3 +86,16 @@ def test_job_submit_spreads_the_roles_over_four_nodes(demo_assets, tmp_path):
     # step 2 sampled after a weight sync from the actor's node to the engine's: the log-probs agree
     assert steps[1]["train/rollout_logprob_diff"] < 1e-4
     assert (out / "model.safetensors").is_file()
+
+    # 2. a lost node stops the run within 60 s, with one line naming the role and the node
+    kill = result["kill"]
+    assert kill["returncode"] not in (0, None) and kill["seconds_to_stop"] < 60, kill
+    errors = [line for line in kill["log"].splitlines() if "its Ray actor died" in line]
+    assert errors and "the actor role" in errors[-1] and "node 127.0.0.1" in errors[-1], kill["log"][-3000:]
+    assert "Traceback" not in kill["log"], kill["log"][-3000:]
+
+    # 3. the rerun with --load_checkpoint on the restored cluster finishes
+    assert result["resume"]["returncode"] == 0, result["resume"]["log"]
+    resumed = [json.loads(line) for line in (lost / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in resumed if "train/actor/policy_loss" in r) == 4
+    assert (lost / "model.safetensors").is_file()
