@@ -121,24 +121,32 @@ def main(out: Path, spec: dict) -> int:
         return [a.replace("{dashboard}", f"http://127.0.0.1:{dashboard}").replace("{gcs}", f"127.0.0.1:{gcs}")
                 for a in argv]
 
-    def all_up() -> dict[str, str]:
-        deadline = time.time() + 240
-        while len(alive := alive_nodes(gcs, env)) < 1 + spec["workers"]:
-            if time.time() > deadline:
-                raise TimeoutError(f"{len(alive)} of {1 + spec['workers']} Ray nodes came up")
-            time.sleep(2)
-        return alive
+    def add_node(log: Path) -> None:
+        """One more worker node, started after the others are up (several raylets starting at once on a loaded
+        2-core machine can miss Ray's start-up deadline); a node that dies starting is started again, once."""
+        for attempt in range(2):
+            worker = start_ray_worker(gcs, log.with_suffix(f".{attempt}.log"), env)
+            deadline = time.time() + 180
+            while worker.poll() is None and len(alive_nodes(gcs, env)) < 2 + len(workers):
+                if time.time() > deadline:
+                    raise TimeoutError(f"Ray node {log.stem} did not come up")
+                time.sleep(2)
+            if worker.poll() is None:
+                workers.append(worker)
+                return
+        raise RuntimeError(f"Ray node {log.stem} failed to start twice: see {log.parent}")
 
     try:
         wait_for_dashboard(dashboard, time.time() + 240)
-        workers += [start_ray_worker(gcs, out / f"worker{i}.log", env) for i in range(spec["workers"])]
-        result["nodes"] = all_up()
+        for i in range(spec["workers"]):
+            add_node(out / f"worker{i}.log")
+        result["nodes"] = alive_nodes(gcs, env)
         result["job"] = run_job(fill(spec["job"]), env).returncode
         if "kill" in spec:
             kill = {**spec["kill"], "driver": fill(spec["kill"]["driver"])}
             result["kill"] = lose_a_node(kill, gcs, env, workers, out)
-            workers.append(start_ray_worker(gcs, out / "replacement.log", env))  # the node comes back
-            all_up()
+            workers.remove(workers[result["kill"]["killed_worker"]])
+            add_node(out / "replacement.log")  # the lost node comes back
             resumed = subprocess.run(kill["driver"] + ["--load_checkpoint"], env=env, cwd=REPO, capture_output=True,
                                      text=True, timeout=400)
             result["resume"] = {"returncode": resumed.returncode, "log": (resumed.stdout + resumed.stderr)[-6000:]}
