@@ -125,3 +125,27 @@ def test_missing_gguf_package_is_one_line_naming_it(gguf_dir, demo_assets, tmp_p
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
     line = one_error(capsys, sft_argv(demo_assets, tmp_path, "--pretrain", str(gguf_dir / "demo.gguf")))
     assert "needs the gguf package" in line and "pip install gguf" in line
+
+
+def test_every_rl_role_engine_and_batch_inference_get_the_converted_directory(gguf_dir, demo_assets, cache, tmp_path):
+    from rlhfkit.cli.common import use_converted_gguf
+    from rlhfkit.config import batch_inference
+    from rlhfkit.config.base import parse_config
+    from rlhfkit.config.rl import PPOConfig
+    from rlhfkit.config.rl_specs import rl_specs
+    from tests.cli.test_bad_inputs import base_argv
+
+    argv = base_argv("train_ppo_ray", demo_assets, tmp_path)
+    argv[argv.index("--pretrain") + 1] = str(gguf_dir / "demo.gguf")
+    cfg = parse_config(PPOConfig, [*argv, "--init_kl_coef", "0.01", "--vllm_num_engines", "1"], "train_ppo_ray")
+    use_converted_gguf(cfg)
+    converted = gguf_source.resolve_pretrain(str(gguf_dir / "demo.gguf"))
+    specs = rl_specs(cfg)
+    assert specs.ref is not None and specs.engine.backend == "vllm"
+    assert specs.actor.model.pretrain == specs.ref.path == specs.engine.model == converted
+    inference = parse_config(batch_inference.BatchInferenceConfig,
+                             ["--eval_task", "generate_vllm", "--pretrain", str(gguf_dir), "--gguf_file", "demo.gguf",
+                              "--dataset", str(demo_assets.rl_train), "--input_key", "prompt",
+                              "--output_path", str(tmp_path / "out.jsonl")], "batch_inference")
+    use_converted_gguf(inference)
+    assert batch_inference.engine_spec(inference).model == converted
