@@ -113,7 +113,7 @@ def convert_gguf(source: Path, target: Path) -> None:
     _require_gguf_package()
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # its per-tensor bars would bury the one line that says what happens
+    hf_logging.disable_progress_bar()  # its loading and saving bars would bury the line that says what happens
     try:
         _convert(source, target)
     finally:
