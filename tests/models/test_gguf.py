@@ -30,6 +30,12 @@ def gguf_dir(demo_assets, tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory):
+    """One cache for the tests that only need some converted copy (they convert once between them)."""
+    return tmp_path_factory.mktemp("shared_cache")
+
+
 @pytest.fixture()
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("RLHFKIT_CACHE_DIR", str(tmp_path / "cache"))
@@ -87,7 +93,8 @@ def test_sft_two_steps_from_a_gguf_file(gguf_dir, demo_assets, cache, tmp_path, 
     assert (tmp_path / "save" / "model.safetensors").is_file() and (tmp_path / "save" / "tokenizer.json").is_file()
 
 
-def test_engine_and_trainer_logprobs_agree_on_the_converted_model(gguf_dir, cache):
+def test_engine_and_trainer_logprobs_agree_on_the_converted_model(gguf_dir, shared_cache, monkeypatch):
+    monkeypatch.setenv("RLHFKIT_CACHE_DIR", str(shared_cache))
     from rlhfkit.models.loading import check_model_path, load_causal_lm, load_tokenizer
     from rlhfkit.models.policy import sequence_token_logprobs
     from rlhfkit.rollout.hf_engine import HFRolloutEngine
@@ -127,7 +134,9 @@ def test_missing_gguf_package_is_one_line_naming_it(gguf_dir, demo_assets, tmp_p
     assert "needs the gguf package" in line and "pip install gguf" in line
 
 
-def test_every_rl_role_engine_and_batch_inference_get_the_converted_directory(gguf_dir, demo_assets, cache, tmp_path):
+def test_every_rl_role_engine_and_batch_inference_get_the_converted_directory(gguf_dir, demo_assets, shared_cache,
+                                                                              tmp_path, monkeypatch):
+    monkeypatch.setenv("RLHFKIT_CACHE_DIR", str(shared_cache))
     from rlhfkit.cli.common import use_converted_gguf
     from rlhfkit.config import batch_inference
     from rlhfkit.config.base import parse_config
@@ -149,3 +158,20 @@ def test_every_rl_role_engine_and_batch_inference_get_the_converted_directory(gg
                               "--output_path", str(tmp_path / "out.jsonl")], "batch_inference")
     use_converted_gguf(inference)
     assert batch_inference.engine_spec(inference).model == converted
+
+
+@pytest.mark.parametrize("cli", ["train_rm", "train_dpo", "train_kto", "train_ppo", "train_ppo_ray"])
+def test_every_trainer_takes_a_gguf_file(cli, gguf_dir, demo_assets, shared_cache, tmp_path, capsys, monkeypatch):
+    """Every trainer's entry point converts the file and plans on the converted model (--dry_run: no training)."""
+    import importlib
+
+    monkeypatch.setenv("RLHFKIT_CACHE_DIR", str(shared_cache))
+    from tests.cli.test_bad_inputs import base_argv
+
+    argv = base_argv(cli, demo_assets, tmp_path)
+    argv[argv.index("--pretrain") + 1] = str(gguf_dir / "demo.gguf")
+    main = importlib.import_module(f"rlhfkit.cli.{cli}").main
+    code = run_cli(main, [*argv, "--dry_run"], prog=cli)
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "demo.gguf: converting the GGUF weights once" in err or "demo.gguf: converted from GGUF before" in err
