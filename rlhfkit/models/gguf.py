@@ -8,8 +8,9 @@ directory: the engine serves exactly the weights the trainer trains.
 
 The cache: `$RLHFKIT_CACHE_DIR/gguf/<key>`, default `${XDG_CACHE_HOME:-~/.cache}/rlhfkit/gguf/<key>`, where the key
 is the SHA-256 of the file's bytes (a moved or renamed file is not converted again; an edited one is). A directory
-is complete once its `rlhfkit-gguf.json` exists; it is built under a temporary name and renamed into place, so ranks
-or runs converting at once never see half a directory. Several machines need a shared RLHFKIT_CACHE_DIR.
+is complete once its `rlhfkit-gguf.json` exists; it is built under a temporary name and renamed into place, so runs
+converting at once never see half a directory. In a launched run (deepspeed, torchrun) only each machine's local
+rank 0 converts; the other ranks wait for it (a large model dequantized once per rank would not fit in memory).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from rlhfkit.errors import UserError
@@ -97,9 +99,24 @@ def resolve_pretrain(pretrain: str | None, gguf_file: str | None = None, flag: s
         _say(f"rlhfkit: {flag} {source.name}: converted from GGUF before; loading the Hugging Face copy {target}")
         return str(target)
     _require_gguf_package()  # before saying anything: a missing package is the one line the user sees
+    if os.environ.get("LOCAL_RANK", "0") != "0":  # one conversion per machine, not one per rank (memory)
+        wait_for_conversion(target, source.name)
+        return str(target)
     _say(f"rlhfkit: {flag} {source.name}: converting the GGUF weights once to a Hugging Face directory {target}")
     convert_gguf(source, target)
     return str(target)
+
+
+def wait_for_conversion(target: Path, name: str) -> None:
+    """On a rank other than its machine's first: wait for that rank's conversion into `target` (its launcher stops
+    every rank if the conversion fails); RLHFKIT_GGUF_WAIT_S (default 3600) bounds the wait."""
+    limit = float(os.environ.get("RLHFKIT_GGUF_WAIT_S", "3600"))
+    deadline = time.monotonic() + limit
+    while not (target / MARKER).is_file():
+        if time.monotonic() > deadline:
+            raise UserError(f"GGUF {name}: waited {limit:.0f} s for local rank 0 to convert it into {target}; "
+                            "raise RLHFKIT_GGUF_WAIT_S for a large file")
+        time.sleep(0.5)
 
 
 def _require_gguf_package() -> None:

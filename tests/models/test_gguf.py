@@ -13,6 +13,7 @@ import torch
 
 from rlhfkit.cli.common import run_cli
 from rlhfkit.cli.train_sft import main as sft_main
+from rlhfkit.errors import UserError
 from rlhfkit.models import gguf as gguf_source
 from tests.helpers import error_lines
 
@@ -175,3 +176,15 @@ def test_every_trainer_takes_a_gguf_file(cli, gguf_dir, demo_assets, shared_cach
     err = capsys.readouterr().err
     assert code == 0, err
     assert "demo.gguf: converting the GGUF weights once" in err or "demo.gguf: converted from GGUF before" in err
+
+
+def test_other_local_ranks_wait_for_the_conversion(gguf_dir, cache, monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("RLHFKIT_GGUF_WAIT_S", "0.2")
+    monkeypatch.setattr(gguf_source, "convert_gguf", lambda *a: pytest.fail("only local rank 0 converts"))
+    with pytest.raises(UserError, match="waited 0 s for local rank 0 to convert it"):
+        gguf_source.resolve_pretrain(str(gguf_dir / "demo.gguf"))
+    target = gguf_source.converted_dir(gguf_dir / "demo.gguf")
+    target.mkdir(parents=True)
+    (target / gguf_source.MARKER).write_text("{}\n")  # what local rank 0 writes last
+    assert gguf_source.resolve_pretrain(str(gguf_dir / "demo.gguf")) == str(target)
