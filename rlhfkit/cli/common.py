@@ -71,6 +71,19 @@ def note_openrlhf_defaults(prog: str, cfg: Any, given: frozenset[str]) -> None:
         sys.stderr.write(line + "\n")
 
 
+def use_converted_gguf(cfg: Any) -> None:
+    """`--pretrain model.gguf` (or `--pretrain DIR --gguf_file NAME`): convert the file once (cached) and point
+    `--pretrain` at the Hugging Face directory, so every consumer after this (trainer, reference, engines, Ray
+    actors, the memory plan) loads that directory and the engines serve the weights the trainer trains."""
+    model = getattr(cfg, "model", None)
+    if model is None or not hasattr(model, "gguf_file"):
+        return
+    from rlhfkit.models.gguf import resolve_pretrain
+
+    model.pretrain = resolve_pretrain(model.pretrain, model.gguf_file)
+    model.gguf_file = None
+
+
 def cli_main(config_cls: type, prog: str, doc: str | None, runner: str, *, plan_as: str | None = None,
              validate: Callable[[Any], Any] | None = None,
              validate_always: bool = False) -> Callable[[Sequence[str] | None], int]:
@@ -98,6 +111,7 @@ def run_config(config_cls: type, argv: Sequence[str] | None, prog: str, doc: str
     cfg: Any
     cfg, given = parse_config_given(config_cls, argv, prog, doc or "")
     note_openrlhf_defaults(prog, cfg, given)
+    use_converted_gguf(cfg)
     planning = plan_as is not None and cfg.plan.dry_run
     if validate is not None and (validate_always or planning):
         validate(cfg)

@@ -23,7 +23,10 @@ DEFAULT_REWARD_TEMPLATE = "{input} <rm_score>: {reward} "  # OpenRLHF's conditio
 class InferenceModelArgs:
     pretrain: str | None = arg(None, "Model directory: the policy that generates (--eval_task generate / "
                                      "generate_vllm), or the reward model that scores (--eval_task rm, unless "
-                                     "--reward_pretrain is given).")
+                                     "--reward_pretrain is given); a GGUF file is converted once to a Hugging "
+                                     "Face directory in the cache.")
+    gguf_file: str | None = arg(None, "The GGUF file inside the --pretrain directory to load; the same as "
+                                      "--pretrain DIR/NAME.")
     bf16: bool = arg(False, "Run the models in bfloat16.")
     attn_implementation: str = arg("sdpa", "Attention kernel of the Transformers engine and the reward model.",
                                    choices=("sdpa", "eager", "flash_attention_2"))

@@ -28,8 +28,12 @@ def _need(ok: bool, flag: str, value: object, rule: str) -> None:
 
 @dataclass
 class ModelArgs:
-    pretrain: str | None = arg(None, "Model to train: a local Hugging Face model directory, or a hub name "
-                                     "(fetched only when you name one and the hub is reachable).")
+    pretrain: str | None = arg(None, "Model to train: a local Hugging Face model directory, a GGUF file "
+                                     "(`model.gguf`: converted once to a Hugging Face directory in the cache, see "
+                                     "Real models in the docs), or a hub name (fetched only when you name one and "
+                                     "the hub is reachable).")
+    gguf_file: str | None = arg(None, "The GGUF file inside the --pretrain directory to load (e.g. "
+                                      "model-q4_k_m.gguf); the same as --pretrain DIR/NAME.")
     bf16: bool = arg(False, BF16_HELP)
     attn_implementation: str = arg(AUTO, ATTN_HELP, choices=ATTN_CHOICES)
     flash_attn: bool = arg(False, "Use flash_attention_2 (the same as --attn_implementation flash_attention_2).")

@@ -19,20 +19,24 @@ from transformers import (
 
 from rlhfkit.config.common import ModelArgs
 from rlhfkit.errors import UserError
+from rlhfkit.models.gguf import is_gguf_path, resolve_pretrain
 
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
 def check_model_path(path: str | None, flag: str = "--pretrain") -> str:
-    """Fail fast when `path` is neither a model directory nor something that looks like a hub name."""
+    """Fail fast when `path` is neither a model directory nor something that looks like a hub name. A GGUF file
+    (`model.gguf`) gives its converted Hugging Face directory (`rlhfkit.models.gguf`, converted once)."""
     if not path:
         raise UserError(f"{flag} is required: a Hugging Face model directory (try `rlhfkit demo-assets` "
                         "for a tiny offline one)")
+    if is_gguf_path(path):
+        return str(resolve_pretrain(path, None, flag))
     p = Path(path).expanduser()
     if p.exists():
         if not p.is_dir():
             raise UserError(f"{flag} {path}: is a file, not a model directory; give the directory that holds it "
-                            f"({p.parent}) if it was written by save_pretrained")
+                            f"({p.parent}) if it was written by save_pretrained (or a .gguf file)")
         if not (p / "config.json").is_file():
             raise UserError(f"{flag} {path}: not a model directory (no config.json); give a directory written "
                             "by save_pretrained")
