@@ -97,14 +97,22 @@ def change(key: str, saved: Any, now: Any) -> str:
     return f"--{key.split('.')[-1]} {saved!r} -> {now!r}"
 
 
+def setting(key: str, value: Any) -> str:
+    """How a command line gives `value` to the flag of `key`: `with --zero_stage 2`, `with --bf16`, `without --bf16`."""
+    name = f"--{key.split('.')[-1]}"
+    if isinstance(value, bool):
+        return f"with {name}" if value else f"without {name}"
+    return f"with {name} {value}"
+
+
 def _layout(key: str, saved: Any, now: Any, universal: bool, plan: ResumePlan) -> None:
     what = LAYOUT[key]
     if universal:
         plan.converted.append(f"{change(key, saved, now)}: the universal checkpoint loads at any {what}")
     else:
         plan.refused.append(f"{change(key, saved, now)}: a DeepSpeed checkpoint loads only at the {what} it was "
-                            f"saved with (resume with --{key.split('.')[-1]} {saved!r}, or save with "
-                            "--use_ds_universal_ckpt to change it)")
+                            f"saved with (resume {setting(key, saved)}, or save with --use_ds_universal_ckpt to "
+                            "change it)")
 
 
 def plan_resume(saved: dict[str, Any], now: dict[str, Any], *, universal: bool) -> ResumePlan:
