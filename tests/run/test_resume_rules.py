@@ -143,3 +143,17 @@ def test_the_logger_rewrites_its_files_on_resume(tmp_path):
     assert steps == [1, 2, 3]
     assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["train/loss"] == 3.5
     assert [json.loads(x)["step"] for x in (tmp_path / "samples.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_every_key_of_the_table_is_a_real_config_field():
+    """A renamed field would silently turn a refusal into a warning: each key names a field of SFTConfig or
+    PPOConfig."""
+    import dataclasses
+
+    from rlhfkit.config.rl import PPOConfig
+    from rlhfkit.config.sft import SFTConfig
+    from rlhfkit.run.resume_rules import LAYOUT, REFUSED, SILENT, TRANSITIONS, flat
+
+    fields = set(flat(dataclasses.asdict(SFTConfig()))) | set(flat(dataclasses.asdict(PPOConfig())))
+    table = {*REFUSED, *LAYOUT, *SILENT, *TRANSITIONS}
+    assert table - fields == set()
