@@ -14,7 +14,8 @@ resumes it falls in exactly one class:
 - resumable: everything else (logging and save cadence, paths, learning rate, ...), with a warning.
 
 Pure: config dicts in (nested as `dataclasses.asdict` gives them, or flat "section.field" keys), a `ResumePlan` out;
-`rlhfkit.run.runs.check_compatible` feeds it the checkpoint's files and raises the refusal.
+`rlhfkit.run.runs.check_compatible` feeds it the checkpoint's saved config and whether its manifest shows the
+universal form, and raises the refusals as one line.
 """
 
 from __future__ import annotations
