@@ -111,7 +111,7 @@ def check_compatible(path: Path, run: RunInfo) -> list[str]:
                         "--load_checkpoint and another --ckpt_path)")
     plan = plan_resume(meta.get("config") or {}, run.config, universal=is_universal(meta))
     if plan.refused:
-        raise UserError(f"--load_checkpoint: cannot resume {path} with {'; '.join(plan.refused)}; or start a new "
+        raise UserError(f"--load_checkpoint: {path} cannot be resumed: {'; '.join(plan.refused)}; or start a new "
                         "run with another --ckpt_path")
     notes = [f"converting: {line}" for line in plan.converted]
     if plan.warned:
