@@ -72,6 +72,7 @@ SLOW = {
     "run/test_checkpoint.py::test_universal_checkpoint_resumes_exactly_at_another_zero_stage_and_world_size",
     "run/test_kill_safety.py",
     "run/test_preemption.py",
+    "run/test_resume_cli.py",
     "test_types.py",
     "trainers/test_dpo.py",
     "trainers/test_kto.py",

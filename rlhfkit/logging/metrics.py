@@ -30,6 +30,34 @@ def _clean(metrics: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def records_through(lines: list[str], step: int) -> list[str]:
+    """The lines of a JSONL metrics (or samples) file a run resumed at `step` keeps: records of steps up to `step`.
+    Later records belong to steps the killed run finished but did not checkpoint; the resumed run writes them
+    again. A line cut by a kill is dropped too (the next record would be appended to it)."""
+    kept = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("step"), (int, float)) or record["step"] <= step:
+            kept.append(line if line.endswith("\n") else line + "\n")
+    return kept
+
+
+def _rewrite_through(path: Path, step: int) -> None:
+    """`records_through` in place, atomically (a kill leaves the old file or the new one)."""
+    if not path.is_file():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = records_through(lines, step)
+    if kept == lines:
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    os.replace(tmp, path)
+
+
 class MetricsLogger:
     """Fan-out of metric dicts to every enabled sink."""
 
@@ -69,6 +97,16 @@ class MetricsLogger:
                 self._tb.add_scalar(f"{prefix}/{k}", v, step)
         if self._wandb is not None:
             self._wandb.log({f"{prefix}/{k}": v for k, v in values.items()}, step=step)
+
+    def resumed_at(self, step: int) -> None:
+        """A resumed run continues after `step`: drop the records of later steps (written by the interrupted run
+        after its last checkpoint) from the metrics and samples files, so each step has one row."""
+        if self._file is None:
+            return
+        self._file.close()
+        _rewrite_through(self.path, step)
+        _rewrite_through(self.run_dir / html_report.SAMPLES_NAME, step)
+        self._file = self.path.open("a")
 
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         """A few rollouts (prompt, response, reward) for the run report's table."""

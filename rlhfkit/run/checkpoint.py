@@ -28,6 +28,7 @@ import torch
 
 from rlhfkit.distributed.strategy import DeepSpeedStrategy, RngState
 from rlhfkit.distributed.universal import load_engine_state, save_engine_state
+from rlhfkit.errors import UserError
 from rlhfkit.run.pause_points import pause_point
 from rlhfkit.run.runs import (
     INCOMPLETE,
@@ -124,9 +125,19 @@ def resumable_checkpoints(ckpt_path: str) -> tuple[list[Path], list[str]]:
     return good, notes
 
 
+def none_resumable(ckpt_path: str, why: list[str]) -> UserError:
+    """The one-line error for a --ckpt_path whose every checkpoint is damaged (`why`: the reason for each)."""
+    return UserError(f"--load_checkpoint: none of the {len(why)} checkpoint(s) in {ckpt_path} can be resumed "
+                     f"({'; '.join(why)}); start over with --overwrite_ckpt instead of --load_checkpoint, or use "
+                     "another --ckpt_path")
+
+
 def latest_checkpoint(ckpt_path: str) -> Path | None:
-    """The newest complete checkpoint directory, or None."""
+    """The newest complete checkpoint directory, or None when there is none; UserError when there are checkpoints
+    but every one is damaged."""
     good, _ = resumable_checkpoints(ckpt_path)
+    if not good and (dirs := step_dirs(Path(ckpt_path))):
+        raise none_resumable(ckpt_path, [f"{d.name}: {problem(d)}" for d in reversed(dirs)])
     return good[0] if good else None
 
 
@@ -151,17 +162,22 @@ def resume(strategy: DeepSpeedStrategy, ckpt_path: str, engines: dict[str, Any],
     (UserError), warn about other changed settings, fall back to an older checkpoint when the newest fails to
     load. The run adopts the resumed run's id (so rotation continues over its checkpoints). None: nothing to
     resume."""
+    newest = latest_checkpoint(ckpt_path)  # every checkpoint damaged: UserError
     good, notes = resumable_checkpoints(ckpt_path)
-    if good:
-        notes += check_compatible(good[0], run)
+    if newest is not None:
+        notes += check_compatible(newest, run)
     for note in notes:
         strategy.print(note)
+    failures = [f"{d.name}: {why}" for d in reversed(step_dirs(Path(ckpt_path))) if (why := problem(d))]
     for i, path in enumerate(good):
         try:
             state = load_checkpoint(strategy, path, engines)
+        except UserError:
+            raise
         except Exception as e:  # noqa: BLE001 - a damaged file the manifest could not see: try the previous one
+            failures.append(f"{path.name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             if i + 1 == len(good):
-                raise
+                raise none_resumable(ckpt_path, failures) from e
             strategy.print(f"could not load {path} ({type(e).__name__}: {e}); falling back to {good[i + 1]}")
             continue
         run.run_id = run_of(path) or run.run_id

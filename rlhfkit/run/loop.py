@@ -266,4 +266,5 @@ class TrainingLoop:
         path, saved = found
         self.state.restore(saved, self.settings.pass_name)
         self.trainer.load_extra_state(saved)
+        self.logger.resumed_at(self.state.global_step)  # the steps after the checkpoint are trained (logged) again
         self.strategy.print(f"resumed from {path} at step {self.state.global_step}")

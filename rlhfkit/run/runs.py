@@ -17,20 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from rlhfkit import __version__
+from rlhfkit.distributed.universal import UNIVERSAL_FILE
 from rlhfkit.errors import UserError
+from rlhfkit.run.resume_rules import plan_resume
 
 META = "rlhfkit_ckpt.json"
 LATEST = "latest"
 INCOMPLETE = ".incomplete"
 STEP_PREFIX = "global_step"
-
-# Config keys whose change makes a checkpoint the wrong starting point: another model, or batch arithmetic that
-# changes what one step (and the saved data position) means. Every other change resumes with a warning.
-INCOMPATIBLE_KEYS = ("model.pretrain", "model.lora_rank", "strategy.train_batch_size",
-                     "rollout.rollout_batch_size", "rollout.n_samples_per_prompt", "rl_model.critic_pretrain")
-# What differs between a run and its resume by construction: no warning.
-SILENT_KEYS = ("checkpoint.load_checkpoint", "checkpoint.overwrite_ckpt")
-
 
 @dataclass
 class RunInfo:
@@ -99,27 +93,15 @@ def run_of(path: Path) -> str | None:
     return meta.get("run_id") if meta else None
 
 
-def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in config.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def _same(key: str, a: Any, b: Any) -> bool:
-    if a == b:
-        return True
-    if key.endswith("_pretrain") or key == "model.pretrain":  # one model named by two spellings of its path
-        return isinstance(a, str) and isinstance(b, str) and os.path.realpath(a) == os.path.realpath(b)
-    return False
+def is_universal(meta: dict[str, Any]) -> bool:
+    """Every engine of the checkpoint is in the layout-free form (`--use_ds_universal_ckpt`), by its manifest."""
+    files = [Path(rel).name for rel in meta.get("files", {})]
+    return UNIVERSAL_FILE in files and not any(f.endswith("_states.pt") for f in files)
 
 
 def check_compatible(path: Path, run: RunInfo) -> list[str]:
-    """Raise UserError when the checkpoint at `path` is not this run's to resume (another trainer, another model
-    or batch size); return warning lines for the other config changes."""
+    """Raise UserError (one line naming each flag) when the checkpoint at `path` is not this run's to resume: another
+    trainer, or a change `rlhfkit.run.resume_rules` refuses. Return lines to print: conversions and warnings."""
     meta = read_meta(path)
     if meta is None:
         return [f"{path} predates run metadata: its trainer and config cannot be checked"]
@@ -127,18 +109,13 @@ def check_compatible(path: Path, run: RunInfo) -> list[str]:
         raise UserError(f"--load_checkpoint: {path} was written by {meta.get('trainer')}, not {run.trainer}; "
                         f"point --ckpt_path at a {run.trainer} run's checkpoints (or start one without "
                         "--load_checkpoint and another --ckpt_path)")
-    saved, now = _flat(meta.get("config") or {}), _flat(run.config)
-    changed = [k for k in sorted(set(saved) | set(now)) if not _same(k, saved.get(k), now.get(k))]
-    bad = [k for k in changed if k in INCOMPATIBLE_KEYS]
-    if bad:
-        diffs = ", ".join(f"--{k.split('.')[-1]} {saved.get(k)!r} -> {now.get(k)!r}" for k in bad)
-        raise UserError(f"--load_checkpoint: {path} was trained with other settings ({diffs}); resume with the "
-                        "same ones, or start a new run with another --ckpt_path")
-    loud = [k for k in changed if k not in SILENT_KEYS]  # logging, eval or save cadence, paths, learning rate, ...
-    notes = []
-    if loud:
-        notes.append("warning: resuming with changed settings: " + ", ".join(
-            f"--{k.split('.')[-1]} {saved.get(k)!r} -> {now.get(k)!r}" for k in loud))
+    plan = plan_resume(meta.get("config") or {}, run.config, universal=is_universal(meta))
+    if plan.refused:
+        raise UserError(f"--load_checkpoint: {path} cannot be resumed: {'; '.join(plan.refused)}; or start a new "
+                        "run with another --ckpt_path")
+    notes = [f"converting: {line}" for line in plan.converted]
+    if plan.warned:
+        notes.append("warning: resuming with changed settings: " + ", ".join(plan.warned))
     if meta.get("version") != run.version:
         notes.append(f"warning: {path} was written by rlhfkit {meta.get('version')}, this is {run.version}")
     return notes

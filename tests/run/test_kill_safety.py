@@ -14,6 +14,7 @@ uninterrupted run's losses.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -76,6 +77,8 @@ def kill_chain(args_for, reference: Path, tmp_path: Path, loss_key: str) -> None
     expected = losses(reference, loss_key)
     assert len(expected) >= 4
     assert losses(save, loss_key) == pytest.approx(expected, rel=1e-6)
+    raw = [json.loads(line) for line in (save / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in raw if loss_key in r] == sorted(expected)  # each step once, not only as read
     assert not list(tmp_path.glob(".*.saving"))  # the atomic final save left no staging directory
 
 

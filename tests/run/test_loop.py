@@ -32,6 +32,9 @@ class Recorder:
         if rows:
             self.lines.append(("samples", step, {"rows": len(rows)}))
 
+    def resumed_at(self, step: int) -> None:
+        self.lines.append(("resumed", step, {}))
+
     def steps(self, prefix: str) -> list[int]:
         return [step for kind, step, _ in self.lines if kind == prefix]
 
