@@ -45,9 +45,11 @@ class ModelArgs:
     load_in_4bit: bool = arg(False, "QLoRA: load the trained model's base weights in 4-bit NF4 and train LoRA "
                                     "adapters on them (needs --lora_rank, a CUDA GPU and bitsandbytes; causal-LM "
                                     "trainers and the RL actor).")
-    use_liger_kernel: bool = arg(False, "Patch the trained causal LM with the Liger Triton kernels (fused RMSNorm, "
-                                        "RoPE, SwiGLU, cross-entropy). Needs a CUDA GPU and the liger_kernel "
-                                        "package (pip install liger-kernel); on CPU it stops with the reason.")
+    use_liger_kernel: bool = arg(False, "Patch the trained causal LM (SFT, DPO and KTO policy, the RL actor) with "
+                                        "the Liger Triton kernels (fused RMSNorm, RoPE, SwiGLU, cross-entropy); "
+                                        "frozen, reward and critic models keep Transformers' kernels. Needs a CUDA "
+                                        "GPU and the liger_kernel package (pip install liger-kernel); on CPU it "
+                                        "stops with the reason.")
 
     def validate(self) -> None:
         """Out-of-range numbers fail at parse time, before any model loads."""

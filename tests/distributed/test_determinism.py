@@ -110,3 +110,14 @@ def test_deepcompile_goes_into_the_deepspeed_config_and_off_the_plain_engine(mon
     strategy = DeepSpeedStrategy(cfg.strategy)
     assert strategy.ds_config(train=True)["compile"] == {"deepcompile": True}
     assert "compile" not in strategy.ds_config(train=False) and not strategy.uses_plain_torch_engine()
+
+
+def test_train_rm_refuses_liger_on_a_gpu_with_the_package(monkeypatch):
+    from rlhfkit.config.preference import RMConfig
+
+    real = devices.importlib.util.find_spec
+    monkeypatch.setattr(devices, "cuda_available", lambda: True)
+    monkeypatch.setattr(devices.importlib.util, "find_spec", lambda name: object() if name == "liger_kernel"
+                        else real(name))
+    with pytest.raises(UserError, match="train_rm trains a value model"):
+        parse_config(RMConfig, ["--use_liger_kernel", "--param_dtype", "fp32"], "t")
