@@ -68,8 +68,8 @@ def enable_full_determinism() -> None:
     torch.use_deterministic_algorithms(True, warn_only=False)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
-    if hasattr(torch.backends, "mkldnn") and hasattr(torch.backends.mkldnn, "deterministic"):
-        torch.backends.mkldnn.deterministic = True
+    # torch's stubs type this module-level switch as its descriptor (ContextProp); assigning a bool is its API
+    torch.backends.mkldnn.deterministic = True  # type: ignore[assignment]
     if not torch.cuda.is_available():
         torch.set_num_threads(1)
 
