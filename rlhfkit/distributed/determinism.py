@@ -11,10 +11,12 @@ and each Ray role worker and engine (the `FLAG_ENV` variable reaches them throug
   cuDNN's deterministic mode and no autotuning; `CUBLAS_WORKSPACE_CONFIG=:4096:8` (cuBLAS needs it for
   deterministic GEMMs from CUDA 10.2 on); oneDNN's deterministic mode on CPU.
 - One intra-op thread on CPU (`torch.set_num_threads(1)` and OMP/MKL_NUM_THREADS=1 for the Ray processes): a
-  matmul or reduction split over N threads adds its partial sums in an order that depends on N (and on how the
-  BLAS library cuts the work), so the same run with OMP_NUM_THREADS=2 and =4 differs in the last bits, and it
-  diverges from there. One thread is the fixed order; the results then depend only on the torch build and the CPU
-  model, not on the thread count of the machine. It costs speed: leave the flag off for throughput.
+  reduction split over N threads adds its partial sums in an order that depends on N (a sum of 4M numbers differs
+  in its last bits between one and two threads), and a run diverges from the first such difference. One thread is
+  the fixed order: the results depend only on the torch build and the CPU, not on the machine's thread count.
+  (The SFT runs measured for docs/troubleshooting.md gave the same weights at one and two threads without the
+  flag: torch's CPU matmuls split the output, not the summed dimension; the flag makes it a guarantee.) It costs
+  speed: leave the flag off for throughput.
 - PYTHONHASHSEED=0 for the Ray processes (set iteration order in user reward code).
 
 What it cannot fix on GPU (`GPU_LIMITS`, printed once when a GPU is present): see the list below.
