@@ -108,3 +108,28 @@ def stop_ray_head(head: subprocess.Popen, timeout: float = 15) -> None:
         head.wait(timeout=timeout)
     except ProcessLookupError:
         pass
+
+
+@contextmanager
+def torch_determinism_restored() -> Iterator[None]:
+    """Undo what `--full_determinism` switches in this process (deterministic algorithms, cuDNN and oneDNN modes,
+    the intra-op thread count, its environment variables) once an in-process run with the flag is done."""
+    import torch
+
+    from rlhfkit.distributed.determinism import FLAG_ENV
+
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+             torch.backends.cudnn.benchmark, torch.backends.mkldnn.deterministic, torch.get_num_threads(),
+             {k: os.environ.get(k) for k in (FLAG_ENV, "CUBLAS_WORKSPACE_CONFIG")})
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(saved[0])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[1], saved[2]
+        torch.backends.mkldnn.deterministic = saved[3]
+        torch.set_num_threads(saved[4])
+        for key, value in saved[5].items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

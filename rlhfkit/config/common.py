@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from rlhfkit.config.base import arg
-from rlhfkit.config.devices import ATTN_CHOICES, ATTN_HELP, AUTO, BF16_HELP
+from rlhfkit.config.devices import ATTN_CHOICES, ATTN_HELP, AUTO, BF16_HELP, check_gpu_only
 from rlhfkit.errors import UserError
 
 OPTIMIZERS = ("adam", "muon")
@@ -49,9 +49,16 @@ class ModelArgs:
     load_in_4bit: bool = arg(False, "QLoRA: load the trained model's base weights in 4-bit NF4 and train LoRA "
                                     "adapters on them (needs --lora_rank, a CUDA GPU and bitsandbytes; causal-LM "
                                     "trainers and the RL actor).")
+    use_liger_kernel: bool = arg(False, "Patch the trained causal LM (SFT, DPO and KTO policy, the RL actor) with "
+                                        "the Liger Triton kernels (fused RMSNorm, RoPE, SwiGLU, cross-entropy); "
+                                        "frozen, reward and critic models keep Transformers' kernels. Needs a CUDA "
+                                        "GPU and the liger_kernel package (pip install liger-kernel); on CPU it "
+                                        "stops with the reason.")
 
     def validate(self) -> None:
         """Out-of-range numbers fail at parse time, before any model loads."""
+        if self.use_liger_kernel:
+            check_gpu_only("use_liger_kernel", "Liger's kernels are Triton GPU kernels", package="liger_kernel")
         _need(self.lora_rank >= 0, "lora_rank", self.lora_rank, "0 (train all weights) or a positive rank")
         _need(self.lora_rank == 0 or self.lora_alpha > 0, "lora_alpha", self.lora_alpha, "positive")
         _need(0 <= self.lora_dropout < 1, "lora_dropout", self.lora_dropout, "in [0, 1)")
@@ -93,6 +100,15 @@ class StrategyArgs:
     muon_ns_steps: int = arg(5, "With --optim muon: Newton-Schulz iterations that orthogonalise each update.")
     muon_nesterov: bool = arg(True, "With --optim muon: Nesterov momentum (--no-muon_nesterov: plain momentum).")
     seed: int = arg(42, "Random seed (model init, data order, sampling).")
+    full_determinism: bool = arg(False, "Two runs with the same seed, flags and layout give bit-identical weights: "
+                                        "deterministic torch algorithms (CUBLAS_WORKSPACE_CONFIG on GPU), every "
+                                        "generator seeded, and on CPU one thread per training and engine process "
+                                        "(whatever OMP_NUM_THREADS says) so every sum is added in one fixed order. "
+                                        "On GPU some parts stay non-deterministic (listed at start and in "
+                                        "docs/troubleshooting.md).")
+    deepcompile: bool = arg(False, "DeepSpeed's deepcompile (compiler passes over the ZeRO engine; the engine's "
+                                   "compile() is called after initialize). Needs a CUDA GPU; on CPU it stops with "
+                                   "the reason.")
     local_rank: int = arg(-1, "Set by the deepspeed launcher; leave unset.")
     zpg: int = arg(1, "ZeRO++ hierarchical partition size (1 = off).")
     overlap_comm: bool = arg(False, "Overlap gradient reduction with backward (DeepSpeed overlap_comm).")
@@ -116,6 +132,8 @@ class StrategyArgs:
         lr = self.learning_rate
         _need(math.isfinite(lr) and lr > 0, "learning_rate", lr, "a positive finite number, e.g. 5e-6")
         check_optimizer_flags(self)
+        if self.deepcompile:
+            check_gpu_only("deepcompile", "DeepSpeed compiles for CUDA devices")
         _need(self.zpg >= 1, "zpg", self.zpg, "at least 1 (1 = off)")
         _need(math.isfinite(self.ddp_timeout) and self.ddp_timeout > 0, "ddp_timeout", self.ddp_timeout,
               "a positive number of seconds (default 1800)")

@@ -16,6 +16,8 @@ import dataclasses
 import importlib.util
 from typing import Any
 
+from rlhfkit.errors import UserError
+
 AUTO = "auto"
 ATTN_CHOICES = (AUTO, "sdpa", "eager", "flash_attention_2")
 ATTN_HELP = ("Attention kernel. auto (the default): flash_attention_2 on a CUDA GPU when the flash-attn package is "
@@ -31,6 +33,16 @@ def cuda_available() -> bool:
     import torch
 
     return bool(torch.cuda.is_available())
+
+
+def check_gpu_only(flag: str, why: str, package: str | None = None) -> None:
+    """The rule of the GPU-only kernel flags (--use_liger_kernel, --deepcompile), checked when the flags are parsed:
+    a UserError naming what is missing here (a CUDA GPU; the `package`, when one is needed), with `why`."""
+    missing = [] if cuda_available() else ["a CUDA GPU"]
+    if package is not None and importlib.util.find_spec(package) is None:
+        missing.append(f"the {package} package")
+    if missing:
+        raise UserError(f"--{flag} needs {' and '.join(missing)} ({why}), missing here; drop --{flag}")
 
 
 def auto_bf16() -> bool:

@@ -82,6 +82,9 @@ ALIASES: dict[str, str | tuple[str, ...]] = {
     "train.batch_size": "train_batch_size",
     "train.micro_batch_size": "micro_train_batch_size",
     "train.seed": "seed",
+    "train.full_determinism_enable": "full_determinism",
+    "ds.use_liger_kernel": "use_liger_kernel",
+    "ds.deepcompile": "deepcompile",
     "train.max_epochs": "max_epochs",
     "train.num_episodes": "num_episodes",
     "adam.lr": "learning_rate",
@@ -313,8 +316,6 @@ NOT_SUPPORTED: dict[str, str] = {
     "ring_attn_size": _RING,
     "ring_head_stride": _RING,
     "ds_tensor_parallel_size": _TP,
-    "use_liger_kernel": "Liger kernels are not integrated",
-    "full_determinism": "a fully deterministic mode is not implemented (runs are seeded with --seed)",
     "disable_ds_ckpt": "checkpoints always hold the DeepSpeed states needed to resume",
     "use_ms": "ModelScope downloads are not supported; pass a local model directory",
     # dotted (OpenRLHF 0.10.2+) flags
@@ -322,10 +323,7 @@ NOT_SUPPORTED: dict[str, str] = {
     "ds.ring_attn_size": _RING,
     "ds.ring_attn_head_stride": _RING,
     "ds.tensor_parallel_size": _TP,
-    "ds.deepcompile": "DeepSpeed deepcompile is not integrated",
     "ds.experts_implementation": "MoE expert kernels are chosen by Transformers",
-    "ds.use_liger_kernel": "Liger kernels are not integrated",
-    "train.full_determinism_enable": "a fully deterministic mode is not implemented (runs are seeded with --seed)",
     "vllm.sync_with_ray": "weights reach the engines over --vllm_sync_backend or the Ray object store as chosen "
                           "by rlhfkit",
     "data.dataloader_num_workers": "data is tokenised up front in the main process; there is no loader to "

@@ -178,6 +178,9 @@ class RMConfig:
         if self.model.load_in_4bit:
             raise UserError("--load_in_4bit is not supported by train_rm yet (QLoRA covers causal-LM training: "
                             "train_sft, train_dpo, train_kto and the RL actor); drop it")
+        if self.model.use_liger_kernel:
+            raise UserError("--use_liger_kernel patches the trained causal LM (train_sft, train_dpo, train_kto and "
+                            "the RL actor); train_rm trains a value model: drop it")
 
     def check_inputs(self) -> None:
         """What the run needs besides valid flags (the trainer calls it before reading anything)."""

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from rlhfkit.distributed.determinism import determinism_env, flag_from_env
 from rlhfkit.distributed.placement import ResourcePlan, Slot
 from rlhfkit.errors import ComponentFailed
 
@@ -68,11 +69,13 @@ def kill_actors(actors: Sequence[Any]) -> None:
 
 
 def worker_env(extra: dict[str, str] | None = None, slot: Slot | None = None) -> dict[str, str]:
-    """Env vars for a role's Ray actors: WORKER_ENV, as many threads as the slot's bundle has CPUs, offline
-    switches of this process, and `extra`."""
+    """Env vars for a role's Ray actors: WORKER_ENV, as many threads as the slot's bundle has CPUs (one under
+    --full_determinism, with its other settings), offline switches of this process, and `extra`."""
     env = dict(WORKER_ENV)
     if slot is not None:
         env.update(OMP_NUM_THREADS=str(slot.threads), MKL_NUM_THREADS=str(slot.threads))
+    if flag_from_env():
+        env.update(determinism_env())
     env.update({k: os.environ[k] for k in _PASS_THROUGH if k in os.environ})
     env.update(extra or {})
     return env

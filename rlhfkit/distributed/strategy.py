@@ -23,6 +23,7 @@ from torch import nn
 
 from rlhfkit.config.common import StrategyArgs, check_batch_split
 from rlhfkit.distributed import optimizers
+from rlhfkit.distributed.determinism import enable_full_determinism, flag_from_env, note_gpu_limits
 from rlhfkit.distributed.launch import default_ds_accelerator, init_distributed, world_size_from_env
 from rlhfkit.distributed.plain_torch_engine import PlainTorchEngine
 
@@ -69,6 +70,11 @@ class DeepSpeedStrategy:
     def setup_distributed(self) -> None:
         init_distributed(self.args.ddp_timeout)
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+        if self.args.full_determinism:
+            in_ray_worker = flag_from_env()  # set by the Ray driver, which prints the GPU note once for the run
+            enable_full_determinism()
+            if not in_ray_worker:
+                note_gpu_limits(self.print)
         set_seed(self.args.seed)
 
     @property
@@ -142,6 +148,8 @@ class DeepSpeedStrategy:
         }
         if a.grad_accum_dtype:
             config["data_types"] = {"grad_accum_dtype": a.grad_accum_dtype}
+        if train and a.deepcompile:  # --deepcompile (GPU only, checked at parse time); see prepare_train
+            config["compile"] = {"deepcompile": True}
         if not train:
             config.pop("gradient_clipping")
             zero.pop("zero_hpz_partition_size")
@@ -160,7 +168,7 @@ class DeepSpeedStrategy:
         (ZeRO-1/2 partition nothing over one rank). See `rlhfkit/distributed/plain_torch_engine.py`."""
         a = self.args
         return (self.world_size == 1 and not self.bf16 and not a.adam_offload and a.zero_stage < 3
-                and a.grad_accum_dtype in (None, "fp32"))
+                and a.grad_accum_dtype in (None, "fp32") and not a.deepcompile)
 
     def prepare_train(self, model: nn.Module, learning_rate: float, num_update_steps: int) -> Any:
         """A training engine that owns `model`, its optimizer (--optim) and the LR schedule: a DeepSpeed engine, or
@@ -186,6 +194,8 @@ class DeepSpeedStrategy:
         scheduler = self.make_scheduler(optimizer, num_update_steps)
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                config=self.ds_config(train=True), dist_init_required=False)
+        if self.args.deepcompile:  # DeepSpeed builds its compiled graph on the first step after compile()
+            engine.compile()
         return engine
 
     def prepare_eval(self, model: nn.Module) -> nn.Module:

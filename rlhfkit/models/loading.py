@@ -79,6 +79,16 @@ def load_tokenizer(path: str, *, use_fast: bool = True, flag: str = "--pretrain"
     return tok
 
 
+def apply_liger_kernel(model: Any) -> None:
+    """`--use_liger_kernel`: patch `model` in place with the Liger Triton kernels of its architecture (Hsu et al.
+    2024, "Liger Kernel: Efficient Triton Kernels for LLM Training"), through Transformers' integration. The flag
+    rule (a CUDA GPU and the liger_kernel package) ran at parse time; a model type Liger does not know is left as it
+    is, with Transformers' warning. Written for GPUs; the CPU test suite checks only the parse-time error."""
+    from transformers.integrations.liger import apply_liger_kernel as apply
+
+    apply(model, {})
+
+
 def quantization_config(load_in_4bit: bool, lora_rank: int, bf16: bool) -> Any | None:
     """`--load_in_4bit`: QLoRA (Dettmers et al. 2023, "QLoRA: Efficient Finetuning of Quantized LLMs"), the frozen
     base in 4-bit NormalFloat with double quantisation and LoRA adapters trained on top. None when not asked; a

@@ -26,6 +26,7 @@ import torch
 from rlhfkit.config.rl import PPOConfig
 from rlhfkit.config.rl_specs import rl_specs
 from rlhfkit.config.specs import PlacementSpec, RLSpecs
+from rlhfkit.distributed.determinism import enable_full_determinism, gpu_limits_note
 from rlhfkit.distributed.placement import ResourcePlan, connect_ray, plan_for, unwrap_user_error
 from rlhfkit.errors import UserError
 from rlhfkit.rl.loop import RoleHandles, rl_settings
@@ -95,6 +96,10 @@ def prepare_ray_run(cfg: PPOConfig, use_gpu: bool | None = None, cpus_per_bundle
     from rlhfkit.run.setup import load_rl_inputs
 
     run = check_ray_config(cfg, use_gpu, cpus_per_bundle)
+    if cfg.strategy.full_determinism:  # this driver, and through its environment every worker and engine it starts
+        enable_full_determinism()
+        if run.use_gpu:
+            run.notes.append(gpu_limits_note())
     run.inputs = load_rl_inputs(cfg)
     return run
 

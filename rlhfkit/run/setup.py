@@ -30,6 +30,7 @@ from rlhfkit.distributed.strategy import DeepSpeedStrategy
 from rlhfkit.errors import UserError
 from rlhfkit.logging.metrics import MetricsLogger
 from rlhfkit.models.loading import (
+    apply_liger_kernel,
     check_model_path,
     load_causal_lm,
     load_tokenizer_for,
@@ -55,11 +56,13 @@ def make_strategy(model_args: ModelArgs, strategy_args: StrategyArgs) -> DeepSpe
 
 def load_trainable_lm(model_args: ModelArgs, path: str | None = None, flag: str = "--pretrain") -> Any:
     """A causal LM ready for `strategy.prepare_train` (fp32 master weights, LoRA applied if asked, a 4-bit base
-    with --load_in_4bit)."""
+    with --load_in_4bit, Liger's kernels with --use_liger_kernel)."""
     path = check_model_path(path or model_args.pretrain, flag)
     attn = resolve_attn_implementation(model_args.attn_implementation, model_args.flash_attn)
     quantization = quantization_config(model_args.load_in_4bit, model_args.lora_rank, model_args.bf16)
     model = load_causal_lm(path, attn_implementation=attn, dtype=torch.float32, flag=flag, quantization=quantization)
+    if model_args.use_liger_kernel:
+        apply_liger_kernel(model)
     if model_args.lora_rank <= 0:
         return model
     adapted = apply_lora(model, model_args.lora_rank, model_args.lora_alpha, model_args.lora_dropout,

@@ -99,7 +99,7 @@ def test_boolean_aliases_are_booleans():
     (ppo_ray_main, ["--ds.ring_attn_size", "2"], "--ds.ring_attn_size is not supported yet by rlhfkit (ring"),
     (ppo_ray_main, ["--rollout.max_tokens_per_gpu", "64"], "--rollout.max_tokens_per_gpu is not supported yet"),
     (ppo_ray_main, ["--ds.param_dtype", "fp16"], "--ds.param_dtype fp16 is not supported yet"),
-    (ppo_ray_main, ["--train.full_determinism_enable"], "a fully deterministic mode is not implemented"),
+    (ppo_ray_main, ["--ds.use_liger_kernel"], "--use_liger_kernel needs a CUDA GPU"),
     (sft_main, ["--data.prompt_dataset", "p.jsonl"], "--data.prompt_dataset is not supported yet by rlhfkit (this"),
 ])
 def test_unsupported_flags_fail_with_one_line(main, flags, needle, capsys):
