@@ -40,11 +40,12 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from rlhfkit.config.preference import SERVE_RM_KEY_ENV
 from rlhfkit.errors import UserError
 from rlhfkit.rewards.batching import BatchingWorker, Job
 from rlhfkit.rewards.scorer import RewardScorer
 
-API_KEY_ENV = "RLHFKIT_RM_API_KEY"
+API_KEY_ENV = SERVE_RM_KEY_ENV
 REWARD_PATH = "/get_reward"
 HEALTH_PATH = "/health"
 
@@ -162,11 +163,15 @@ async def read_body(request: Request, length: int, timeout: float) -> bytes:
 async def wait_for_scores(worker: BatchingWorker, texts: list[str], timeout: float) -> list[float]:
     """Hand the queries to the scoring thread and wait (without a thread) for all of them (503 on failure)."""
     loop = asyncio.get_running_loop()
-    answered = loop.create_future()
+    answered: asyncio.Future[None] = loop.create_future()
+
+    def settle() -> None:  # on the event loop
+        if not answered.done():
+            answered.set_result(None)
 
     def wake() -> None:  # on the scoring thread
         try:
-            loop.call_soon_threadsafe(lambda: answered.done() or answered.set_result(None))
+            loop.call_soon_threadsafe(settle)
         except RuntimeError:  # the loop is gone (shutdown): nobody waits any more
             pass
 
