@@ -42,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
     server.start()
-    if api_key is None:
+    if cfg.no_auth:  # (api_key is None then: --no_auth next to a key was refused)
         sys.stderr.write(f"{PROG}: warning: --no_auth: serving without a bearer token; anyone who can reach "
                          f"{cfg.host}:{server.port} can use the model\n")
     print(f"reward server ready: {server.url} (normalize_reward={scorer.normalize}, "
