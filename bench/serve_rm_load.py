@@ -227,7 +227,9 @@ def main() -> int:
                                    "--client_timeout", "10", "--max_connections", "2048"],
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
         try:
-            line = server.stdout.readline()
+            line = ""
+            while "reward server ready" not in line and server.poll() is None:
+                line = server.stdout.readline()
             port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
             rows = load_rows(port, truth)
             rows += fairness_rows(port)

@@ -8,7 +8,8 @@ with thousands of queries is scored in chunks that interleave with small ones.
 
 Order of checks on `POST /get_reward`, each before any byte of the body is read: a Content-Length must be given
 (411; chunked bodies too) and valid (400), at most --max_body_bytes (413, with or without a token: a refused body
-is never read into memory), then the bearer token (401). Only then is the body read, by at most
+is never read into memory: uvicorn's parser drops its bytes as they come, so a client that sends it anyway
+still reads the answer), then the bearer token (401). Only then is the body read, by at most
 --max_concurrent_bodies requests at a time, within --client_timeout (408 for a short or slow body). Then the JSON
 is validated against `RewardRequest` (400: bad JSON, lone surrogates, nesting too deep, wrong types), the query
 count against --max_queries_per_request (413), and the queries wait at most --request_timeout for their scores
