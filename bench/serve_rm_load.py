@@ -8,7 +8,8 @@ subprocess with a bearer token, then:
    10,000-query requests back to back; the small requests' p99 under load against the p99 alone (target: < 2x);
 3. abuse: a 50 MB body with and without the token, 10,000 queries over --max_queries_per_request, malformed
    JSON, a slow client sending a byte a second; each must get a clear 4xx (or be timed out) while
-4. a probe request keeps getting correct answers during and after each abuse;
+4. a probe request keeps getting correct answers during and after each abuse; 16 concurrent 10 MB bodies and
+   the server's peak memory;
 5. 1,000 idle connections: the server's threads and resident memory before and while they are open, a probe
    answered meanwhile, and the connections closed by the server after --keep_alive_timeout.
 Writes bench/results/serve_rm_load.md. Run: `.venv/bin/python bench/serve_rm_load.py` (a few minutes).
@@ -192,6 +193,21 @@ def process_figures(pid: int) -> tuple[int, float]:
     return int(fields["Threads"]), int(fields["VmRSS"].split()[0]) / 1024
 
 
+def bodies_rows(port: int, pid: int, truth: dict[str, float], count: int = 16) -> list[tuple[str, str, str, str]]:
+    """`count` concurrent bodies just under --max_body_bytes (10 MB; cut short of valid JSON so none is scored):
+    the server's peak resident memory (VmHWM) before and after."""
+    peak_before = int(dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+                      ["VmHWM"].split()[0]) / 1024
+    body = b'{"query": ["' + b"x" * (10 * 2**20 - 64)
+    with ThreadPoolExecutor(max_workers=count) as pool:
+        answers = list(pool.map(lambda _: post(port, body)[0], range(count)))
+    peak = int(dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+               ["VmHWM"].split()[0]) / 1024
+    return [(f"{count} concurrent 10 MB bodies (--max_concurrent_bodies 4)",
+             f"HTTP {sorted(set(answers))}", f"peak resident memory {peak_before:.0f} -> {peak:.0f} MiB "
+             f"(+{peak - peak_before:.0f} MiB)", "ok" if probe(port, truth) else "WRONG")]
+
+
 def idle_rows(port: int, pid: int, truth: dict[str, float], count: int = 1000) -> list[tuple[str, str, str, str]]:
     threads_before, rss_before = process_figures(pid)
     idle = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(count)]
@@ -234,6 +250,7 @@ def main() -> int:
             rows = load_rows(port, truth)
             rows += fairness_rows(port)
             rows += abuse_rows(port, truth)
+            rows += bodies_rows(port, server.pid, truth)
             rows += idle_rows(port, server.pid, truth)
         finally:
             server.terminate()
