@@ -427,3 +427,22 @@ def test_cli_no_auth_warns_and_serves_without_a_token(reward_dir):
         proc.terminate()
         proc.wait(timeout=30)
     assert proc.returncode == 0
+
+
+def test_connections_past_max_connections_get_503(reward_dir):
+    import socket
+
+    from rlhfkit.rewards.scorer import load_scorer
+    from rlhfkit.rewards.server import RewardServer
+
+    with RewardServer(load_scorer(str(reward_dir), max_len=64), port=0, max_connections=4) as srv:
+        idle = [socket.create_connection(("127.0.0.1", srv.port), timeout=10) for _ in range(4)]
+        try:
+            time.sleep(0.2)
+            answer = raw_exchange(srv.port, head(len(b'{"query": ["a"]}')), b'{"query": ["a"]}')
+            assert answer.startswith("HTTP/1.1 503")  # uvicorn's own answer (text/plain), before the app runs
+        finally:
+            for sock in idle:
+                sock.close()
+        time.sleep(0.2)
+        assert post(srv.port, {"query": ["a"]})[0] == 200
