@@ -64,6 +64,7 @@ SLOW = {
     "rewards/test_server.py::test_bad_port_fails_before_the_model_loads",
     "rewards/test_server.py::test_cli_bad_model_path_is_one_line_exit_2",
     "rewards/test_server.py::test_cli_prints_its_url_and_serves",
+    "rewards/test_server.py::test_cli_no_auth_warns_and_serves_without_a_token",
     "rl/test_rl_bad_rewards.py",
     "rl/test_rl_doctor.py",
     "rl/test_rl_estimators.py",

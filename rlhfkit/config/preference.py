@@ -8,6 +8,7 @@ unpaired data reuses `--input_key` / `--output_key` from DataArgs.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from rlhfkit.config.base import arg, validate_sections, with_default
@@ -26,6 +27,9 @@ from rlhfkit.config.devices import ATTN_CHOICES, ATTN_HELP, AUTO
 from rlhfkit.config.names import DPO_LOSS_TYPES, REFERENCE_FREE_DPO_LOSSES, RM_LOSS_KINDS
 from rlhfkit.config.paths import check_output_paths
 from rlhfkit.errors import UserError
+
+#: serve_rm's bearer token when --api_key is not given (the HTTP reward client reads it too).
+SERVE_RM_KEY_ENV = "RLHFKIT_RM_API_KEY"
 
 
 @dataclass
@@ -254,7 +258,11 @@ class ServeRMConfig:
     host: str = arg("127.0.0.1", "Address to bind. The default serves this machine only; 0.0.0.0 exposes the "
                                  "server to the network (set --api_key then).")
     port: int = arg(5000, "TCP port (0: pick a free one).")
-    api_key: str | None = arg(None, "Require `Authorization: Bearer <key>` (default: env RLHFKIT_RM_API_KEY).")
+    api_key: str | None = arg(None, "Require `Authorization: Bearer <key>` (default: env RLHFKIT_RM_API_KEY; an "
+                                    "empty value never overrides a set environment key). Without a key the server "
+                                    "refuses to start unless --no_auth is given.")
+    no_auth: bool = arg(False, "Serve without a bearer token (prints a warning): anyone who can reach the port can "
+                               "use the model. Refused together with a key.")
     normalize_reward: bool | None = arg(None, "Return (r - reward_mean) / reward_std with the statistics saved by "
                                               "train_rm (default: as the saved model says).")
     value_head_prefix: str = arg("score", "Attribute name of the linear reward head.")
@@ -269,6 +277,11 @@ class ServeRMConfig:
                                         "unscored queries are dropped.")
     client_timeout: float = arg(30.0, "Seconds a client may take to send its whole request body (slower ones get "
                                       "408).")
+    max_concurrent_bodies: int = arg(4, "Most request bodies read and parsed at once (others wait): bounds the "
+                                        "memory of bodies to about this times --max_body_bytes.")
+    max_connections: int = arg(512, "Most open connections and requests at once; past it, requests get 503.")
+    keep_alive_timeout: float = arg(5.0, "Seconds an idle connection (before its first request or between "
+                                         "requests) stays open.")
     bf16: bool = arg(False, "Run the reward model in bfloat16. Not given: bf16 on a CUDA GPU (OpenRLHF's default), "
                             "fp32 on CPU; --param_dtype fp32 keeps fp32 on a GPU.")
     attn_implementation: str = arg(AUTO, ATTN_HELP, choices=ATTN_CHOICES)
@@ -281,10 +294,11 @@ class ServeRMConfig:
             raise UserError(f"--port {self.port} is not a TCP port; use 1-65535 (or 0 to pick a free one)")
         if self.max_len < 2:
             raise UserError(f"--max_len must be at least 2 (got {self.max_len})")
-        for flag in ("batch_size", "max_body_bytes", "max_queries_per_request"):
+        for flag in ("batch_size", "max_body_bytes", "max_queries_per_request", "max_concurrent_bodies",
+                     "max_connections"):
             if getattr(self, flag) < 1:
                 raise UserError(f"--{flag} must be at least 1 (got {getattr(self, flag)})")
-        for flag in ("request_timeout", "client_timeout"):
+        for flag in ("request_timeout", "client_timeout", "keep_alive_timeout"):
             if not getattr(self, flag) > 0:
                 raise UserError(f"--{flag} must be a positive number of seconds (got {getattr(self, flag)})")
         if self.batch_wait_ms < 0:
@@ -295,6 +309,19 @@ class ServeRMConfig:
     def check_inputs(self) -> None:
         if not self.reward_pretrain:
             raise UserError("--reward_pretrain is required: the reward model directory written by train_rm")
+        self.resolved_api_key()
+
+    def resolved_api_key(self) -> str | None:
+        """The bearer token to require, or None with --no_auth. An empty --api_key falls back to the environment,
+        so a script passing an unset variable never exposes the model; only --no_auth turns auth off."""
+        key = self.api_key or os.environ.get(SERVE_RM_KEY_ENV) or None
+        if self.no_auth and key:
+            given = "--api_key" if self.api_key else SERVE_RM_KEY_ENV
+            raise UserError(f"--no_auth contradicts the key in {given}; drop one of them")
+        if not self.no_auth and not key:
+            raise UserError(f"serve_rm needs a bearer token: set --api_key or {SERVE_RM_KEY_ENV}, or pass --no_auth "
+                            "to serve without one")
+        return key
 
 
 def _require_dataset(data: DataArgs, what: str) -> None:

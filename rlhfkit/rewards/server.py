@@ -1,266 +1,96 @@
 """An HTTP server for a trained reward model: `POST /get_reward {"query": [text, ...]}` -> `{"rewards": [...]}`.
 
 The protocol is OpenRLHF's remote reward model (`--remote_rm_url http://host:port/get_reward`); extra request keys
-(`prompts`, `labels`) are accepted and ignored. Standard library only (`http.server.ThreadingHTTPServer`):
+(`prompts`, `labels`) are accepted and ignored. The stack is FastAPI on uvicorn (one asyncio event loop: an idle
+or slow connection costs a little memory, never a thread) in front of ONE scoring thread
+(rlhfkit/rewards/batching.py) that fills each forward pass round-robin from every waiting request, so a request
+with thousands of queries is scored in chunks that interleave with small ones.
 
-- Each request is handled on its own thread, which validates it and hands its queries to ONE batching worker.
-  The worker fills each forward pass of up to --batch_size queries round-robin from every waiting request
-  (waiting at most --batch_wait_ms for more), so the model is only ever used by one thread and a request with
-  thousands of queries shares the model with small ones instead of blocking them until it is done. A request
-  that times out is cancelled: the worker drops its queries not yet scored.
-- Binds 127.0.0.1 unless told otherwise. With an API key (`--api_key` or env RLHFKIT_RM_API_KEY) every request
-  but `GET /health` needs `Authorization: Bearer <key>` (compared in constant time).
-- Errors are JSON `{"error": ...}`: 400 bad JSON or types (query must be a non-empty list of strings; lone
-  surrogates and too deeply nested JSON included), 401 missing or wrong token, 404 unknown path, 408 a client
-  that takes longer than --client_timeout to send its request, 411 no Content-Length, 413 a body over
-  --max_body_bytes or more than --max_queries_per_request queries (the body is read and discarded first, up to a
-  bound, so the client sees the answer instead of a reset connection), 503 scoring failed or timed out. A bad
-  request never stops the server.
+Order of checks on `POST /get_reward`, each before any byte of the body is read: a Content-Length must be given
+(411; chunked bodies too) and valid (400), at most --max_body_bytes (413, with or without a token: a refused body
+is never read into memory: uvicorn's parser drops its bytes as they come, so a client that sends it anyway
+still reads the answer), then the bearer token (401). Only then is the body read, by at most
+--max_concurrent_bodies requests at a time, within --client_timeout (408 for a short or slow body). Then the JSON
+is validated against `RewardRequest` (400: bad JSON, lone surrogates, nesting too deep, wrong types), the query
+count against --max_queries_per_request (413), and the queries wait at most --request_timeout for their scores
+(503, and the unscored rest is dropped). Errors are JSON `{"error": ...}`; a bad request never stops the server.
+
+Connections: at most --max_connections at once (more get 503 from uvicorn), an idle one is closed after
+--keep_alive_timeout. `stop()` (SIGTERM in the CLI) is graceful: the listener closes, requests in flight get their
+answers, then the scoring thread stops.
 
 Scoring a text: see rlhfkit/rewards/scorer.py (`RewardScorer`, `load_scorer`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import os
-import queue
+import socket
 import threading
 import time
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+
+from rlhfkit.config.preference import SERVE_RM_KEY_ENV
 from rlhfkit.errors import UserError
+from rlhfkit.rewards.batching import BatchingWorker, Job
 from rlhfkit.rewards.scorer import RewardScorer
 
-API_KEY_ENV = "RLHFKIT_RM_API_KEY"
+API_KEY_ENV = SERVE_RM_KEY_ENV
 REWARD_PATH = "/get_reward"
-DRAIN_LIMIT_BYTES = 256 * 2**20  # a refused body bigger than this is not read: the connection is reset instead
 HEALTH_PATH = "/health"
 
 
-@dataclass
-class _Job:
-    texts: list[str]
-    done: threading.Event = field(default_factory=threading.Event)
-    rewards: list[float] = field(default_factory=list)
-    error: str | None = None
-    cancelled: bool = False
+class RewardRequest(BaseModel):
+    """OpenRLHF's remote reward model request; `prompts`, `labels` and other keys are accepted and ignored."""
 
-    @property
-    def pending(self) -> int:
-        return len(self.texts) - len(self.rewards)
+    model_config = ConfigDict(extra="allow")
+    query: list[StrictStr] = Field(min_length=1)
 
 
-class _BatchingWorker:
-    """One thread that owns the model: it fills batches fairly from the waiting jobs and scores them."""
-
-    def __init__(self, scorer: RewardScorer, batch_size: int, wait_s: float):
-        self.scorer = scorer
-        self.batch_size = batch_size
-        self.wait_s = wait_s
-        self.jobs: queue.Queue[_Job] = queue.Queue()
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="reward-batcher", daemon=True)
-        self.batches_run = 0
-        self.active: list[_Job] = []  # jobs with queries not yet scored, oldest first (worker thread only)
-
-    def _admit(self, block_s: float) -> None:
-        """Move queued jobs into the active list, waiting up to `block_s` for the first one."""
-        try:
-            self.active.append(self.jobs.get(timeout=block_s) if block_s > 0 else self.jobs.get_nowait())
-            while True:
-                self.active.append(self.jobs.get_nowait())
-        except queue.Empty:
-            pass
-
-    def _fill(self) -> list[tuple[_Job, int]]:
-        """Round-robin over the active jobs: each contributes its next query in turn until the batch is full."""
-        for job in self.active:
-            if job.cancelled:
-                job.done.set()
-        self.active = [j for j in self.active if not j.cancelled]
-        taken = {id(j): 0 for j in self.active}
-        picks: list[tuple[_Job, int]] = []
-        while len(picks) < self.batch_size:
-            progressed = False
-            for job in self.active:
-                if taken[id(job)] < job.pending and len(picks) < self.batch_size:
-                    picks.append((job, len(job.rewards) + taken[id(job)]))
-                    taken[id(job)] += 1
-                    progressed = True
-            if not progressed:
-                break
-        return picks
-
-    def _run(self) -> None:
-        while not self.stopping.is_set():
-            self._admit(0.1 if not self.active else 0)
-            if not self.active:
-                continue
-            if sum(j.pending for j in self.active) < self.batch_size and self.wait_s > 0:
-                deadline = time.monotonic() + self.wait_s  # a short wait lets concurrent requests share the pass
-                while sum(j.pending for j in self.active) < self.batch_size and time.monotonic() < deadline:
-                    self._admit(deadline - time.monotonic())
-            picks = self._fill()
-            if not picks:
-                continue
-            try:
-                rewards = self.scorer.score([job.texts[i] for job, i in picks])
-            except Exception as e:  # noqa: BLE001 - report to the requests in this batch, keep serving
-                for job in {id(j): j for j, _ in picks}.values():
-                    job.error = f"{type(e).__name__}: {e}"
-                    job.cancelled = True
-                    job.done.set()
-            else:
-                for (job, _), reward in zip(picks, rewards):  # picks of one job are in order
-                    job.rewards.append(reward)
-            self.batches_run += 1
-            for job in self.active:
-                if job.pending == 0:
-                    job.done.set()
-            self.active = [j for j in self.active if j.pending > 0 and not j.cancelled]
-        for job in self.active:
-            job.error = "server is shutting down"
-            job.done.set()
-        while not self.jobs.empty():  # fail whatever arrived during shutdown
-            job = self.jobs.get_nowait()
-            job.error = "server is shutting down"
-            job.done.set()
+class RewardResponse(BaseModel):
+    rewards: list[float]
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "rlhfkit-reward-server"
-    timeout = 30  # seconds a client may stay silent while sending its request line and headers
+@dataclass(frozen=True)
+class Limits:
+    """What one client may cost the server (the CLI's flags of the same names)."""
 
-    @property
-    def owner(self) -> RewardServer:
-        return self.server.owner  # type: ignore[attr-defined]
+    max_body_bytes: int = 10 * 2**20
+    max_queries_per_request: int = 4096
+    request_timeout: float = 300.0
+    client_timeout: float = 30.0
+    max_concurrent_bodies: int = 4
+    max_connections: int = 512
+    keep_alive_timeout: float = 5.0
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
-        if self.owner.verbose:
-            super().log_message(format, *args)
+    def check(self) -> None:
+        if min(self.max_body_bytes, self.max_queries_per_request, self.max_concurrent_bodies,
+               self.max_connections) < 1 or min(self.request_timeout, self.client_timeout,
+                                                 self.keep_alive_timeout) <= 0:
+            raise ValueError(f"every server limit must be positive: {self}")
 
-    def _reply(self, code: int, payload: dict[str, Any], close: bool = False,
-               headers: dict[str, str] | None = None) -> None:
-        body = json.dumps(payload).encode("utf-8")
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        for key, value in (headers or {}).items():
-            self.send_header(key, value)
-        if close:
-            self.send_header("Connection", "close")
-            self.close_connection = True
-        self.end_headers()
-        self.wfile.write(body)
 
-    def _authorized(self) -> bool:
-        key = self.owner.api_key
-        if not key:
-            return True
-        given = self.headers.get("Authorization", "")
-        scheme, _, token = given.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+class _Refusal(Exception):
+    """An answer other than 200: its status, its one-line reason, and headers (e.g. Connection: close)."""
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        if urlsplit(self.path).path == HEALTH_PATH:
-            self._reply(200, {"status": "ok"})
-        else:
-            self._reply(404, {"error": f"unknown path {urlsplit(self.path).path}; POST {REWARD_PATH}"})
+    def __init__(self, status: int, reason: str, headers: dict[str, str] | None = None):
+        super().__init__(reason)
+        self.status, self.reason, self.headers = status, reason, headers or {}
 
-    def do_POST(self) -> None:  # noqa: N802
-        path = urlsplit(self.path).path
-        if path != REWARD_PATH:  # the body is left unread: close the connection after answering
-            self._reply(404, {"error": f"unknown path {path}; POST {REWARD_PATH}"}, close=True)
-            return
-        if not self._authorized():
-            self._reply(401, {"error": "missing or wrong bearer token"}, close=True,
-                        headers={"WWW-Authenticate": "Bearer"})
-            return
-        body = self._read_body()
-        if body is None:
-            return
-        texts, problem = parse_request(body)
-        if problem:
-            self._reply(400, {"error": problem})
-            return
-        if len(texts) > self.owner.max_queries_per_request:
-            self._reply(413, {"error": f"{len(texts)} queries in one request is over the limit of "
-                                       f"{self.owner.max_queries_per_request}; split the batch"})
-            return
-        job = _Job(texts)
-        self.owner.worker.jobs.put(job)
-        if not job.done.wait(self.owner.request_timeout):
-            job.cancelled = True  # the worker drops what it has not scored yet
-            self._reply(503, {"error": f"scoring timed out after {self.owner.request_timeout:g} s"})
-        elif job.error is not None:
-            self._reply(503, {"error": f"scoring failed: {job.error}"})
-        else:
-            self._reply(200, {"rewards": job.rewards})
 
-    def _read_body(self) -> bytes | None:
-        """The request body, or None after answering 411/400/413 (and closing the connection)."""
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower() or "Content-Length" not in self.headers:
-            self._reply(411, {"error": "send the JSON body with a Content-Length header"}, close=True)
-            return None
-        try:
-            length = int(self.headers["Content-Length"])
-        except ValueError:
-            length = -1
-        if length < 0:
-            self._reply(400, {"error": "bad Content-Length"}, close=True)
-            return None
-        if length > self.owner.max_body_bytes:
-            self._reply(413, {"error": f"body of {length} bytes is over the limit of {self.owner.max_body_bytes}"},
-                        close=True)
-            self._discard(min(length, DRAIN_LIMIT_BYTES))
-            return None
-        body = self._read_exactly(length)
-        if body is None:
-            self._reply(408, {"error": f"the request body did not arrive within {self.owner.client_timeout:g} s"},
-                        close=True)
-        return body
-
-    def _read_exactly(self, length: int) -> bytes | None:
-        """`length` body bytes, or None when the client is slower than --client_timeout in all (slow clients
-        cannot hold a thread for long by trickling a byte at a time)."""
-        deadline = time.monotonic() + self.owner.client_timeout
-        chunks, got = [], 0
-        try:
-            while got < length:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                self.connection.settimeout(remaining)
-                chunk = self.rfile.read1(min(length - got, 1 << 20))
-                if not chunk:
-                    return None
-                chunks.append(chunk)
-                got += len(chunk)
-        except (TimeoutError, OSError):
-            return None
-        finally:
-            self.connection.settimeout(self.timeout)
-        return b"".join(chunks)
-
-    def _discard(self, length: int) -> None:
-        """Read and drop up to `length` bytes of a refused body so the client reads our answer (closing with
-        unread data would reset the connection before it does)."""
-        deadline = time.monotonic() + min(self.owner.client_timeout, 10.0)
-        try:
-            while length > 0 and time.monotonic() < deadline:
-                self.connection.settimeout(max(deadline - time.monotonic(), 0.01))
-                chunk = self.rfile.read1(min(length, 1 << 20))
-                if not chunk:
-                    break
-                length -= len(chunk)
-        except (TimeoutError, OSError):
-            pass
+def _error(status: int, reason: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": reason}, status_code=status, headers=headers)
 
 
 def parse_request(body: bytes) -> tuple[list[str], str | None]:
@@ -273,9 +103,12 @@ def parse_request(body: bytes) -> tuple[list[str], str | None]:
         return [], "body is nested too deeply"
     if not isinstance(payload, dict) or "query" not in payload:
         return [], 'expected a JSON object {"query": [text, ...]}'
-    texts = payload["query"]
-    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-        return [], '"query" must be a non-empty list of strings'
+    try:
+        texts = RewardRequest.model_validate(payload).query
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = "".join(f"[{p}]" for p in first["loc"][1:])
+        return [], f'"query" must be a non-empty list of strings ("query"{where}: {first["msg"]})'
     for i, text in enumerate(texts):
         try:
             text.encode("utf-8")
@@ -284,36 +117,159 @@ def parse_request(body: bytes) -> tuple[list[str], str | None]:
     return texts, None
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 256  # the default (5) resets bursts of concurrent connections
+def declared_length(headers: Any, max_body_bytes: int) -> int:
+    """The body's Content-Length, checked before any of it is read (411, 400, 413)."""
+    if "chunked" in headers.get("transfer-encoding", "").lower() or "content-length" not in headers:
+        raise _Refusal(411, "send the JSON body with a Content-Length header", {"Connection": "close"})
+    raw = headers["content-length"]
+    if not raw.isdigit():  # uvicorn's parser refuses most bad values first; "-1" or "1e3" must not pass either
+        raise _Refusal(400, f"bad Content-Length {raw[:40]!r}", {"Connection": "close"})
+    length = int(raw)
+    if length > max_body_bytes:  # no Connection: close, so uvicorn reads and drops the body: the client gets this
+        raise _Refusal(413, f"body of {length} bytes is over the limit of {max_body_bytes}")
+    return length
 
-    def __init__(self, address: tuple[str, int], owner: RewardServer):
-        self.owner = owner
-        super().__init__(address, _Handler)
+
+def authorized(headers: Any, api_key: str | None) -> bool:
+    """True without a key, else for `Authorization: Bearer <key>` (compared in constant time)."""
+    if not api_key:
+        return True
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
+
+
+async def read_body(request: Request, length: int, timeout: float) -> bytes:
+    """Exactly `length` bytes within `timeout` seconds in all (408: a slow or short body cannot hold a slot)."""
+    body = bytearray()
+
+    async def read() -> None:
+        async for chunk in request.stream():
+            body.extend(chunk)
+            if len(body) > length:
+                raise _Refusal(400, f"body runs past its Content-Length of {length}", {"Connection": "close"})
+
+    try:
+        await asyncio.wait_for(read(), timeout)
+    except asyncio.TimeoutError:
+        raise _Refusal(408, f"the request body did not arrive within {timeout:g} s",
+                       {"Connection": "close"}) from None
+    except ClientDisconnect:
+        raise _Refusal(400, "the client closed the connection before its body arrived") from None
+    if len(body) != length:
+        raise _Refusal(400, f"body of {len(body)} bytes is shorter than its Content-Length of {length}",
+                       {"Connection": "close"})
+    return bytes(body)
+
+
+async def wait_for_scores(worker: BatchingWorker, texts: list[str], timeout: float) -> list[float]:
+    """Hand the queries to the scoring thread and wait (without a thread) for all of them (503 on failure)."""
+    loop = asyncio.get_running_loop()
+    answered: asyncio.Future[None] = loop.create_future()
+
+    def settle() -> None:  # on the event loop
+        if not answered.done():
+            answered.set_result(None)
+
+    def wake() -> None:  # on the scoring thread
+        try:
+            loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # the loop is gone (shutdown): nobody waits any more
+            pass
+
+    job = Job(texts, on_done=wake)
+    worker.submit(job)
+    try:
+        await asyncio.wait_for(asyncio.shield(answered), timeout)
+    except asyncio.TimeoutError:
+        job.cancelled = True  # the worker drops what it has not scored yet
+        raise _Refusal(503, f"scoring timed out after {timeout:g} s") from None
+    if job.error is not None:
+        raise _Refusal(503, f"scoring failed: {job.error}")
+    return job.rewards
+
+
+def build_app(worker: BatchingWorker, limits: Limits, api_key: str | None) -> FastAPI:
+    """The ASGI app: `POST /get_reward`, `GET /health`; JSON errors everywhere."""
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    body_slots = asyncio.Semaphore(limits.max_concurrent_bodies)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}; "
+                                       f"POST {REWARD_PATH} or GET {HEALTH_PATH}")
+
+    @app.exception_handler(_Refusal)
+    async def refused(request: Request, exc: _Refusal) -> JSONResponse:
+        return _error(exc.status, exc.reason, exc.headers)
+
+    @app.get(HEALTH_PATH)
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post(REWARD_PATH, response_model=RewardResponse)
+    async def get_reward(request: Request) -> RewardResponse:
+        length = declared_length(request.headers, limits.max_body_bytes)
+        if not authorized(request.headers, api_key):
+            raise _Refusal(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+        async with body_slots:  # bounds the bodies held in memory at once, whatever the number of connections
+            texts, problem = parse_request(await read_body(request, length, limits.client_timeout))
+        if problem:
+            raise _Refusal(400, problem)
+        if len(texts) > limits.max_queries_per_request:
+            raise _Refusal(413, f"{len(texts)} queries in one request is over the limit of "
+                                f"{limits.max_queries_per_request}; split the batch")
+        return RewardResponse(rewards=await wait_for_scores(worker, texts, limits.request_timeout))
+
+    return app
+
+
+def resolve_api_key(api_key: str | None) -> str | None:
+    """The key: `api_key` when non-empty, else env RLHFKIT_RM_API_KEY (an empty flag never switches auth off)."""
+    return api_key or os.environ.get(API_KEY_ENV) or None
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        return socket.create_server((host, port), family=family, backlog=1024)
+    except OSError as e:
+        raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+try:  # the protocol uvicorn's "auto" would pick: httptools when installed (with vLLM), else h11
+    import httptools  # noqa: F401
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _BaseProtocol
+except ImportError:  # pragma: no cover - depends on the install
+    from uvicorn.protocols.http.h11_impl import H11Protocol as _BaseProtocol  # type: ignore[assignment]
+
+
+class _IdleClosingProtocol(_BaseProtocol):
+    """uvicorn arms its keep-alive timer only after a response, so a connection that never sends a request would
+    stay open for good (and count against --max_connections). Arm it on connect too: any byte received cancels it."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
 
 
 class RewardServer:
-    """The reward server in-process: `RewardServer(scorer, port=0).start()`, `.url`, `.stop()` (or `with`)."""
+    """The reward server in-process: `RewardServer(scorer, port=0).start()`, `.url`, `.stop()` (or `with`).
+
+    `api_key`: None or "" reads env RLHFKIT_RM_API_KEY; with neither, requests need no token (the CLI refuses that
+    unless --no_auth is given).
+    """
 
     def __init__(self, scorer: RewardScorer, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
-                 batch_size: int | None = None, batch_wait_ms: float = 5.0, max_body_bytes: int = 10 * 2**20,
-                 max_queries_per_request: int = 4096, request_timeout: float = 300.0, client_timeout: float = 30.0,
-                 verbose: bool = False):
-        if max_body_bytes < 1 or max_queries_per_request < 1 or request_timeout <= 0 or client_timeout <= 0:
-            raise ValueError("max_body_bytes, max_queries_per_request, request_timeout and client_timeout must be "
-                             "positive")
+                 batch_size: int | None = None, batch_wait_ms: float = 5.0, verbose: bool = False, **limits: Any):
+        self.limits = Limits(**limits)
+        self.limits.check()
         self.scorer = scorer
         self.host = host
         self.port = port
-        self.api_key = api_key if api_key is not None else (os.environ.get(API_KEY_ENV) or None)
-        self.max_body_bytes = max_body_bytes
-        self.max_queries_per_request = max_queries_per_request
-        self.request_timeout = request_timeout
-        self.client_timeout = client_timeout
+        self.api_key = resolve_api_key(api_key)
         self.verbose = verbose
-        self.worker = _BatchingWorker(scorer, batch_size or scorer.batch_size, max(batch_wait_ms, 0.0) / 1000)
-        self.httpd: _HTTPServer | None = None
+        self.worker = BatchingWorker(scorer, batch_size or scorer.batch_size, max(batch_wait_ms, 0.0) / 1000)
+        self._uvicorn: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -322,27 +278,35 @@ class RewardServer:
         return f"http://{host}:{self.port}{REWARD_PATH}"
 
     def start(self) -> RewardServer:
-        try:
-            self.httpd = _HTTPServer((self.host, self.port), self)
-        except OSError as e:
-            raise UserError(f"cannot listen on {self.host}:{self.port}: {e.strerror or e}") from None
-        self.port = self.httpd.server_address[1]
+        sock = _listen(self.host, self.port)
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(build_app(self.worker, self.limits, self.api_key), http=_IdleClosingProtocol,
+                                lifespan="off", log_config=None, log_level="info" if self.verbose else "warning",
+                                access_log=self.verbose, limit_concurrency=self.limits.max_connections,
+                                timeout_keep_alive=int(max(1, round(self.limits.keep_alive_timeout))),
+                                timeout_graceful_shutdown=int(max(1, round(self.limits.request_timeout))))
+        self._uvicorn = uvicorn.Server(config)
         self.worker.thread.start()
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name="reward-http", daemon=True)
+        self._thread = threading.Thread(target=self._uvicorn.run, kwargs={"sockets": [sock]}, name="reward-http",
+                                        daemon=True)
         self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._uvicorn.started and self._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not self._uvicorn.started:
+            self.stop()
+            raise RuntimeError("the reward server's HTTP loop did not start")
         return self
 
     def stop(self) -> None:
-        if self.httpd is not None:
-            self.httpd.shutdown()
-            self.httpd.server_close()
-            self.httpd = None
-        self.worker.stopping.set()
-        if self.worker.thread.is_alive():
-            self.worker.thread.join(timeout=10)
+        """Graceful: stop accepting, let requests in flight get their answers, then stop the scoring thread."""
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
         if self._thread is not None:
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=self.limits.request_timeout + 10)
+            self._thread = None
+        self._uvicorn = None
+        self.worker.stop()
 
     def __enter__(self) -> RewardServer:
         return self.start()

@@ -74,7 +74,7 @@ def base_argv(cli: str, a, tmp: Path) -> list[str]:
                 "--init_kl_coef", "0", "--max_samples", "16", "--prompt_max_len", "32", "--generate_max_len", "8",
                 "--disable_progress_bar", *out]
     if cli == "serve_rm":
-        return ["--reward_pretrain", str(a.model_dir), "--port", "0"]
+        return ["--reward_pretrain", str(a.model_dir), "--port", "0", "--no_auth"]
     raise AssertionError(cli)
 
 

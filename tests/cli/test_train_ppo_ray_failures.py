@@ -195,7 +195,7 @@ def test_dead_reward_server_stops_the_run_then_resume_finishes(ray_head, demo_as
 def start_reward_server(model_dir: Path, port: int, log_path: Path) -> subprocess.Popen:
     log = open(log_path, "w")
     server = subprocess.Popen([sys.executable, "-m", "rlhfkit.cli.serve_rm", "--reward_pretrain", str(model_dir),
-                               "--port", str(port), "--max_len", "64"], cwd=REPO, stdout=log,
+                               "--port", str(port), "--max_len", "64", "--no_auth"], cwd=REPO, stdout=log,
                               stderr=subprocess.STDOUT, env={**os.environ, **ENV})
     log.close()
     deadline = time.monotonic() + 180

@@ -144,7 +144,7 @@ def test_cli_prints_its_url_and_serves(reward_dir):
 
     port = free_port()
     cmd = [sys.executable, "-m", "rlhfkit.cli.serve_rm", "--reward_pretrain", str(reward_dir), "--port", str(port),
-           "--max_len", "64"]
+           "--max_len", "64", "--api_key", ""]  # an empty flag (a script's unset variable) keeps the env key
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**__import__("os").environ, "RLHFKIT_RM_API_KEY": "k"})
     try:
@@ -168,7 +168,7 @@ def test_cli_prints_its_url_and_serves(reward_dir):
 
 def test_cli_bad_model_path_is_one_line_exit_2(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "rlhfkit.cli.serve_rm", "--reward_pretrain", str(tmp_path / "no"),
-                           "--port", "0"], cwd=REPO, capture_output=True, text=True, timeout=120)
+                           "--port", "0", "--no_auth"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     lines = error_lines(proc.stderr)  # the start-up notes on OpenRLHF's defaults left out
     assert len(lines) == 1 and "--reward_pretrain" in lines[0]
@@ -294,3 +294,155 @@ def test_bad_port_fails_before_the_model_loads(tmp_path):
                            "--port", "70000"], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 2 and "--port 70000 is not a TCP port" in proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+# -- the server stack: sizes before auth, read timeouts, idle connections, graceful stop, the auth rules ---------
+def raw_exchange(port: int, head: bytes, body: bytes = b"", timeout: float = 20) -> str:
+    """Send a hand-written request (headers, then maybe part of a body) and return the first answer's text."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(head + body)
+        return sock.recv(65536).decode(errors="replace")
+
+
+def head(length: int | str | None, token: str | None = None, extra: str = "") -> bytes:
+    lines = ["POST /get_reward HTTP/1.1", "Host: x", "Content-Type: application/json"]
+    lines += [f"Content-Length: {length}"] if length is not None else []
+    lines += [f"Authorization: Bearer {token}"] if token else []
+    return ("\r\n".join(lines) + "\r\n" + extra + "\r\n").encode()
+
+
+@pytest.fixture(scope="module")
+def keyed(reward_dir):
+    """A server with a token and short timeouts (read, idle) so each case is quick to produce."""
+    from rlhfkit.rewards.scorer import load_scorer
+    from rlhfkit.rewards.server import RewardServer
+
+    with RewardServer(load_scorer(str(reward_dir), max_len=64, batch_size=8), port=0, api_key="s3cret",
+                      client_timeout=1.0, keep_alive_timeout=1.0, max_connections=1000) as srv:
+        yield srv
+
+
+@pytest.mark.parametrize("token", [None, "wrong", "s3cret"])
+def test_a_50_mb_declared_body_gets_413_before_auth_and_before_reading(keyed, token):
+    started = time.monotonic()
+    answer = raw_exchange(keyed.port, head(50 * 2**20, token), b'{"query": ["' + b"x" * 4096)  # 4 KB of 50 MB
+    assert answer.startswith("HTTP/1.1 413") and f"body of {50 * 2**20} bytes is over the limit" in answer
+    assert time.monotonic() - started < 1.0  # answered from the headers: no wait for the body
+    assert post(keyed.port, {"query": ["ok"]}, {"Authorization": "Bearer s3cret"})[0] == 200
+
+
+@pytest.mark.parametrize("length, body, status, fragment", [
+    (None, b"", "411", "Content-Length"),  # (a body sent without a length would parse as a bad next request)
+    ("-1", b"", "400", ""),
+    ("5", b'{"query": ["a"]}', "400", ""),  # the body runs past its length: the rest is a bad next request
+    ("100", b'{"query": ["a"]}', "408", "did not arrive within 1 s"),  # a short body: the read times out
+])
+def test_bad_or_dishonest_content_length_is_refused(keyed, length, body, status, fragment):
+    started = time.monotonic()
+    answer = raw_exchange(keyed.port, head(length, "s3cret"), body)
+    assert answer.startswith(f"HTTP/1.1 {status}") and fragment in answer, answer
+    assert time.monotonic() - started < 5
+    assert post(keyed.port, {"query": ["ok"]}, {"Authorization": "Bearer s3cret"})[0] == 200
+
+
+def test_many_idle_connections_cost_no_threads_and_are_closed(keyed):
+    import socket
+    import threading
+
+    threads_before = threading.active_count()
+    idle = [socket.create_connection(("127.0.0.1", keyed.port), timeout=10) for _ in range(300)]
+    try:
+        time.sleep(0.2)
+        assert threading.active_count() == threads_before  # one event loop serves them all
+        assert post(keyed.port, {"query": ["ok"]}, {"Authorization": "Bearer s3cret"})[0] == 200
+        time.sleep(1.5)  # past --keep_alive_timeout 1: the server closed every idle connection
+        assert all(sock.recv(1) == b"" for sock in idle)
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_stop_lets_a_request_in_flight_finish(reward_dir):
+    from rlhfkit.rewards.scorer import load_scorer
+    from rlhfkit.rewards.server import RewardServer
+
+    scorer = load_scorer(str(reward_dir), max_len=64, batch_size=1)
+    score = scorer.score
+    scorer.score = lambda texts: (time.sleep(0.1), score(texts))[1]
+    srv = RewardServer(scorer, port=0, batch_wait_ms=0).start()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        answer = pool.submit(post, srv.port, {"query": ["a"] * 5})
+        time.sleep(0.2)
+        srv.stop()  # what SIGTERM does in the CLI
+        status, body = answer.result(timeout=30)
+    assert status == 200 and len(body["rewards"]) == 5
+    with pytest.raises(OSError):
+        post(srv.port, {"query": ["a"]})
+
+
+@pytest.mark.parametrize("flags, env, outcome", [
+    (["--api_key", ""], "from-env", "from-env"),  # an empty flag (an unset shell variable) keeps the env key
+    (["--api_key", "flag"], "from-env", "flag"),
+    ([], "from-env", "from-env"),
+    (["--no_auth"], None, None),
+    ([], None, "serve_rm needs a bearer token: set --api_key or RLHFKIT_RM_API_KEY, or pass --no_auth"),
+    (["--api_key", ""], None, "serve_rm needs a bearer token"),
+    (["--no_auth"], "from-env", "--no_auth contradicts the key in RLHFKIT_RM_API_KEY"),
+    (["--no_auth", "--api_key", "k"], None, "--no_auth contradicts the key in --api_key"),
+])
+def test_auth_is_off_only_with_no_auth(monkeypatch, flags, env, outcome):
+    from rlhfkit.config.base import parse_config
+    from rlhfkit.config.preference import ServeRMConfig
+    from rlhfkit.errors import UserError
+
+    if env is None:
+        monkeypatch.delenv("RLHFKIT_RM_API_KEY", raising=False)
+    else:
+        monkeypatch.setenv("RLHFKIT_RM_API_KEY", env)
+    cfg = parse_config(ServeRMConfig, ["--reward_pretrain", "m", *flags], "serve_rm")
+    if outcome is None or " " not in outcome:
+        assert cfg.resolved_api_key() == outcome
+    else:
+        with pytest.raises(UserError, match=outcome):
+            cfg.check_inputs()
+
+
+def test_cli_no_auth_warns_and_serves_without_a_token(reward_dir):
+    from rlhfkit.distributed.launch import free_port
+
+    port = free_port()
+    env = {k: v for k, v in __import__("os").environ.items() if k != "RLHFKIT_RM_API_KEY"}
+    proc = subprocess.Popen([sys.executable, "-m", "rlhfkit.cli.serve_rm", "--reward_pretrain", str(reward_dir),
+                             "--port", str(port), "--max_len", "64", "--no_auth"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines, deadline = [], time.monotonic() + 120
+        while not any("ready" in line for line in lines) and time.monotonic() < deadline and proc.poll() is None:
+            lines.append(proc.stdout.readline())
+        assert any("warning: --no_auth: serving without a bearer token" in line for line in lines), lines
+        assert post(port, {"query": ["a"]})[0] == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert proc.returncode == 0
+
+
+def test_connections_past_max_connections_get_503(reward_dir):
+    import socket
+
+    from rlhfkit.rewards.scorer import load_scorer
+    from rlhfkit.rewards.server import RewardServer
+
+    with RewardServer(load_scorer(str(reward_dir), max_len=64), port=0, max_connections=4) as srv:
+        idle = [socket.create_connection(("127.0.0.1", srv.port), timeout=10) for _ in range(4)]
+        try:
+            time.sleep(0.2)
+            answer = raw_exchange(srv.port, head(len(b'{"query": ["a"]}')), b'{"query": ["a"]}')
+            assert answer.startswith("HTTP/1.1 503")  # uvicorn's own answer (text/plain), before the app runs
+        finally:
+            for sock in idle:
+                sock.close()
+        time.sleep(0.2)
+        assert post(srv.port, {"query": ["a"]})[0] == 200

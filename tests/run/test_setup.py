@@ -145,6 +145,7 @@ def test_default_critic_from_pretrain_needs_no_head():
 
 
 def test_serve_rm_plain_model_is_an_error_naming_the_missing_head(demo_assets, capsys):
-    line = error_line(capsys, "serve_rm", "--reward_pretrain", str(demo_assets.model_dir), "--port", "0")
+    line = error_line(capsys, "serve_rm", "--reward_pretrain", str(demo_assets.model_dir), "--port", "0",
+                      "--no_auth")
     assert f"--reward_pretrain {demo_assets.model_dir} is not a reward model: score.weight is not in the " \
            "checkpoint" in line
