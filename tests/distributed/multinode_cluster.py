@@ -8,8 +8,9 @@ be reached from outside the test. The script brings loopback up, starts a head (
 server) and `workers` nodes (`ray start --address`, one CPU each), waits until all are alive, then
 1. runs the `job` command (`{dashboard}` is the job server's URL, `{gcs}` the cluster address), again while the job
    server says "No available agent", and prints its output;
-2. with `kill` ({"role", "ckpt", "placement", "driver"}): starts the driver command, SIGKILLs the node of the
-   role's last rank once the run's first checkpoint is complete, times how long the driver takes to stop, starts a
+2. with `kill` ({"role", "ckpt", "placement", "driver"}): starts the driver command, SIGKILLs the worker node of
+   the role's last rank (the head holds the job server: another role's node when the role sits there) once the
+   run's first checkpoint is complete, times how long the driver takes to stop, starts a
    replacement node and reruns the driver with --load_checkpoint.
 OUT_DIR/cluster.json holds the alive nodes ({node id: IP}) and what each phase returned. The cluster is stopped on
 exit.
@@ -80,27 +81,45 @@ def run_job(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess
     return done
 
 
+def lose_machine(node: subprocess.Popen) -> None:
+    """SIGKILL everything of a node at once, as a lost machine: its `ray start`, the raylet and every worker process
+    the raylet started (actors talk to each other directly, so a dead raylet alone would not stop them)."""
+    import psutil
+
+    root = psutil.Process(node.pid)
+    everything = [root, *root.children(recursive=True)]
+    for process in everything:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
 def lose_a_node(spec: dict, gcs: int, env: dict[str, str], workers: list[subprocess.Popen], out: Path) -> dict:
-    """Start the driver, SIGKILL the node of `spec["role"]`'s last rank once the first checkpoint is complete, and
-    time how long the driver takes to stop."""
+    """Start the driver, SIGKILL a worker node that holds a rank of `spec["role"]` (the last such rank; else of the
+    first role on a worker node) once the run's first checkpoint is complete, and time how long the driver takes to
+    stop."""
     ckpt, placement = Path(spec["ckpt"]), Path(spec["placement"])
+    processes = node_processes(gcs, env, workers)  # before the run: the kill must not wait for a probe
     with open(out / "killed_run.log", "w") as log:
         driver = subprocess.Popen(spec["driver"], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.time() + 400
         while not ((ckpt / "latest").is_file() and placement.is_file()):
             if driver.poll() is not None or time.time() > deadline:
                 raise RuntimeError(f"the run ended or stalled before its first checkpoint: {driver.poll()}")
-            time.sleep(0.5)
-        node = json.loads(placement.read_text())["roles"][spec["role"]][-1]
-        victim = node_processes(gcs, env, workers)[node]
-        os.killpg(victim.pid, 9)  # the whole node at once: raylet, object store, the role's worker
+            time.sleep(0.2)
+        roles = json.loads(placement.read_text())["roles"]
+        order = [spec["role"]] + [r for r in roles if r != spec["role"]]
+        role, node = next((r, n) for r in order for n in reversed(roles[r]) if n in processes)
+        victim = processes[node]
+        lose_machine(victim)
         killed = time.time()
         try:
             code = driver.wait(timeout=180)
         except subprocess.TimeoutExpired:
             driver.kill()
             code = None
-    return {"killed_node": node, "killed_worker": workers.index(victim), "returncode": code,
+    return {"role": role, "killed_node": node, "killed_worker": workers.index(victim), "returncode": code,
             "seconds_to_stop": time.time() - killed, "log": (out / "killed_run.log").read_text()[-6000:]}
 
 
