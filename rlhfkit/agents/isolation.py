@@ -74,20 +74,13 @@ def isolate(executor: AgentExecutorBase, agent_path: str, workers: int, timeout:
 def isolate_run_agent(executor: Any, agent_path: str, workers: int, timeout: float) -> list[str]:
     """Make an OpenAI executor run `run_agent` in worker processes: each episode builds the file's `AgentExecutor()`
     in a worker (with the run's max_steps / max_length) and calls its `run_agent` there, which reaches the episode's
-    endpoint over 127.0.0.1 as before. An exit, a crash or a call past `timeout` seconds (killed) costs the
-    episode. Returns the (empty) key list of `isolate`: each episode drops its executor itself."""
+    endpoint over 127.0.0.1 as before, all in one call (`PinnedWorkers.once`). An exit, a crash or a call past
+    `timeout` seconds (killed) costs the episode. Returns the (empty) key list of `isolate`: nothing to release."""
     pool = agent_workers(agent_path, workers, timeout)
     bound = {"max_steps": executor.max_steps, "max_length": executor.max_length}
 
     async def run_agent(base_url: str, prompt: str, label: Any) -> Any:
-        key = uuid.uuid4().hex
-        try:
-            await _remote(pool.new, "AgentExecutor", key)
-            for name, value in bound.items():
-                await _remote(pool.call, key, "__setattr__", name, value)
-            return await _remote(pool.call, key, "run_agent", base_url, prompt, label)
-        finally:
-            await asyncio.get_running_loop().run_in_executor(None, pool.drop, key)
+        return await _remote(pool.once, "AgentExecutor", "run_agent", bound, base_url, prompt, label)
 
     executor.run_agent_remote = run_agent
     return []
