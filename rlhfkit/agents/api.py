@@ -209,13 +209,17 @@ class AgentExecutorBase:
             episode.finish, episode.error = FINISH_FAILED, f"{failure.kind}: {failure}"
             return episode
 
-    async def _episode(self, episode: Episode, prompt: Any, label: Any, sampling_params: Any, tokenizer: Any,
-                       engine: Any, budget: int) -> Episode:
-        agent = await self._user("AgentInstance()", create_instance(self.agent_instance_cls))
+    async def _reset(self, agent: Any, prompt: Any, label: Any) -> str:
+        """The episode's first observation: what `reset` returns (a dict), by default the prompt."""
         first = await self._user("reset", agent.reset({"observation": str(prompt), "label": label}))
         if first is not None and not isinstance(first, dict):
             raise AgentFailure("bad_output", f"reset returned {type(first).__name__}, not a dict with an observation")
-        observation = str((first or {}).get("observation", prompt))
+        return str((first or {}).get("observation", prompt))
+
+    async def _episode(self, episode: Episode, prompt: Any, label: Any, sampling_params: Any, tokenizer: Any,
+                       engine: Any, budget: int) -> Episode:
+        agent = await self._user("AgentInstance()", create_instance(self.agent_instance_cls))
+        observation = await self._reset(agent, prompt, label)
         episode.prompt_ids = self._prompt_ids(observation, prompt)
         context = list(episode.prompt_ids)
         scores: float | None = None

@@ -207,6 +207,35 @@ def _isolate(executor: AgentExecutorBase, agent_path: str, workers: int, timeout
     return []
 
 
+async def _episode(executor: AgentExecutorBase, llm: BatchingGenerator, tokenizer: Any, request: dict[str, Any],
+                   max_length: int) -> Episode:
+    """One request's episode through the file's `execute`, in whichever form it is written; what the agent's code
+    does wrong (raises, returns the wrong type) is a failed episode, what the engine or the run does wrong is not."""
+    prompt = Prompt(request["prompt"], request["prompt_ids"])
+    engine = OpenRLHFEngine(llm, tokenizer, max_length)
+    try:
+        if not takes_engine(executor):  # OpenRLHF's example form: execute(prompt, label, sampling_params)
+            out = await executor.execute(prompt, request.get("label"), dict(llm.sampling))
+        else:
+            params = SamplingParams(llm.sampling, max_tokens=max_length, logprobs=1)
+            out = await executor.execute(prompt, request.get("label"), params, max_length, tokenizer, engine)
+            out = out if isinstance(out, Episode) else episode_from_dict(out, engine, max_length)
+        if isinstance(out, Episode):
+            return out
+        return _failed(prompt, "bad_output", f"execute returned {type(out).__name__}; return what "
+                                             "super().execute(...) returns")
+    except AgentFailure as failure:  # e.g. a malformed dict from OpenRLHF 0.11's execute
+        return _failed(prompt, failure.kind, str(failure))
+    except (UserError, LoopBlocked):
+        raise
+    except Exception as e:  # noqa: BLE001 - an execute override raised: its episode fails, unless the engine did
+        if llm.engine_error is not None:
+            raise
+        text = str(e).strip()
+        return _failed(prompt, "exception", f"execute raised {type(e).__name__}"
+                                            + (f": {text.splitlines()[0]}" if text else ""))
+
+
 def run_episodes(engine_generate: Callable[..., list], tokenizer: Any, agent_path: str,
                  requests: Sequence[dict[str, Any]], *, max_steps: int, max_length: int, seed: int | None = None,
                  step_timeout: float | None = None, agent_workers: int = 0, tool_format: str | None = None,
@@ -229,32 +258,11 @@ def run_episodes(engine_generate: Callable[..., list], tokenizer: Any, agent_pat
     except UserError as e:
         raise UserError(f"agent {agent_path}: {e}") from None
     keys = _isolate(executor, agent_path, agent_workers, timeout)
-    full_form = takes_engine(executor)
     done: dict[int, Episode] = {}
 
     async def one(i: int, request: dict[str, Any]) -> None:
-        prompt = Prompt(request["prompt"], request["prompt_ids"])
-        engine = OpenRLHFEngine(llm, tokenizer, max_length)
-        params = SamplingParams(llm.sampling, max_tokens=max_length, logprobs=1)
         try:
-            if not full_form:  # OpenRLHF's example form: execute(prompt, label, sampling_params)
-                out = await executor.execute(prompt, request.get("label"), dict(llm.sampling))
-            else:
-                out = await executor.execute(prompt, request.get("label"), params, max_length, tokenizer, engine)
-            done[i] = out if isinstance(out, Episode) or not full_form else episode_from_dict(out, engine, max_length)
-            if not isinstance(done[i], Episode):
-                done[i] = _failed(prompt, "bad_output", f"execute returned {type(out).__name__}; return what "
-                                                        "super().execute(...) returns")
-        except AgentFailure as failure:  # e.g. a malformed dict from OpenRLHF 0.11's execute
-            done[i] = _failed(prompt, failure.kind, str(failure))
-        except (UserError, LoopBlocked):
-            raise
-        except Exception as e:  # noqa: BLE001 - an execute override raised: its episode fails, unless the engine did
-            if llm.engine_error is not None:
-                raise
-            text = str(e).strip()
-            done[i] = _failed(prompt, "exception", f"execute raised {type(e).__name__}"
-                                                   + (f": {text.splitlines()[0]}" if text else ""))
+            done[i] = await _episode(executor, llm, tokenizer, request, max_length)
         finally:
             llm.episode_finished()
 
