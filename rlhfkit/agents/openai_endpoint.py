@@ -220,8 +220,9 @@ class OpenAIAgentExecutor(AgentExecutorBase):
     """An executor whose episodes an external agent drives through an OpenAI-compatible endpoint.
 
     Subclass it in an agent file (`class AgentExecutor(OpenAIAgentExecutor)`) and implement
-    `run_agent(base_url, prompt, label) -> reward` (blocking client code; it runs in a thread while the endpoint
-    serves it). The episode's trace is what the endpoint recorded; its reward is what run_agent returns."""
+    `run_agent(base_url, prompt, label) -> reward` (blocking client code; in a run it runs in an agent worker
+    process, on a fresh `AgentExecutor()`, while the endpoint serves it: an exit, a hang or a crash costs its
+    episode). The episode's trace is what the endpoint recorded; its reward is what run_agent returns."""
 
     def __init__(self) -> None:
         super().__init__(None)
