@@ -329,22 +329,23 @@ class AgentExecutor(MultiTurnAgentExecutor):
 """
 
 
-def agent_argv(a, tmp: Path, module_line: str) -> list[str]:
-    """train_ppo with an agent file whose module level runs `module_line` (no reward file: the agent rewards)."""
+def agent_argv(a, tmp: Path, module_line: str, timeout: str = "10") -> list[str]:
+    """train_ppo with an agent file whose module level runs `module_line` (no reward file: the agent rewards),
+    imported in a worker within `timeout` seconds (--reward_timeout)."""
     argv = base_argv("train_ppo", a, tmp)
     i = argv.index("--remote_rm_url")
     del argv[i:i + 2]
     path = write(tmp / "agent.py", f"import os, sys, time\n{module_line}\n{AGENT_TAIL}")
-    return [*argv, "--agent_func_path", path, "--max_steps", "1", "--reward_timeout", "1"]
+    return [*argv, "--agent_func_path", path, "--max_steps", "1", "--reward_timeout", timeout]
 
 
-@pytest.mark.parametrize("line, expect", [("sys.exit(0)", "SystemExit: 0"),
-                                          ("time.sleep(1e9)", "importing it took more than 1 s"),
-                                          ("raise KeyError('gone')", "KeyError: 'gone'")],
+@pytest.mark.parametrize("line, timeout, expect", [("sys.exit(0)", "10", "SystemExit: 0"),
+                                                   ("time.sleep(1e9)", "1", "importing it took more than 1 s"),
+                                                   ("raise KeyError('gone')", "10", "KeyError: 'gone'")],
                          ids=["sys_exit", "sleep", "raise"])
-def test_agent_file_module_level_exit_hang_or_error_is_one_line(line, expect, demo_assets, tmp_path, capsys,
+def test_agent_file_module_level_exit_hang_or_error_is_one_line(line, timeout, expect, demo_assets, tmp_path, capsys,
                                                                 no_process_group):
-    code, err = call_in_process("train_ppo", agent_argv(demo_assets, tmp_path, line), capsys)
+    code, err = call_in_process("train_ppo", agent_argv(demo_assets, tmp_path, line, timeout), capsys)
     assert_one_line_error(code, err, ("agent.py: importing it in a worker failed", expect))
     assert not no_process_group.is_initialized()
 
