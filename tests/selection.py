@@ -34,6 +34,7 @@ SLOW = {
     "agents/test_openai_endpoint.py::test_one_rl_step_trains_on_http_driven_episodes",
     "bench/test_gpu_suite.py",
     "bench/test_grpo_ray_bench.py",
+    "cli/test_bad_inputs.py::test_agent_file_module_level_os_exit_exits_2_in_a_real_process",
     "cli/test_bad_inputs.py::test_invalid_negative_learning_rate_exits_2_in_a_real_process",
     "cli/test_bad_inputs.py::test_malformed_data_line_exits_2_in_a_real_process",
     "cli/test_batch_inference.py",

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +109,24 @@ def total(value: Any) -> float:
     if isinstance(value, (list, tuple)):
         return float(sum(total(v) for v in value))
     return float(value)
+
+
+def step_output(out: Any) -> tuple[dict, float, float | None]:
+    """(the dict, its summed rewards, its summed scores or None) of what `step` returned; anything else (not a dict,
+    rewards that are no number, NaN / inf) is the agent's failure, costing its episode (kind bad_output or
+    non_finite)."""
+    out = {} if out is None else out
+    if not isinstance(out, dict):
+        raise AgentFailure("bad_output", f"step returned {type(out).__name__}, not a dict (rewards, "
+                                         "environment_feedback, done)")
+    try:
+        rewards = total(out.get("rewards"))
+        scores = None if out.get("scores") is None else total(out["scores"])
+    except (TypeError, ValueError) as e:
+        raise AgentFailure("bad_output", f"step returned rewards / scores that are not numbers ({e})") from None
+    if not all(math.isfinite(v) for v in (rewards, 0.0 if scores is None else scores)):
+        raise AgentFailure("non_finite", f"step returned rewards {rewards} / scores {scores}: not finite")
+    return out, rewards, scores
 
 
 def numbers(logs: Any) -> dict[str, float]:
@@ -190,11 +209,17 @@ class AgentExecutorBase:
             episode.finish, episode.error = FINISH_FAILED, f"{failure.kind}: {failure}"
             return episode
 
+    async def _reset(self, agent: Any, prompt: Any, label: Any) -> str:
+        """The episode's first observation: what `reset` returns (a dict), by default the prompt."""
+        first = await self._user("reset", agent.reset({"observation": str(prompt), "label": label}))
+        if first is not None and not isinstance(first, dict):
+            raise AgentFailure("bad_output", f"reset returned {type(first).__name__}, not a dict with an observation")
+        return str((first or {}).get("observation", prompt))
+
     async def _episode(self, episode: Episode, prompt: Any, label: Any, sampling_params: Any, tokenizer: Any,
                        engine: Any, budget: int) -> Episode:
         agent = await self._user("AgentInstance()", create_instance(self.agent_instance_cls))
-        first = await self._user("reset", agent.reset({"observation": str(prompt), "label": label}))
-        observation = str((first or {}).get("observation", prompt))
+        observation = await self._reset(agent, prompt, label)
         episode.prompt_ids = self._prompt_ids(observation, prompt)
         context = list(episode.prompt_ids)
         scores: float | None = None
@@ -213,12 +238,12 @@ class AgentExecutorBase:
             episode.action_mask += [1] * len(action)
             episode.turns += 1
             action_text = tokenizer.decode(action, skip_special_tokens=True)
-            out = await self._user("step", agent.step({"observation_text": observation, "action_text": action_text,
-                                                       "action_ids": list(action), "label": label,
-                                                       "sampling_params": sampling_params})) or {}
-            episode.reward += total(out.get("rewards"))
-            if out.get("scores") is not None:
-                scores = total(out["scores"])
+            out, rewards, turn_scores = step_output(await self._user("step", agent.step(
+                {"observation_text": observation, "action_text": action_text, "action_ids": list(action),
+                 "label": label, "sampling_params": sampling_params})))
+            episode.reward += rewards
+            if turn_scores is not None:
+                scores = turn_scores
             logs.update(numbers(out.get("extra_logs")))
             if out.get("sampling_params") is not None:  # the next turn's (e.g. a "max_tokens" cap per turn)
                 sampling_params = out["sampling_params"]

@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import inspect
+import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from rlhfkit.agents.api import AgentExecutorBase, AgentFailure, Episode, Prompt
+from rlhfkit.agents.api import FINISH_FAILED, AgentExecutorBase, AgentFailure, Episode, Prompt
 from rlhfkit.agents.openrlhf_compat import (
     IMPORT_ALIASES,
     OpenRLHFEngine,
@@ -25,6 +27,7 @@ from rlhfkit.agents.openrlhf_compat import (
     episode_from_dict,
     takes_engine,
 )
+from rlhfkit.agents.watchdog import LoopBlocked, LoopWatch
 from rlhfkit.errors import UserError
 from rlhfkit.rewards.user_code_worker import aliased_imports
 
@@ -49,6 +52,8 @@ class BatchingGenerator:
         self._pending: list[tuple[list[int], int, asyncio.Future]] = []
         self._flushing = False
         self._arrived: asyncio.Event | None = None
+        self.watch: LoopWatch | None = None  # the loop's watchdog: engine calls block the loop on purpose
+        self.engine_error: Exception | None = None  # the engine itself failed (not the agent's code)
 
     def episode_finished(self) -> None:
         self.active -= 1
@@ -94,32 +99,68 @@ class BatchingGenerator:
             self.calls += 1
             self.batch_sizes.append(len(items))
             try:
-                samples = self.engine_generate([ids for ids, _ in items], max_new_tokens=budget, seed=seed,
-                                               **self.sampling)
+                samples = self._engine_generate([ids for ids, _ in items], budget, seed)
+            except LoopBlocked as e:  # the episodes were given up; the caller may be using the engine now
+                for _, future in items:
+                    future.set_exception(e)
+                continue
             except Exception as e:  # noqa: BLE001 - every waiting episode learns of it
+                self.engine_error = e
                 for _, future in items:
                     future.set_exception(e)
                 continue
             for (_, future), sample in zip(items, samples):
                 future.set_result(sample)
 
+    def _engine_generate(self, contexts: list[list[int]], budget: int, seed: int | None) -> list:
+        if self.watch is None:
+            return self.engine_generate(contexts, max_new_tokens=budget, seed=seed, **self.sampling)
+        with self.watch.engine_call():
+            return self.engine_generate(contexts, max_new_tokens=budget, seed=seed, **self.sampling)
 
-def load_agent_executor(path: str) -> type:
-    """The `AgentExecutor` class of an agent file (imported in this process)."""
+
+_IMPORT_CHECKED: set[tuple[str, float]] = set()  # (file, mtime) imported once in a worker by this process
+
+
+def _openrlhf_hint(error: str) -> str:
+    return f"; rlhfkit provides {', '.join(IMPORT_ALIASES)} of openrlhf" if "openrlhf" in error and \
+        "ModuleNotFoundError" in error else ""
+
+
+def check_import_in_worker(file: Path, path: str, timeout: float) -> None:
+    """Import the agent file once in a worker process before this process imports it: a module-level `os._exit`,
+    `sys.exit`, hang (past `timeout` seconds) or exception stops the run with one line instead of ending or freezing
+    this process. Once per file version and process."""
+    key = (str(file.resolve()), os.stat(file).st_mtime)
+    if key in _IMPORT_CHECKED:
+        return
+    from rlhfkit.rewards.user_code import PinnedWorkers, UserCodeLoadError
+
+    try:
+        PinnedWorkers(path, workers=1, timeout=timeout, start_timeout=timeout,
+                      import_aliases=IMPORT_ALIASES).close()
+    except UserCodeLoadError as e:
+        raise UserError(f"agent {path}: importing it in a worker failed ({e}){_openrlhf_hint(str(e))}") from None
+    _IMPORT_CHECKED.add(key)
+
+
+def load_agent_executor(path: str, import_timeout: float = 60.0) -> type:
+    """The `AgentExecutor` class of an agent file, imported in this process after a worker imported it
+    (`check_import_in_worker`, bounded by `import_timeout` seconds)."""
     file = Path(path).expanduser()
     if not file.is_file():
         raise UserError(f"--agent_func_path {path}: no such file")
     spec = importlib.util.spec_from_file_location(f"rlhfkit_agent_{abs(hash(str(file.resolve())))}", file)
     if spec is None or spec.loader is None:
         raise UserError(f"--agent_func_path {path}: not a Python file that can be imported")
+    check_import_in_worker(file, path, import_timeout)
     module = importlib.util.module_from_spec(spec)
     try:
         with aliased_imports(IMPORT_ALIASES):  # `from openrlhf.utils.agent import ...` as OpenRLHF's files write it
             spec.loader.exec_module(module)
-    except Exception as e:  # noqa: BLE001 - any failure while importing is the user's file
-        hint = (f"; rlhfkit provides {', '.join(IMPORT_ALIASES)} of openrlhf" if isinstance(e, ImportError)
-                and "openrlhf" in str(e) else "")
-        raise UserError(f"agent {path}: importing it failed ({type(e).__name__}: {e}){hint}") from e
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - any failure while importing is the user's file
+        hint = _openrlhf_hint(f"ModuleNotFoundError: {e}") if isinstance(e, ImportError) else ""
+        raise UserError(f"agent {path}: importing it failed ({type(e).__name__}: {e}){hint}") from None
     cls = getattr(module, "AgentExecutor", None)
     if not (inspect.isclass(cls) and issubclass(cls, AgentExecutorBase)):
         raise UserError(f"agent {path}: defines no class AgentExecutor(AgentExecutorBase or MultiTurnAgentExecutor) "
@@ -129,15 +170,70 @@ def load_agent_executor(path: str) -> type:
 
 def make_executor(cls: type[Any], max_steps: int, max_length: int, llm_engine: Any, tokenizer: Any,
                   step_timeout: float | None = None, tool_format: str | None = None) -> AgentExecutorBase:
-    """Build the file's AgentExecutor in the form it is written in, then bind what the run provides."""
+    """Build the file's AgentExecutor in the form it is written in, then bind what the run provides. Its
+    `__init__` raising is the user's mistake: one line (UserError)."""
     params = [p for p in inspect.signature(cls.__init__).parameters.values()
               if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     # OpenRLHF 0.11's executors that drive the engine themselves define no __init__ (its base takes none)
     own_init = cls.__init__ is not AgentExecutorBase.__init__
-    executor = cls(max_steps, max_length, llm_engine, tokenizer, None) if params and own_init else cls()
+    try:
+        executor = cls(max_steps, max_length, llm_engine, tokenizer, None) if params and own_init else cls()
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's constructor
+        text = str(e).strip()
+        raise UserError(f"AgentExecutor() raised {type(e).__name__}"
+                        + (f": {text.splitlines()[0]}" if text else "")) from None
     tools = {"tool_format": tool_format} if tool_format else {}  # (a file's own bind() may predate the argument)
     return executor.bind(max_steps=max_steps, max_length=max_length, llm_engine=llm_engine, hf_tokenizer=tokenizer,
                          step_timeout=step_timeout, **tools)
+
+
+def _failed(prompt: Prompt, kind: str, text: str) -> Episode:
+    return Episode(prompt_ids=list(prompt.token_ids), finish=FINISH_FAILED, error=f"{kind}: {text}")
+
+
+def _isolate(executor: AgentExecutorBase, agent_path: str, workers: int, timeout: float) -> list[str]:
+    """Move the file's own code into worker processes where it can live there: AgentInstances (the keys to
+    release afterwards), or an OpenAI executor's `run_agent`. A tool agent's instances stay here
+    (`isolate_instances = False`); its tools run in worker processes."""
+    from rlhfkit.agents import isolation
+    from rlhfkit.agents.openai_endpoint import OpenAIAgentExecutor
+
+    if workers <= 0:
+        return []
+    if isinstance(executor, OpenAIAgentExecutor):
+        return isolation.isolate_run_agent(executor, agent_path, workers, timeout)
+    if executor.agent_instance_cls is not None and getattr(executor, "isolate_instances", True):
+        return isolation.isolate(executor, agent_path, workers, timeout)
+    return []
+
+
+async def _episode(executor: AgentExecutorBase, llm: BatchingGenerator, tokenizer: Any, request: dict[str, Any],
+                   max_length: int) -> Episode:
+    """One request's episode through the file's `execute`, in whichever form it is written; what the agent's code
+    does wrong (raises, returns the wrong type) is a failed episode, what the engine or the run does wrong is not."""
+    prompt = Prompt(request["prompt"], request["prompt_ids"])
+    engine = OpenRLHFEngine(llm, tokenizer, max_length)
+    try:
+        if not takes_engine(executor):  # OpenRLHF's example form: execute(prompt, label, sampling_params)
+            out = await executor.execute(prompt, request.get("label"), dict(llm.sampling))
+        else:
+            params = SamplingParams(llm.sampling, max_tokens=max_length, logprobs=1)
+            out = await executor.execute(prompt, request.get("label"), params, max_length, tokenizer, engine)
+            out = out if isinstance(out, Episode) else episode_from_dict(out, engine, max_length)
+        if isinstance(out, Episode):
+            return out
+        return _failed(prompt, "bad_output", f"execute returned {type(out).__name__}; return what "
+                                             "super().execute(...) returns")
+    except AgentFailure as failure:  # e.g. a malformed dict from OpenRLHF 0.11's execute
+        return _failed(prompt, failure.kind, str(failure))
+    except (UserError, LoopBlocked):
+        raise
+    except Exception as e:  # noqa: BLE001 - an execute override raised: its episode fails, unless the engine did
+        if llm.engine_error is not None:
+            raise
+        text = str(e).strip()
+        return _failed(prompt, "exception", f"execute raised {type(e).__name__}"
+                                            + (f": {text.splitlines()[0]}" if text else ""))
 
 
 def run_episodes(engine_generate: Callable[..., list], tokenizer: Any, agent_path: str,
@@ -145,61 +241,65 @@ def run_episodes(engine_generate: Callable[..., list], tokenizer: Any, agent_pat
                  step_timeout: float | None = None, agent_workers: int = 0, tool_format: str | None = None,
                  **sampling: Any) -> list[dict[str, Any]]:
     """One episode per request {"prompt": text, "prompt_ids": [...], "label": ...}, all at once; plain dicts
-    (Episode fields plus "truncated") in request order. An AgentInstance that raises or whose reset/step takes
-    longer than `step_timeout` seconds ends its own episode as failed (an `async` step is cancelled; a blocking one
-    cannot be interrupted here). With `agent_workers` > 0 the AgentInstances run in that many worker processes
-    (rlhfkit.agents.isolation), where a crash or a blocking call past `step_timeout` costs the episode too; a tool
-    agent's instances stay here (`isolate_instances = False`), its tools run in worker processes. `tool_format`:
-    --tool_format, for tool agents."""
-    cls = load_agent_executor(agent_path)
+    (Episode fields plus "truncated") in request order.
+
+    The agent's code costs its own episode, never the run: an AgentInstance that raises, returns the wrong types
+    or NaN, or whose reset/step takes longer than `step_timeout` seconds ends its episode as failed (kind
+    exception, bad_output, non_finite, timeout); so does an `execute` override that raises or returns the wrong
+    type. With `agent_workers` > 0 the AgentInstances (or an OpenAI executor's `run_agent`) run in that many worker
+    processes (rlhfkit.agents.isolation), where a crash or a blocking call past `step_timeout` costs the episode too.
+    Code that blocks the episodes' event loop here (a blocking `execute`) for `step_timeout` fails the episodes not
+    finished by then (rlhfkit.agents.watchdog). `tool_format`: --tool_format, for tool agents."""
+    timeout = step_timeout or 60.0
+    cls = load_agent_executor(agent_path, timeout)
     llm = BatchingGenerator(engine_generate, sampling, seed)
-    executor = make_executor(cls, max_steps, max_length, llm, tokenizer, step_timeout, tool_format)
-    keys: list[str] = []
-    isolated = executor.agent_instance_cls is not None and getattr(executor, "isolate_instances", True)
-    if agent_workers > 0 and isolated:  # (an endpoint-driven executor has no instances; a tool agent's run here)
-        from rlhfkit.agents.isolation import isolate
+    try:
+        executor = make_executor(cls, max_steps, max_length, llm, tokenizer, step_timeout, tool_format)
+    except UserError as e:
+        raise UserError(f"agent {agent_path}: {e}") from None
+    keys = _isolate(executor, agent_path, agent_workers, timeout)
+    done: dict[int, Episode] = {}
 
-        keys = isolate(executor, agent_path, agent_workers, step_timeout or 60.0)
-
-    full_form = takes_engine(executor)
-
-    async def one(request: dict[str, Any]) -> Episode:
-        prompt = Prompt(request["prompt"], request["prompt_ids"])
-        engine = OpenRLHFEngine(llm, tokenizer, max_length)
-        params = SamplingParams(llm.sampling, max_tokens=max_length, logprobs=1)
+    async def one(i: int, request: dict[str, Any]) -> None:
         try:
-            if not full_form:  # OpenRLHF's example form: execute(prompt, label, sampling_params)
-                return await executor.execute(prompt, request.get("label"), dict(llm.sampling))
-            out = await executor.execute(prompt, request.get("label"), params, max_length, tokenizer, engine)
-            return out if isinstance(out, Episode) else episode_from_dict(out, engine, max_length)
-        except AgentFailure as failure:  # a malformed dict from OpenRLHF 0.11's execute: this episode fails
-            return Episode(prompt_ids=list(prompt.token_ids), finish="failed", error=f"{failure.kind}: {failure}")
+            done[i] = await _episode(executor, llm, tokenizer, request, max_length)
         finally:
             llm.episode_finished()
 
-    async def run_all() -> list[Episode]:
+    async def run_all() -> None:
         llm.active = len(requests)
-        return list(await asyncio.gather(*[one(r) for r in requests]))
+        await asyncio.gather(*[one(i, r) for i, r in enumerate(requests)])
 
+    llm.watch = LoopWatch(timeout)
     try:
-        episodes = asyncio.run(run_all())
+        llm.watch.run(run_all())
     except UserError:
         raise
-    except Exception as e:  # noqa: BLE001 - the user's agent failed; say where
+    except LoopBlocked as e:  # the episodes not finished by then fail; the stuck code stays in its daemon thread
+        for i, request in enumerate(requests):
+            done.setdefault(i, _failed(Prompt(request["prompt"], request["prompt_ids"]), "timeout", str(e)))
+    except Exception as e:  # noqa: BLE001 - the engine failed under the episodes; say where
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise UserError(f"agent {agent_path}: an episode raised {type(e).__name__}: {first}") from e
     finally:
         if keys:
             from rlhfkit.agents.isolation import release
 
-            release(agent_path, agent_workers, step_timeout or 60.0, keys)
-    out = []
-    for episode in episodes:
-        if not isinstance(episode, Episode):
-            raise UserError(f"agent {agent_path}: AgentExecutor.execute returned {type(episode).__name__}; return "
-                            "what super().execute(...) returns")
-        out.append({**asdict(episode), "truncated": episode.truncated, "batch_sizes": llm.batch_sizes})
-    return out
+            release(agent_path, agent_workers, timeout, keys)
+    return [{**asdict(done[i]), "truncated": done[i].truncated, "batch_sizes": llm.batch_sizes}
+            for i in range(len(requests))]
+
+
+def _count_non_finite(episode: dict[str, Any]) -> dict[str, Any]:
+    """A finished episode whose reward or score is NaN / inf (e.g. what an OpenAI executor's run_agent returned) is a
+    failed one (kind non_finite): it gets the fallback and counts under --max_reward_failure_ratio."""
+    if episode["finish"] == FINISH_FAILED:
+        return episode
+    values = (episode["reward"], episode["reward"] if episode["score"] is None else episode["score"])
+    if all(math.isfinite(float(v)) for v in values):
+        return episode
+    return {**episode, "finish": FINISH_FAILED,
+            "error": f"non_finite: the episode's reward {values[0]} / score {values[1]} is not finite"}
 
 
 def episodes_to_samples(episodes: Sequence[dict[str, Any]], fallback: float = 0.0, max_failure_ratio: float = 1.0,
@@ -212,6 +312,7 @@ def episodes_to_samples(episodes: Sequence[dict[str, Any]], fallback: float = 0.
 
     from rlhfkit.rollout.engine import FINISH_LENGTH, FINISH_STOP, SampledSequence
 
+    episodes = [_count_non_finite(e) for e in episodes]
     samples = [SampledSequence(list(e["prompt_ids"]), list(e["response_ids"]), list(e["logprobs"]),
                                FINISH_LENGTH if e["truncated"] else FINISH_STOP, list(e["action_mask"]))
                for e in episodes]

@@ -71,6 +71,21 @@ def isolate(executor: AgentExecutorBase, agent_path: str, workers: int, timeout:
     return keys
 
 
+def isolate_run_agent(executor: Any, agent_path: str, workers: int, timeout: float) -> list[str]:
+    """Make an OpenAI executor run `run_agent` in worker processes: each episode builds the file's `AgentExecutor()`
+    in a worker (with the run's max_steps / max_length) and calls its `run_agent` there, which reaches the episode's
+    endpoint over 127.0.0.1 as before, all in one call (`PinnedWorkers.once`). An exit, a crash or a call past
+    `timeout` seconds (killed) costs the episode. Returns the (empty) key list of `isolate`: nothing to release."""
+    pool = agent_workers(agent_path, workers, timeout)
+    bound = {"max_steps": executor.max_steps, "max_length": executor.max_length}
+
+    async def run_agent(base_url: str, prompt: str, label: Any) -> Any:
+        return await _remote(pool.once, "AgentExecutor", "run_agent", bound, base_url, prompt, label)
+
+    executor.run_agent_remote = run_agent
+    return []
+
+
 def release(agent_path: str, workers: int, timeout: float, keys: list[str]) -> None:
     pool = _WORKERS.get((agent_path, workers, timeout))
     if pool is not None:

@@ -35,6 +35,7 @@ import time
 from typing import Any
 
 from rlhfkit.agents.api import FINISH_BUDGET, FINISH_DONE, AgentExecutorBase, AgentFailure, Episode
+from rlhfkit.agents.watchdog import in_daemon_thread
 
 GENERATE_TIMEOUT_S = 600.0  # one engine call, from a request's thread; bounded so a request never hangs
 SAMPLING = ("temperature", "top_p", "top_k")
@@ -219,8 +220,9 @@ class OpenAIAgentExecutor(AgentExecutorBase):
     """An executor whose episodes an external agent drives through an OpenAI-compatible endpoint.
 
     Subclass it in an agent file (`class AgentExecutor(OpenAIAgentExecutor)`) and implement
-    `run_agent(base_url, prompt, label) -> reward` (blocking client code; it runs in a thread while the endpoint
-    serves it). The episode's trace is what the endpoint recorded; its reward is what run_agent returns."""
+    `run_agent(base_url, prompt, label) -> reward` (blocking client code; in a run it runs in an agent worker
+    process, on a fresh `AgentExecutor()`, while the endpoint serves it: an exit, a hang or a crash costs its
+    episode). The episode's trace is what the endpoint recorded; its reward is what run_agent returns."""
 
     def __init__(self) -> None:
         super().__init__(None)
@@ -238,20 +240,31 @@ class OpenAIAgentExecutor(AgentExecutorBase):
         endpoint = EpisodeEndpoint(trace, llm_engine or self.llm_engine, dict(sampling_params or {}),
                                    asyncio.get_running_loop())
         base_url, key = server().register(endpoint)
-        failure = None
+        failure, reward = None, 0.0
         try:
-            reward = await self._user("run_agent", asyncio.to_thread(self.run_agent, base_url, str(prompt), label))
+            reward = float(await self._run_agent(base_url, str(prompt), label) or 0.0)
         except AgentFailure as e:
-            failure, reward = e, 0.0
+            failure = e
+        except (TypeError, ValueError) as e:  # run_agent's return value is no number
+            failure = AgentFailure("bad_output", f"run_agent returned no number ({e})")
         finally:
             server().unregister(key)
         episode = trace.episode
         if episode is None:  # the agent never called the endpoint: nothing was sampled, nothing to train on
             ids = self._prompt_ids(str(prompt), prompt)
-            return Episode(prompt_ids=ids, finish="failed", error="exception: run_agent made no completion call")
-        episode.reward = float(reward or 0.0)
-        episode.score = episode.reward
+            error = f"{failure.kind}: {failure}" if failure else "exception: run_agent made no completion call"
+            return Episode(prompt_ids=ids, finish="failed", error=error)
+        episode.reward = episode.score = reward  # a NaN one: episodes_to_samples counts it as failed
         episode.finish = FINISH_BUDGET if trace.room() <= 0 else FINISH_DONE
         if failure is not None:
             episode.finish, episode.error = "failed", f"{failure.kind}: {failure}"
         return episode
+
+    async def _run_agent(self, base_url: str, prompt: str, label: Any) -> Any:
+        """`run_agent` in a worker process (`run_agent_remote`, set by rlhfkit.agents.isolation: bounded by the
+        worker's timeout), else in a daemon thread bounded by the step timeout (never asyncio.to_thread, whose pool
+        asyncio.run joins at shutdown: a blocking run_agent would hang the run)."""
+        remote = getattr(self, "run_agent_remote", None)
+        if remote is not None:
+            return await remote(base_url, prompt, label)
+        return await self._user("run_agent", in_daemon_thread("run_agent", self.run_agent, base_url, prompt, label))

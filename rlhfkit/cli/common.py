@@ -34,8 +34,9 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
     try:
         code = main(argv)
     except UserError as e:
+        cause = getattr(e, "cause", None)  # raised in a Ray actor: Ray's wrapper's text holds the remote traceback
         if os.environ.get("RANK", "0") == "0":
-            sys.stderr.write(f"{prog}: error: {e}\n")
+            sys.stderr.write(f"{prog}: error: {cause if isinstance(cause, UserError) else e}\n")
         return UserError.exit_code
     except ComponentFailed as e:
         if os.environ.get("RANK", "0") == "0":

@@ -45,7 +45,9 @@ class UserCodeArgs:
     reward_workers: int = arg(2, "Worker processes that run a --remote_rm_url reward function file (a batch is "
                                  "scored in calls of --micro_rollout_batch_size samples spread over them), or the "
                                  "AgentInstances of --agent_func_path episodes (per rollout engine).")
-    reward_timeout: float = arg(60.0, "Seconds one reward function call (or agent reset/step) may take; a slower "
+    reward_timeout: float = arg(60.0, "Seconds one reward function call (or agent reset/step/run_agent, an "
+                                      "agent's blocking execute, importing the agent file in a worker before "
+                                      "training) may take; a slower "
                                       "call is killed (its worker replaced; an agent's episode ends), and a reward "
                                       "call is retried in halves, so a sample that hangs costs at most 1 + "
                                       "log2(--micro_rollout_batch_size) timeouts per step.")

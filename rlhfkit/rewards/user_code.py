@@ -265,8 +265,16 @@ class PinnedWorkers:
         self._meta = threading.Lock()  # _next and _homes: calls come from several threads
         self.replaced = 0
 
-    def _call_slot(self, slot: int, name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> CallResult:
+    def _call_slot(self, slot: int, name: str, args: Sequence[Any], kwargs: dict[str, Any],
+                   birth: int | None = None, home: str | None = None) -> CallResult:
+        """Call in slot's worker; under the slot's lock (no race with a kill and replacement): with `birth`, refuse
+        when the worker that held the object died since; with `home`, record that key's object lives there now."""
         with self._locks[slot]:
+            if birth is not None and self._births[slot] != birth:
+                return CallResult(kind="crash", error=f"{name}: the worker that held this object died earlier")
+            if home is not None:
+                with self._meta:
+                    self._homes[home] = (slot, self._births[slot])
             worker = self._workers[slot]
             result = worker.call(name, args, kwargs, self.timeout, self.start_timeout)
             if not worker.alive:
@@ -280,17 +288,24 @@ class PinnedWorkers:
             slot = self._next % len(self._workers)
             self._next += 1
             self._homes[key] = (slot, self._births[slot])
-        result = self._call_slot(slot, f"new:{class_name}:{key}", args, kwargs)
+        result = self._call_slot(slot, f"new:{class_name}:{key}", args, kwargs, home=key)
         result.error = result.error.replace(f"new:{class_name}:{key}", f"{class_name}()")
         return result
 
     def call(self, key: str, method: str, *args: Any, **kwargs: Any) -> CallResult:
         with self._meta:
             slot, birth = self._homes[key]
-        if self._births[slot] != birth:
-            return CallResult(kind="crash", error=f"{method}: the worker that held this object died earlier")
-        result = self._call_slot(slot, f"call:{key}:{method}", args, kwargs)
+        result = self._call_slot(slot, f"call:{key}:{method}", args, kwargs, birth)
         result.error = result.error.replace(f"call:{key}:{method}", method)
+        return result
+
+    def once(self, class_name: str, method: str, attributes: dict[str, Any], *args: Any) -> CallResult:
+        """Build `class_name()` in the next worker, set `attributes`, call `method(*args)`, forget the object."""
+        with self._meta:
+            slot = self._next % len(self._workers)
+            self._next += 1
+        result = self._call_slot(slot, f"once:{class_name}:{method}", (attributes, *args), {})
+        result.error = result.error.replace(f"once:{class_name}:{method}", method)
         return result
 
     def drop(self, key: str) -> None:

@@ -113,22 +113,32 @@ def _run(fn: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     return value
 
 
+def _new(cls: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """`cls(*args, **kwargs)`, awaiting an `async def __init__`."""
+    import inspect
+
+    if inspect.iscoroutinefunction(cls.__init__):
+        obj = cls.__new__(cls)
+        _run(cls.__init__, (obj, *args), kwargs)
+        return obj
+    return cls(*args, **kwargs)
+
+
 def _object_call(module: Any, objects: dict[str, Any], name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """Objects that live in the worker between calls (PinnedWorkers): "new:<Class>:<key>" builds one (awaiting an
-    `async def __init__`), "call:<key>:<method>" calls a method, "drop:<key>" forgets it."""
+    `async def __init__`), "call:<key>:<method>" calls a method, "drop:<key>" forgets it, "once:<Class>:<method>"
+    builds one, sets attributes, calls one method and forgets it (one call: nothing outlives the worker's death)."""
     op, _, rest = name.partition(":")
     if op == "new":
         class_name, _, key = rest.partition(":")
-        cls = getattr(module, class_name)
-        import inspect
-
-        if inspect.iscoroutinefunction(cls.__init__):
-            obj = cls.__new__(cls)
-            _run(cls.__init__, (obj, *args), kwargs)
-        else:
-            obj = cls(*args, **kwargs)
-        objects[key] = obj
+        objects[key] = _new(getattr(module, class_name), args, kwargs)
         return None
+    if op == "once":  # "once:<Class>:<method>", args (attributes, *method args): build, set, call, forget
+        class_name, _, method = rest.partition(":")
+        obj = _new(getattr(module, class_name), (), {})
+        for attr, value in dict(args[0]).items():
+            setattr(obj, attr, value)
+        return _run(getattr(obj, method), args[1:], kwargs)
     if op == "call":
         key, _, method = rest.partition(":")
         return _run(getattr(objects[key], method), args, kwargs)

@@ -111,8 +111,8 @@ class _TrainedRole(_Role):
 
         DeepSpeed averages gradients over ranks, hence the world size in the denominator."""
         world = self.strategy.world_size
-        if agg == "token_mean":
-            return tokens / (step_tokens / world)
+        if agg == "token_mean":  # a step whose every episode failed before sampling has no action token at all
+            return tokens / (max(step_tokens, 1) / world)
         return rows / (step_rows / world)
 
     def _backward_step(self, loss: torch.Tensor) -> None:

@@ -268,7 +268,7 @@ def make_text_reward(cfg: PPOConfig) -> Any:
     if cfg.agent.agent_func_path:
         from rlhfkit.agents.episodes import load_agent_executor
 
-        load_agent_executor(cfg.agent.agent_func_path)
+        load_agent_executor(cfg.agent.agent_func_path, cfg.user_code.reward_timeout)  # first in a worker
         return None
     m, code, urls = cfg.rl_model, cfg.user_code, remote_reward_urls(cfg)
     if any(is_http(url) for url in urls):

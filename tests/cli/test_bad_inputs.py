@@ -312,3 +312,46 @@ def test_invalid_negative_learning_rate_exits_2_in_a_real_process(demo_assets, t
     proc = subprocess_cli("train_ppo", [*base_argv("train_ppo", demo_assets, tmp_path), "--actor_learning_rate",
                                         "-1e-3"])
     assert_one_line_error(proc.returncode, proc.stderr, ("--actor_learning_rate", "-0.001"))
+
+
+AGENT_TAIL = """
+from rlhfkit.agents import AgentInstanceBase, MultiTurnAgentExecutor
+
+
+class AgentInstance(AgentInstanceBase):
+    async def step(self, states, **kwargs):
+        return {"rewards": 1.0, "done": True}
+
+
+class AgentExecutor(MultiTurnAgentExecutor):
+    def __init__(self):
+        super().__init__(AgentInstance)
+"""
+
+
+def agent_argv(a, tmp: Path, module_line: str, timeout: str = "10") -> list[str]:
+    """train_ppo with an agent file whose module level runs `module_line` (no reward file: the agent rewards),
+    imported in a worker within `timeout` seconds (--reward_timeout)."""
+    argv = base_argv("train_ppo", a, tmp)
+    i = argv.index("--remote_rm_url")
+    del argv[i:i + 2]
+    path = write(tmp / "agent.py", f"import os, sys, time\n{module_line}\n{AGENT_TAIL}")
+    return [*argv, "--agent_func_path", path, "--max_steps", "1", "--reward_timeout", timeout]
+
+
+@pytest.mark.parametrize("line, timeout, expect", [("sys.exit(0)", "10", "SystemExit: 0"),
+                                                   ("time.sleep(1e9)", "1", "importing it took more than 1 s"),
+                                                   ("raise KeyError('gone')", "10", "KeyError: 'gone'")],
+                         ids=["sys_exit", "sleep", "raise"])
+def test_agent_file_module_level_exit_hang_or_error_is_one_line(line, timeout, expect, demo_assets, tmp_path, capsys,
+                                                                no_process_group):
+    code, err = call_in_process("train_ppo", agent_argv(demo_assets, tmp_path, line, timeout), capsys)
+    assert_one_line_error(code, err, ("agent.py: importing it in a worker failed", expect))
+    assert not no_process_group.is_initialized()
+
+
+def test_agent_file_module_level_os_exit_exits_2_in_a_real_process(demo_assets, tmp_path):
+    proc = subprocess_cli("train_ppo", agent_argv(demo_assets, tmp_path, "os._exit(0)"))
+    assert_one_line_error(proc.returncode, proc.stderr, ("agent.py: importing it in a worker failed",
+                                                         "the worker exited (exit code 0)"))
+    assert not (tmp_path / "save").exists()  # no model: refused before training

@@ -28,3 +28,17 @@ def test_run_cli_exit_codes(capsys):
     assert capsys.readouterr().err == "p: error: --flag x: what is wrong, how to fix\n"
     assert run_cli(preempted, [], prog="p") == 0
     assert "--load_checkpoint" in capsys.readouterr().err
+
+
+def test_a_user_error_raised_in_a_ray_actor_is_still_one_line(capsys):
+    class RayTaskErrorLike(UserError):  # Ray re-raises an actor's exception as a subclass holding it in `cause`
+        def __init__(self, cause: UserError):
+            super().__init__(f"ray::EngineActor.generate_episodes() (pid=1)\nTraceback (most recent call last):\n"
+                             f"  ...\n{cause}")
+            self.cause = cause
+
+    def in_actor(argv):
+        raise RayTaskErrorLike(UserError("agent a.py: AgentExecutor() raised ValueError: no config"))
+
+    assert run_cli(in_actor, [], prog="p") == 2
+    assert capsys.readouterr().err == "p: error: agent a.py: AgentExecutor() raised ValueError: no config\n"
