@@ -165,7 +165,12 @@ def main(out: Path, spec: dict) -> int:
             kill = {**spec["kill"], "driver": fill(spec["kill"]["driver"])}
             result["kill"] = lose_a_node(kill, gcs, env, workers, out)
             workers.remove(workers[result["kill"]["killed_worker"]])
-            add_node(out / "replacement.log")  # the lost node comes back
+            deadline = time.time() + 180
+            while result["kill"]["killed_node"] in alive_nodes(gcs, env):  # until the cluster has seen it go
+                if time.time() > deadline:
+                    raise TimeoutError("the cluster never marked the lost node dead")
+                time.sleep(2)
+            add_node(out / "replacement.log")  # the lost machine comes back
             resumed = subprocess.run(kill["driver"] + ["--load_checkpoint"], env=env, cwd=REPO, capture_output=True,
                                      text=True, timeout=400)
             result["resume"] = {"returncode": resumed.returncode, "log": (resumed.stdout + resumed.stderr)[-6000:]}
