@@ -90,10 +90,13 @@ def start_ray_worker(gcs_port: int, log_path: Path, env: dict[str, str], num_cpu
                               "--runtime-env-agent-port", "--node-manager-port", "--object-manager-port")
              for arg in (flag, str(free_port()))]
     env = {k: v for k, v in env.items() if k != "RAY_ADDRESS"}
+    # A temp dir of its own: without one a node uses /tmp/ray, where every other Ray instance on the machine keeps
+    # (and garbage-collects) its runtime environments, working_dir packages included.
+    ray_tmp = tempfile.mkdtemp(prefix="rkw", dir="/tmp")
     with open(log_path, "w") as log:
         return subprocess.Popen(
             [ray_bin, "start", "--address", f"127.0.0.1:{gcs_port}", "--block", "--node-ip-address", "127.0.0.1",
-             "--num-cpus", str(num_cpus), "--num-gpus", "0", "--disable-usage-stats", *ports],
+             "--num-cpus", str(num_cpus), "--num-gpus", "0", "--temp-dir", ray_tmp, "--disable-usage-stats", *ports],
             env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
 
 

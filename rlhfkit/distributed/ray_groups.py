@@ -52,9 +52,24 @@ def _node_of(_instance: Any) -> tuple[str, str]:
     return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
 
 
+#: Where each actor of this run lives (actor id hex -> (node id, IP)), filled by `actor_nodes`: the error of an actor
+#: that died names its node (a lost machine), which Ray's own message does not always do.
+_NODES: dict[str, tuple[str, str]] = {}
+
+
 def actor_nodes(actors: Sequence[Any], what: str) -> list[tuple[str, str]]:
     """(Ray node id, node IP) of each actor, in order; works for any actor class (`__ray_call__`)."""
-    return list(ray_get([a.__ray_call__.remote(_node_of) for a in actors], what))
+    where = list(ray_get([a.__ray_call__.remote(_node_of) for a in actors], what))
+    for actor, node in zip(actors, where):
+        _NODES[actor._actor_id.hex()] = tuple(node)
+    return where
+
+
+def _actor_death(e: BaseException) -> str:
+    """`ActorDiedError: <why>` with the actor's node when this run recorded it."""
+    node = _NODES.get(str(getattr(e, "actor_id", "") or ""))
+    where = f"on node {node[1]}/{node[0][:8]}: " if node else ""
+    return f"{type(e).__name__}: {where}{death_cause(str(e))}"
 
 
 def kill_actors(actors: Sequence[Any]) -> None:
@@ -228,6 +243,27 @@ def death_cause(text: str) -> str:
     return lines[0][:300]
 
 
+_PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+
+
+def _dead_peer(refs: Any, text: str) -> str | None:
+    """When a rank's call failed because a peer's connection dropped (gloo: "Connection reset by peer"), the cause
+    to report is that peer's death (its actor's RayActorError), if one of `refs` shows it within a few seconds."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    if not any(gone in text for gone in _PEER_GONE):
+        return None
+    for ref in refs if isinstance(refs, list) else [refs]:
+        try:
+            ray.get(ref, timeout=20)
+        except RayActorError as e:
+            return _actor_death(e)
+        except Exception:  # noqa: BLE001 - this rank's own failure, or no answer yet: look at the next
+            continue
+    return None
+
+
 def ray_get(refs: Any, what: str, timeout: float | None = None) -> Any:
     """`ray.get` that turns a dead actor, a call past the timeout or a collective past --ddp_timeout inside the call
     into ComponentFailed naming `what` and the cause (any other exception raised inside the call, e.g. a UserError,
@@ -244,13 +280,17 @@ def ray_get(refs: Any, what: str, timeout: float | None = None) -> Any:
         raise ComponentFailed(f"{what}: no answer within --ray_call_timeout {limit:g} s; the run stopped (rerun "
                               "with --load_checkpoint to continue from the last checkpoint)") from None
     except RayActorError as e:
-        raise ComponentFailed(f"{what}: its Ray actor died ({type(e).__name__}: {death_cause(str(e))}); the run "
-                              "stopped (rerun with --load_checkpoint to continue from the last checkpoint)") from None
+        raise ComponentFailed(f"{what}: its Ray actor died ({_actor_death(e)}); the run stopped (rerun with "
+                              "--load_checkpoint to continue from the last checkpoint)") from None
     except RayTaskError as e:  # a rank's collective past --ddp_timeout (its peer died or hangs) names the flag
         message = collective_timeout_message(getattr(e, "cause", None) or e)
-        if message is None:
+        if message is not None:
+            raise ComponentFailed(f"{what}: {message}") from None
+        dead = _dead_peer(refs, str(e))  # a rank whose peer's connection dropped: the peer's death is the cause
+        if dead is None:
             raise
-        raise ComponentFailed(f"{what}: {message}") from None
+        raise ComponentFailed(f"{what}: its Ray actor died ({dead}); the run stopped (rerun with --load_checkpoint "
+                              "to continue from the last checkpoint)") from None
 
 
 class RayActorGroup:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -132,7 +133,7 @@ def main(out: Path, spec: dict) -> int:
     env.pop("RAY_ADDRESS", None)
     out.mkdir(parents=True, exist_ok=True)
     dashboard = free_port()
-    head, gcs, _ = start_ray_head(out / "head.log", env, dashboard_port=dashboard, num_cpus=1)
+    head, gcs, ray_tmp = start_ray_head(out / "head.log", env, dashboard_port=dashboard, num_cpus=1)
     workers: list[subprocess.Popen] = []
     result: dict = {}
 
@@ -179,6 +180,9 @@ def main(out: Path, spec: dict) -> int:
     finally:
         for node in reversed([head, *workers]):
             stop_ray_head(node)
+        for node in workers:  # their temp dirs (tests.helpers.start_ray_worker)
+            shutil.rmtree(node.args[node.args.index("--temp-dir") + 1], ignore_errors=True)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

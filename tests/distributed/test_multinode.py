@@ -92,7 +92,8 @@ def test_four_nodes_job_submit_then_a_lost_node_and_the_resume(demo_assets, tmp_
     assert kill["returncode"] not in (0, None) and kill["seconds_to_stop"] < 60, kill
     errors = [line for line in kill["log"].splitlines() if "its Ray actor died" in line]
     role = "rollout engine" if kill["role"] == "engine" else f"{kill['role']} role"
-    assert errors and role in errors[-1] and "node 127.0.0.1" in errors[-1], kill["log"][-3000:]
+    assert errors and role in errors[-1] and f"node 127.0.0.1/{kill['killed_node'][:8]}" in errors[-1], \
+        kill["log"][-3000:]
     assert "Traceback" not in kill["log"], kill["log"][-3000:]
 
     # 3. the rerun with --load_checkpoint on the restored cluster finishes
