@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import random
 import re
 import socket
 
@@ -24,11 +25,26 @@ def default_ds_accelerator() -> None:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
+# Rendezvous ports are drawn below the kernel's ephemeral range (Linux: 32768-60999) and above Ray's worker ports
+# (10002-19999): a port the kernel hands out at random (port 0) is soon handed to another process's outgoing
+# connection, which then holds it when the rendezvous binds (EADDRINUSE).
+_PORTS = (20000, 32000)
+_RANDOM = random.SystemRandom()  # not the seeded module-level generator: seeded runs side by side draw alike
+
+
 def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
+    """A TCP port free on 127.0.0.1 now, from `_PORTS` (else any free port)."""
+    for _ in range(64):
+        port = _RANDOM.randrange(*_PORTS)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 def world_size_from_env() -> int:
@@ -82,9 +98,20 @@ def init_distributed(timeout_s: float | None = None) -> None:
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     else:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    _forget_deepspeed_world_group()
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False,
                                timeout=datetime.timedelta(seconds=seconds))
     _ACTIVE_TIMEOUT_S[0] = seconds
+
+
+def _forget_deepspeed_world_group() -> None:
+    """A process that joins a new default group after destroying an earlier one (two runs in one notebook, a test
+    session): DeepSpeed keeps a clone of the first world group (`deepspeed.utils.groups._WORLD_GROUP`), and its next
+    engine would use it ("Group ... is not registered"). Drop the stale clone; DeepSpeed makes a new one."""
+    from deepspeed.utils import groups
+
+    if getattr(groups, "_WORLD_GROUP", None) is not None:
+        groups._WORLD_GROUP = None
 
 
 #: gloo: "Timed out waiting 3000ms for recv operation"; NCCL's watchdog: "collective operation timeout"; the
