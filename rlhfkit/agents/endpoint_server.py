@@ -6,11 +6,12 @@ bits: the URL is the episode's credential (a request for an unknown key gets 404
 can write into an episode's token trace, and an agent's client needs nothing but the base URL (the `openai`
 client's api_key is ignored).
 
-Limits, checked before a body is read: a POST needs a Content-Length (411) of at most `MAX_BODY_BYTES` (413, with
-or without a key); the body must arrive within `READ_TIMEOUT_S` (else the connection is dropped); at most
-`MAX_REQUESTS` requests are served at once (the rest wait), at most `MAX_CONNECTIONS` connections are open (503
-beyond; an idle connection costs no thread), an idle keep-alive connection is closed after `KEEP_ALIVE_S`. Validation
-errors are OpenAI-shaped 400s naming the field. The server stops with its process (a daemon thread) or `stop()`.
+Limits, checked before a body is read (serve_rm's `declared_length`): a POST needs a Content-Length (411), a valid
+one (400), of at most `MAX_BODY_BYTES` (413, with or without a key); the body must arrive within `READ_TIMEOUT_S`
+(else the connection is dropped); at most `MAX_REQUESTS` requests are served at once (the rest wait), at most
+`MAX_CONNECTIONS` connections are open (503 beyond; an idle connection costs no thread), an idle keep-alive
+connection is closed after `KEEP_ALIVE_S`. Validation errors are OpenAI-shaped 400s naming the field. The server
+stops with its process (a daemon thread) or `stop()`.
 """
 
 from __future__ import annotations
@@ -22,8 +23,11 @@ import threading
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from starlette.datastructures import Headers
+
 # At module level: FastAPI resolves the routes' (string) annotations in this module's globals.
 from rlhfkit.agents.openai_schema import ChatRequest, CompletionRequest
+from rlhfkit.rewards.server import Refusal, declared_length
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 READ_TIMEOUT_S = 30.0
@@ -51,15 +55,10 @@ class BodyLimits:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
             return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or [])
-        length = headers.get(b"content-length")
-        refusal = None
-        if length is None or not length.isdigit():
-            refusal = _error(411, "a POST needs a Content-Length header")
-        elif int(length) > MAX_BODY_BYTES:
-            refusal = _error(413, f"the body ({int(length)} bytes) is over the limit of {MAX_BODY_BYTES} bytes")
-        if refusal is not None:
-            return await _send_json(send, *refusal)
+        try:  # the same checks as serve_rm's: 411 without a length (or chunked), 400 for a bad one, 413 past the limit
+            declared_length(Headers(scope=scope), MAX_BODY_BYTES)
+        except Refusal as refusal:
+            return await _send_json(send, *_error(refusal.status, refusal.reason))
 
         async def timed_receive() -> MutableMapping[str, Any]:
             try:

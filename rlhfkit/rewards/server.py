@@ -81,7 +81,7 @@ class Limits:
             raise ValueError(f"every server limit must be positive: {self}")
 
 
-class _Refusal(Exception):
+class Refusal(Exception):
     """An answer other than 200: its status, its one-line reason, and headers (e.g. Connection: close)."""
 
     def __init__(self, status: int, reason: str, headers: dict[str, str] | None = None):
@@ -120,13 +120,13 @@ def parse_request(body: bytes) -> tuple[list[str], str | None]:
 def declared_length(headers: Any, max_body_bytes: int) -> int:
     """The body's Content-Length, checked before any of it is read (411, 400, 413)."""
     if "chunked" in headers.get("transfer-encoding", "").lower() or "content-length" not in headers:
-        raise _Refusal(411, "send the JSON body with a Content-Length header", {"Connection": "close"})
+        raise Refusal(411, "send the JSON body with a Content-Length header", {"Connection": "close"})
     raw = headers["content-length"]
     if not raw.isdigit():  # uvicorn's parser refuses most bad values first; "-1" or "1e3" must not pass either
-        raise _Refusal(400, f"bad Content-Length {raw[:40]!r}", {"Connection": "close"})
+        raise Refusal(400, f"bad Content-Length {raw[:40]!r}", {"Connection": "close"})
     length = int(raw)
     if length > max_body_bytes:  # no Connection: close, so uvicorn reads and drops the body: the client gets this
-        raise _Refusal(413, f"body of {length} bytes is over the limit of {max_body_bytes}")
+        raise Refusal(413, f"body of {length} bytes is over the limit of {max_body_bytes}")
     return length
 
 
@@ -146,17 +146,17 @@ async def read_body(request: Request, length: int, timeout: float) -> bytes:
         async for chunk in request.stream():
             body.extend(chunk)
             if len(body) > length:
-                raise _Refusal(400, f"body runs past its Content-Length of {length}", {"Connection": "close"})
+                raise Refusal(400, f"body runs past its Content-Length of {length}", {"Connection": "close"})
 
     try:
         await asyncio.wait_for(read(), timeout)
     except asyncio.TimeoutError:
-        raise _Refusal(408, f"the request body did not arrive within {timeout:g} s",
+        raise Refusal(408, f"the request body did not arrive within {timeout:g} s",
                        {"Connection": "close"}) from None
     except ClientDisconnect:
-        raise _Refusal(400, "the client closed the connection before its body arrived") from None
+        raise Refusal(400, "the client closed the connection before its body arrived") from None
     if len(body) != length:
-        raise _Refusal(400, f"body of {len(body)} bytes is shorter than its Content-Length of {length}",
+        raise Refusal(400, f"body of {len(body)} bytes is shorter than its Content-Length of {length}",
                        {"Connection": "close"})
     return bytes(body)
 
@@ -182,9 +182,9 @@ async def wait_for_scores(worker: BatchingWorker, texts: list[str], timeout: flo
         await asyncio.wait_for(asyncio.shield(answered), timeout)
     except asyncio.TimeoutError:
         job.cancelled = True  # the worker drops what it has not scored yet
-        raise _Refusal(503, f"scoring timed out after {timeout:g} s") from None
+        raise Refusal(503, f"scoring timed out after {timeout:g} s") from None
     if job.error is not None:
-        raise _Refusal(503, f"scoring failed: {job.error}")
+        raise Refusal(503, f"scoring failed: {job.error}")
     return job.rewards
 
 
@@ -198,8 +198,8 @@ def build_app(worker: BatchingWorker, limits: Limits, api_key: str | None) -> Fa
         return _error(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}; "
                                        f"POST {REWARD_PATH} or GET {HEALTH_PATH}")
 
-    @app.exception_handler(_Refusal)
-    async def refused(request: Request, exc: _Refusal) -> JSONResponse:
+    @app.exception_handler(Refusal)
+    async def refused(request: Request, exc: Refusal) -> JSONResponse:
         return _error(exc.status, exc.reason, exc.headers)
 
     @app.get(HEALTH_PATH)
@@ -210,13 +210,13 @@ def build_app(worker: BatchingWorker, limits: Limits, api_key: str | None) -> Fa
     async def get_reward(request: Request) -> RewardResponse:
         length = declared_length(request.headers, limits.max_body_bytes)
         if not authorized(request.headers, api_key):
-            raise _Refusal(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+            raise Refusal(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
         async with body_slots:  # bounds the bodies held in memory at once, whatever the number of connections
             texts, problem = parse_request(await read_body(request, length, limits.client_timeout))
         if problem:
-            raise _Refusal(400, problem)
+            raise Refusal(400, problem)
         if len(texts) > limits.max_queries_per_request:
-            raise _Refusal(413, f"{len(texts)} queries in one request is over the limit of "
+            raise Refusal(413, f"{len(texts)} queries in one request is over the limit of "
                                 f"{limits.max_queries_per_request}; split the batch")
         return RewardResponse(rewards=await wait_for_scores(worker, texts, limits.request_timeout))
 

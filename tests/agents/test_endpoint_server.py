@@ -159,6 +159,8 @@ def test_limits_hold_before_a_body_is_read(tok, monkeypatch):
         assert b" 413 " in _raw(big).split(b"\r\n")[0]  # 50 MB declared, none sent: refused at once
         assert b" 413 " in _raw(big.replace("Host: x", "Host: x\r\nAuthorization: Bearer -")).split(b"\r\n")[0]
         assert b" 411 " in _raw(f"POST /{path}/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n").split(b"\r\n")[0]
+        assert b" 400 " in _raw(f"POST /{path}/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n"
+                                ).split(b"\r\n")[0]  # serve_rm's checks: a bad length is refused, not read
         assert b" 404 " in _raw("GET /episodes/0000/v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
                                 ).split(b"\r\n")[0]
         monkeypatch.setattr(es, "READ_TIMEOUT_S", 1.0)
