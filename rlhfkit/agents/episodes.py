@@ -212,11 +212,11 @@ async def _episode(executor: AgentExecutorBase, llm: BatchingGenerator, tokenize
     """One request's episode through the file's `execute`, in whichever form it is written; what the agent's code
     does wrong (raises, returns the wrong type) is a failed episode, what the engine or the run does wrong is not."""
     prompt = Prompt(request["prompt"], request["prompt_ids"])
-    engine = OpenRLHFEngine(llm, tokenizer, max_length)
     try:
         if not takes_engine(executor):  # OpenRLHF's example form: execute(prompt, label, sampling_params)
             out = await executor.execute(prompt, request.get("label"), dict(llm.sampling))
-        else:
+        else:  # OpenRLHF 0.11's: it drives a vLLM-shaped engine of its own episode
+            engine = OpenRLHFEngine(llm, tokenizer, max_length)
             params = SamplingParams(llm.sampling, max_tokens=max_length, logprobs=1)
             out = await executor.execute(prompt, request.get("label"), params, max_length, tokenizer, engine)
             out = out if isinstance(out, Episode) else episode_from_dict(out, engine, max_length)
