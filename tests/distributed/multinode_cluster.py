@@ -33,9 +33,10 @@ sys.path.insert(0, str(REPO))
 from tests.helpers import start_ray_head, start_ray_worker, stop_ray_head  # noqa: E402
 
 
-def alive_nodes(gcs_port: int, env: dict[str, str]) -> dict[str, str]:
+def alive_nodes(gcs_port: int, env: dict[str, str], field: str = "NodeManagerAddress") -> dict:
+    """{node id: `field` of its `ray.nodes()` entry} of the alive nodes, asked from a fresh driver."""
     code = (f"import json, ray; ray.init(address='127.0.0.1:{gcs_port}', logging_level='ERROR'); "
-            "print(json.dumps({n['NodeID']: n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']}))")
+            f"print(json.dumps({{n['NodeID']: n[{field!r}] for n in ray.nodes() if n['Alive']}}))")
     return _json_line(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                      timeout=120).stdout)
 
@@ -63,10 +64,7 @@ def wait_for_dashboard(port: int, deadline: float) -> None:
 
 def node_processes(gcs: int, env: dict[str, str], workers: list[subprocess.Popen]) -> dict[str, subprocess.Popen]:
     """{Ray node id: its `ray start` process} of the worker nodes, matched by their node-manager ports."""
-    code = (f"import json, ray; ray.init(address='127.0.0.1:{gcs}', logging_level='ERROR'); "
-            "print(json.dumps({n['NodeID']: n['NodeManagerPort'] for n in ray.nodes() if n['Alive']}))")
-    ports = _json_line(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                                      timeout=120).stdout)
+    ports = alive_nodes(gcs, env, "NodeManagerPort")
     by_port = {int(w.args[w.args.index("--node-manager-port") + 1]): w for w in workers}
     return {node: by_port[port] for node, port in ports.items() if port in by_port}
 
