@@ -4,8 +4,12 @@ In one process, as in a rollout engine: the endpoint server, an engine stand-in 
 delay (so the figures measure the server, not a model), and
 1. 1,000 idle TCP connections held open: the process's threads and RSS before and after, and the latency of a
    request while they are open;
-2. 64 episodes driven at once by the official `openai` client (two chat turns each): wall time and p50/p99 latency.
-Writes bench/results/endpoint_load.md. Run: `.venv/bin/python bench/endpoint_load.py` (under a minute).
+2. 64 episodes driven at once by the official `openai` client (two chat turns each): wall time and p50/p99 latency;
+3. fairness (issue 25 acceptance 4): 19 clients x 200 small one-turn requests alone, then beside a 20th client
+   sending 1 MB requests (a million-token prompt for the stand-in tokenizer, far past any run's context) the whole
+   time: the small requests' p99 beside it over their p99 alone (target < 2x);
+4. 50 MB bodies, to a served episode's URL and to an unknown key: 413 before the body is read.
+Writes bench/results/endpoint_load.md. Run: `.venv/bin/python bench/endpoint_load.py` (about a minute).
 """
 
 from __future__ import annotations
@@ -23,10 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 RESULTS = Path(__file__).with_name("results") / "endpoint_load.md"
 DELAY_S = 0.02  # the stand-in engine's time per call
+BIG_CHARS = 1024 * 1024  # the big client's message: 1 MB, a million tokens for the stand-in tokenizer
 
 
 class Tokenizer:
@@ -35,7 +42,9 @@ class Tokenizer:
     eos_token, eos_token_id, bos_token_id, chat_template = "$", 36, None, ""
 
     def encode(self, text, add_special_tokens=False):
-        return [ord(c) % 1000 for c in text]
+        # In C, like a run's (Rust) tokenizer: a pure-Python loop here would hold the GIL for seconds per big request
+        # and measure the stand-in instead of the server
+        return (np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32) % 1000).tolist()
 
     def decode(self, ids, skip_special_tokens=True):
         return "".join(chr(i) if i != 36 else ("" if skip_special_tokens else "$") for i in ids)
@@ -84,6 +93,74 @@ def episode(loop, turns: int = 2) -> list[float]:
     return times
 
 
+def small_requests(loop, count: int) -> list[float]:
+    """`count` one-turn episodes, one request each (raw HTTP, so the client costs little): their latencies."""
+    import httpx
+
+    from rlhfkit.agents import endpoint_server as es
+    from rlhfkit.agents.openai_endpoint import EpisodeEndpoint, Trace
+
+    times = []
+    with httpx.Client(timeout=120) as http:
+        for _ in range(count):
+            url, key = es.server().register(EpisodeEndpoint(Trace(Tokenizer(), 100), Engine(), {}, loop))
+            started = time.perf_counter()
+            reply = http.post(f"{url}/chat/completions", json={"model": "policy", "messages": [
+                {"role": "user", "content": "hi"}]})
+            times.append(time.perf_counter() - started)
+            es.server().unregister(key)
+            assert reply.status_code == 200, reply.text
+    return times
+
+
+def big_requests(loop, stop: threading.Event) -> int:
+    """1 MB prompts until `stop`: how many were served."""
+    import httpx
+
+    from rlhfkit.agents import endpoint_server as es
+    from rlhfkit.agents.openai_endpoint import EpisodeEndpoint, Trace
+
+    content, served = "x" * BIG_CHARS, 0
+    with httpx.Client(timeout=300) as http:
+        while not stop.is_set():
+            url, key = es.server().register(EpisodeEndpoint(Trace(Tokenizer(), 100), Engine(), {}, loop))
+            reply = http.post(f"{url}/chat/completions", json={"model": "policy", "messages": [
+                {"role": "user", "content": content}]})
+            es.server().unregister(key)
+            served += reply.status_code == 200
+    return served
+
+
+def p99(times: list[float]) -> float:
+    return sorted(times)[int(0.99 * (len(times) - 1))]
+
+
+def fairness(loop) -> tuple[float, float, int]:
+    """(p99 of the small requests alone, p99 beside the big client, big requests served meanwhile)."""
+    with ThreadPoolExecutor(19) as pool:
+        alone = [t for times in pool.map(lambda _: small_requests(loop, 200), range(19)) for t in times]
+    stop = threading.Event()
+    with ThreadPoolExecutor(20) as pool:
+        big = pool.submit(big_requests, loop, stop)
+        time.sleep(0.5)
+        beside = [t for times in pool.map(lambda _: small_requests(loop, 200), range(19)) for t in times]
+        stop.set()
+        return p99(alone), p99(beside), big.result()
+
+
+def fifty_mb(port: int, key: str) -> list[str]:
+    """The status lines of a 50 MB body sent to a served episode and to an unknown key, and how long each took."""
+    answers = []
+    for path in (f"/episodes/{key}/v1/chat/completions", "/episodes/0000/v1/chat/completions"):
+        started = time.perf_counter()
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      f"Content-Length: {50 * 1024 * 1024}\r\n\r\n".encode() + b"{" * 65536)
+            status = s.recv(4096).split(b"\r\n", 1)[0].decode()
+        answers.append(f"{status} ({time.perf_counter() - started:.2f} s)")
+    return answers
+
+
 def main() -> None:
     from rlhfkit.agents import endpoint_server as es
 
@@ -103,7 +180,11 @@ def main() -> None:
         latencies = [t for times in pool.map(lambda _: episode(loop), range(64)) for t in times]
     wall = time.perf_counter() - started
     latencies.sort()
-    p99 = latencies[int(0.99 * (len(latencies) - 1))]
+    alone, beside, served = fairness(loop)
+    from rlhfkit.agents.openai_endpoint import EpisodeEndpoint, Trace
+
+    url, key = es.server().register(EpisodeEndpoint(Trace(Tokenizer(), 100), Engine(), {}, loop))
+    too_big = fifty_mb(es.server().port, key)
     load = os.getloadavg()
     lines = [
         f"## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
@@ -117,7 +198,12 @@ def main() -> None:
         f"| RSS before / with 1,000 idle connections | {before[1]:.0f} MiB / {during[1]:.0f} MiB |",
         f"| a two-turn episode while they are open | {sum(probe) * 1000:.0f} ms |",
         f"| 64 concurrent two-turn episodes (openai client) | {wall:.2f} s wall |",
-        f"| their per-call latency p50 / p99 | {statistics.median(latencies) * 1000:.0f} / {p99 * 1000:.0f} ms |",
+        f"| their per-call latency p50 / p99 | {statistics.median(latencies) * 1000:.0f} / "
+        f"{p99(latencies) * 1000:.0f} ms |",
+        f"| 19 clients x 200 small requests alone: p99 | {alone * 1000:.0f} ms |",
+        f"| the same beside a 20th client sending 1 MB requests: p99 | {beside * 1000:.0f} ms: "
+        f"{beside / alone:.2f}x alone (target < 2x); {served} big requests served meanwhile |",
+        f"| a 50 MB body to a served episode / to an unknown key | {too_big[0]} / {too_big[1]} |",
         "",
     ]
     text = "\n".join(lines)
