@@ -134,6 +134,9 @@ def remote_reward_urls(cfg: PPOConfig) -> list[str]:
     return [u.strip() for u in url.split(",") if u.strip()] if url else []
 
 
+BUILT_IN_REASONING_GYM = "reasoning_gym"  # --remote_rm_url reasoning_gym: rewards/reasoning_gym_reward.py
+
+
 def is_http(url: str) -> bool:
     return url.startswith(("http://", "https://"))
 
@@ -300,7 +303,7 @@ def _check_sources(cfg: PPOConfig) -> None:
     elif not m.reward_pretrain and not remote_reward_urls(cfg):
         raise UserError("no reward source: pass --reward_pretrain (a reward model) or --remote_rm_url (a Python "
                         "file with reward_func, or http://host:port/get_reward)")
-    for url in (u for u in remote_reward_urls(cfg) if not is_http(u)):
+    for url in (u for u in remote_reward_urls(cfg) if not is_http(u) and u != BUILT_IN_REASONING_GYM):
         p = Path(url).expanduser()
         if p.suffix != ".py" or not p.is_file():
             raise UserError(f"--remote_rm_url {url}: not an http(s) URL and not an existing .py file")

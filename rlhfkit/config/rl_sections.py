@@ -29,8 +29,9 @@ class RLModelArgs:
     critic_pretrain: str | None = arg(None, "Critic initialisation for --advantage_estimator gae (default: "
                                             "--reward_pretrain, else --pretrain).")
     remote_rm_url: str | None = arg(None, "Reward without a reward model: a Python file defining reward_func("
-                                          "queries, prompts, labels), or comma-separated HTTP reward servers "
-                                          "(http://host:port/get_reward).")
+                                          "queries, prompts, labels), comma-separated HTTP reward servers "
+                                          "(http://host:port/get_reward), or `reasoning_gym` (the scorer of "
+                                          "--prompt_data reasoning_gym:<task>).")
     value_head_prefix: str = arg("score", "Attribute name of the linear value head of the reward model / critic.")
     critic_init_head: bool = arg(False, "Start the critic from a --critic_pretrain that has no trained value head "
                                         "(a plain language model) with a freshly initialised head; without it "

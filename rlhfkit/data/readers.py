@@ -6,7 +6,8 @@ Accepted forms of a `--dataset` entry (`spec`):
 - a directory written by `datasets` `save_to_disk` (a Dataset, or a DatasetDict: the split is picked);
 - a directory holding such data files (recursively). Files named after a split (`train.jsonl`,
   `test-00000-of-00001.parquet`, `validation/part.csv`) are picked by split; otherwise every file is read;
-- a hub name `org/name`, only when no such local path exists (needs network; fails with a clear error offline).
+- a hub name `org/name`, only when no such local path exists (needs network; fails with a clear error offline);
+- a task generator, `reasoning_gym:<task>[?size=N&seed=S]`: problems drawn offline (data/generated_tasks.py).
 
 `spec@split` picks a split (`data@test`); a single file is one split, so only `@train` is accepted for it.
 Every record is a `Record`: a plain dict that also remembers its source and 0-based index for error messages.
@@ -20,6 +21,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from rlhfkit.data import generated_tasks
 from rlhfkit.errors import UserError
 
 FILE_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".arrow", ".feather")
@@ -27,7 +29,7 @@ SPLIT_NAMES = ("train", "test", "validation", "valid", "eval", "dev")
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 _SPLIT = re.compile(r"^[A-Za-z_][\w.\-]*$")
 ACCEPTED = ("accepted: a .json/.jsonl/.parquet/.csv/.arrow file, a directory written by datasets' save_to_disk "
-            "or holding such files, or a hub name like org/name (needs network)")
+            "or holding such files, a hub name like org/name (needs network), or reasoning_gym:<task>")
 
 
 class Record(dict):
@@ -288,7 +290,9 @@ def load_records(spec: str, split: str = "train", max_samples: int | None = None
         raise UserError(f"--max_samples {max_samples} must be at least 1")
     spec, split, explicit_split = split_spec(spec.strip(), split)
     path = Path(spec).expanduser()
-    if path.is_file():
+    if generated_tasks.is_generated(spec):
+        records = as_records(generated_tasks.generated_records(spec, split, arg_name), f"{spec}@{split}")
+    elif path.is_file():
         rows, picked_split = _read_file(path, split)
         if not picked_split:
             _check_unsplit(spec, split, explicit_split, arg_name)

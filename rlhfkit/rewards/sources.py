@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from rlhfkit.config.rl import BUILT_IN_REASONING_GYM
 from rlhfkit.errors import ComponentFailed, UserError
 from rlhfkit.rewards.halves import Attempt, Span, call_in_halves, failure_metrics
 
@@ -381,13 +382,18 @@ class HTTPRewardClient:
         self._pool.shutdown(wait=False)
 
 
+def reward_file(url: str) -> str:
+    """The file a non-HTTP `--remote_rm_url` names: itself, or for `reasoning_gym` rewards/reasoning_gym_reward.py."""
+    return str(Path(__file__).with_name("reasoning_gym_reward.py")) if url == BUILT_IN_REASONING_GYM else url
+
+
 def make_remote_reward(urls: Sequence[str], timeout: float = 60.0,
                        retries: int = 3) -> RewardFunction | HTTPRewardClient:
     """The text reward source named by `--remote_rm_url`: a reward function file (with RewardFunction's defaults)
     or HTTP servers."""
     urls = [u for u in urls if u]
     if len(urls) == 1 and not urls[0].startswith(("http://", "https://")):
-        return RewardFunction(urls[0])
+        return RewardFunction(reward_file(urls[0]))
     bad = [u for u in urls if not u.startswith(("http://", "https://"))]
     if bad:
         raise UserError(f"--remote_rm_url: {bad[0]} is not an http(s) URL; a reward function file stands alone")

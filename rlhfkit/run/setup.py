@@ -263,7 +263,7 @@ def make_text_reward(cfg: PPOConfig) -> Any:
     """The --remote_rm_url source: HTTP reward servers, or a reward function file in its worker pool. None with
     --agent_func_path (the episodes' step rewards are the reward), after importing the agent file once here so that
     a broken one fails before any model loads."""
-    from rlhfkit.rewards.sources import RewardFunction, make_remote_reward
+    from rlhfkit.rewards.sources import RewardFunction, make_remote_reward, reward_file
 
     if cfg.agent.agent_func_path:
         from rlhfkit.agents.episodes import load_agent_executor
@@ -273,7 +273,7 @@ def make_text_reward(cfg: PPOConfig) -> Any:
     m, code, urls = cfg.rl_model, cfg.user_code, remote_reward_urls(cfg)
     if any(is_http(url) for url in urls):
         return make_remote_reward(urls, timeout=m.remote_rm_timeout, retries=m.remote_rm_retries)
-    return RewardFunction(urls[0], workers=code.reward_workers, timeout=code.reward_timeout,
+    return RewardFunction(reward_file(urls[0]), workers=code.reward_workers, timeout=code.reward_timeout,
                           fallback=code.reward_fallback, max_failure_ratio=code.max_reward_failure_ratio,
                           call_size=cfg.rollout.micro_rollout_batch_size)
 
