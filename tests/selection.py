@@ -59,6 +59,7 @@ SLOW = {
     "examples/test_agent_tools.py::test_two_rl_steps_train_the_tool_agent",
     "examples/test_iterative_dpo.py",
     "logging/test_html_report.py",
+    "logging/test_trace_view.py",
     "logging/test_tensorboard.py",
     "models/test_gguf.py::test_sft_two_steps_from_a_gguf_file",
     "planner/test_plan_measured.py",
