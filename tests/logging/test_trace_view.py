@@ -131,6 +131,21 @@ def shown_calls(call: dict) -> tuple[str, str, str, str]:
     return ("" if call["name"] is None else call["name"], text, call["result"], "1" if call["ok"] else "0")
 
 
+def check_viewer(page: Path, saved: list[dict], tmp_path: Path) -> _Traces:
+    """The report `page` renders every saved trace (samples.jsonl rows) with no console error and no request;
+    each episode shows exactly its saved tool calls, in order, and its saved trained / feedback token counts."""
+    parsed = render(page, tmp_path)
+    assert parsed.body.get("data-rendered") == "1"
+    assert parsed.box["data-rendered"] == str(len(saved)) and len(parsed.episodes) == len(saved)
+    for row, shown in zip(saved, parsed.episodes):
+        trace = row["trace"]
+        assert shown["calls"] == [shown_calls(c) for turn in trace["turns"] for c in turn["tool_calls"]]
+        assert (shown["act"], shown["fb"]) == (trace["trained_tokens"], trace["feedback_tokens"])
+        assert int(shown["data-step"]) == row["step"]
+        assert float(shown["data-reward"]) == pytest.approx(row["reward"])
+    return parsed
+
+
 def test_the_trace_viewer_shows_the_saved_episodes_in_chromium(tok, tmp_path):
     started = time.perf_counter()
     cfg = parse_config(PPOConfig, [
@@ -148,21 +163,15 @@ def test_the_trace_viewer_shows_the_saved_episodes_in_chromium(tok, tmp_path):
     assert len(saved) == 4 and all("trace" in row for row in saved)
     prep_s = time.perf_counter() - started
 
-    parsed = render(tmp_path / "run" / "report.html", tmp_path)
-    assert parsed.box["data-rendered"] == "4" and len(parsed.episodes) == 4
+    parsed = check_viewer(tmp_path / "run" / "report.html", saved, tmp_path)
     finishes = {}
     lengths = rollout.experience.info["response_length"].tolist()
     for row, shown, mask, length in zip(saved, parsed.episodes, rollout.experience.action_mask, lengths):
         trace = row["trace"]
-        # every tool call shown is the saved one, in order
-        saved_calls = [shown_calls(c) for turn in trace["turns"] for c in turn["tool_calls"]]
-        assert shown["calls"] == saved_calls
-        # and the saved calls are the ones the scripted model made (an independent count)
-        assert [(c[0] or None, c[3] == "1") for c in saved_calls] == CALLS[row["prompt"]]
+        # the saved calls (shown exactly, check_viewer) are the ones the scripted model made: an independent count
+        assert [(c["name"], c["ok"]) for turn in trace["turns"] for c in turn["tool_calls"]] == CALLS[row["prompt"]]
         # the masks: green segments hold exactly the trained tokens of the batch, the rest is feedback
-        assert shown["act"] == int(mask.sum()) == trace["trained_tokens"]
-        assert shown["act"] + shown["fb"] == length == trace["trained_tokens"] + trace["feedback_tokens"]
-        assert float(shown["data-reward"]) == pytest.approx(row["reward"])
+        assert shown["act"] == int(mask.sum()) and shown["act"] + shown["fb"] == length
         finishes[row["prompt"]] = (trace["finish"], shown["data-problem"])
     assert finishes == {"What is 12*34?": ("done", "0"), "What is 7+8?": ("done", "0"),
                         "What is 1/0?": ("budget", "1"), "What is 2**10?": ("done", "0")}
