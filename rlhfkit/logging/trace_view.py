@@ -71,7 +71,9 @@ _SCRIPT = r"""
     if (parent) parent.appendChild(n);
     return n;
   }
-  function fmt(v) { return v === null || v === undefined ? "-" : (typeof v === "number" ? +v.toPrecision(4) + "" : String(v)); }
+  function fmt(v) {
+    return v === null || v === undefined ? "-" : (typeof v === "number" ? +v.toPrecision(4) + "" : String(v));
+  }
   function segment(parent, kind, text, tokens, what) {
     var pre = node("pre", "seg " + kind, text, parent);
     pre.setAttribute("data-tokens", tokens);

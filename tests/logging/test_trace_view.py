@@ -149,7 +149,7 @@ def check_viewer(page: Path, saved: list[dict], tmp_path: Path) -> _Traces:
 def test_the_trace_viewer_shows_the_saved_episodes_in_chromium(tok, tmp_path):
     started = time.perf_counter()
     cfg = parse_config(PPOConfig, [
-        "--pretrain", "tiny", "--prompt_data", "prompts", "--agent_func_path", str(ROOT / "examples" / "agent_tools.py"),
+        "--pretrain", "tiny", "--prompt_data", "prompts", "--agent_func_path", str(ROOT / "examples/agent_tools.py"),
         "--rollout_batch_size", "4", "--n_samples_per_prompt", "1", "--micro_rollout_batch_size", "4",
         "--train_batch_size", "4", "--micro_train_batch_size", "2", "--generate_max_len", "600", "--max_steps", "3",
         "--reward_timeout", "20", "--seed", "1"], "test")
