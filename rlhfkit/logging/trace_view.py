@@ -36,6 +36,8 @@ _SECTION = """<h2>Agent traces</h2>
 <style>
 #traces details.episode {{ border: 1px solid #ddd; border-radius: 6px; margin: 6px 0; padding: 4px 8px; }}
 #traces summary {{ cursor: pointer; font-size: 13px; }}
+#traces details.prompt summary {{ font-size: 12px; color: #555; }}
+#trace-filter input[type=number] {{ width: 6em; }}
 #traces .bad {{ color: #b00; }}
 #traces pre.seg {{ margin: 2px 0; padding: 4px; white-space: pre-wrap; font-size: 12px; max-width: 1100px;
                    border-left: 4px solid; }}
@@ -50,8 +52,8 @@ _SECTION = """<h2>Agent traces</h2>
 #traces table.calls {{ margin: 2px 0 2px 12px; }}
 #traces table.calls pre {{ margin: 0; white-space: pre-wrap; max-width: 520px; }}
 </style>
-<p id="trace-filter">reward from <input id="trace-min" type="number" step="any" size="6"> to
-<input id="trace-max" type="number" step="any" size="6">; step <select id="trace-step"><option value="">all</option>
+<p id="trace-filter">reward from <input id="trace-min" type="number" step="any"> to
+<input id="trace-max" type="number" step="any">; step <select id="trace-step"><option value="">all</option>
 {options}</select>; <label><input type="checkbox" id="trace-problems"> failed or truncated only</label>
 <span id="trace-count"></span><br><small>Green: tokens the policy sampled (action mask 1, trained); blue-grey:
 feedback appended by the environment (mask 0, not trained); grey: the prompt.</small></p>
@@ -131,11 +133,17 @@ _SCRIPT = r"""
     node("summary", problem ? "bad" : null, text, d);
     if (t.error) node("div", "bad", "failed: " + t.error, d);
     maskBar(d, t.turns);
-    segment(d, "ctx", t.prompt, t.prompt_tokens, "prompt, not trained");
+    var prompt = node("details", "prompt", null, d);  // often long (a chat template with tool schemas): folded
+    node("summary", null, "prompt \u00b7 " + t.prompt_tokens + " tokens (not trained)", prompt);
+    segment(prompt, "ctx", t.prompt, t.prompt_tokens, "prompt, not trained");
     t.turns.forEach(function (u, k) { turn(d, u, k, k === t.turns.length - 1, t); });
     return d;
   }
-  var items = rows.map(function (row, i) { return [row, episode(row, i)]; });
+  var perStep = {};  // episodes are numbered within their step
+  var items = rows.map(function (row) {
+    perStep[row.step] = (perStep[row.step] || 0) + 1;
+    return [row, episode(row, perStep[row.step] - 1)];
+  });
   var lo = document.getElementById("trace-min"), hi = document.getElementById("trace-max");
   var step = document.getElementById("trace-step"), problems = document.getElementById("trace-problems");
   function apply() {
@@ -162,7 +170,8 @@ _SCRIPT = r"""
   [lo, hi, step, problems].forEach(function (input) { input.addEventListener("input", apply);
                                                       input.addEventListener("change", apply); });
   apply();
-  if (items.length) items[0][1].open = true;
+  var first = items.filter(function (item) { return item[1].getAttribute("data-shown") === "1"; })[0];
+  if (first) first[1].open = true;
   box.setAttribute("data-rendered", String(items.length));
 })();
 """
