@@ -8,7 +8,8 @@ turns (the turn whose `step` failed, or an episode built without a log: an OpenA
 episode) are cut at the mask's runs, one turn per run of sampled tokens and the feedback after it, reward unknown.
 
 A trace is small and plain JSON: texts longer than `MAX_TEXT` characters keep their head and tail, a turn keeps at
-most `MAX_CALLS` tool calls. The run logger writes a few per logged step into samples.jsonl.
+most `MAX_CALLS` tool calls. The rollout source keeps `trace_fields` of every episode with the batch's texts and
+decodes traces only for the few rows the run report keeps (samples.jsonl), on the trainer's side.
 """
 
 from __future__ import annotations
@@ -20,6 +21,12 @@ from typing import Any
 
 MAX_TEXT = 4000  # characters of one text (prompt, action, feedback, tool arguments or result)
 MAX_CALLS = 16  # tool calls kept per turn
+FIELDS = ("prompt_ids", "response_ids", "action_mask", "turn_log", "reward", "score", "finish", "truncated", "error")
+
+
+def trace_fields(episode: dict[str, Any]) -> dict[str, Any]:
+    """What `episode_trace` reads of a `run_episodes` dict (not its log-probs), kept until the report asks."""
+    return {k: episode[k] for k in FIELDS if k in episode}
 
 
 def clip(text: str, limit: int = MAX_TEXT) -> str:

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import torch
 
 from rlhfkit.agents.episodes import episodes_to_samples
-from rlhfkit.agents.trace import episode_traces
+from rlhfkit.agents.trace import episode_traces, trace_fields
 from rlhfkit.config.rl import PPOConfig
 from rlhfkit.data.tokens import encode, with_bos
 from rlhfkit.rl.experience import Experience, experience_from_samples
@@ -51,18 +51,20 @@ class Rollout:
     started: float = 0.0
     extra_metrics: dict[str, float] = field(default_factory=dict)
 
-    def report_rows(self) -> list[dict[str, Any]]:
-        """The first few (prompt, response, reward) of the batch, for the run report; an agent episode's with its
-        trace (rlhfkit.agents.trace) for the report's trace viewer."""
+    def report_rows(self, tokenizer: Any = None) -> list[dict[str, Any]]:
+        """The first few (prompt, response, reward) of the batch, for the run report; with `tokenizer`, an agent
+        episode's row carries its trace for the report's trace viewer (rlhfkit.agents.trace), decoded here, for
+        these few rows only."""
         rows: list[dict[str, Any]] = []
         texts = self.texts
-        traces = texts.get("traces") or []
         for prompt, query, reward in zip(texts["prompts"], texts["queries"], self.reward["rewards"].tolist()):
             rows.append({"prompt": prompt, "response": query[len(prompt):], "reward": reward})
-            if len(rows) <= len(traces):
-                rows[-1]["trace"] = traces[len(rows) - 1]
             if len(rows) == REPORT_ROLLOUTS_PER_STEP:
                 break
+        episodes = texts.get("episodes") or []
+        if tokenizer is not None and len(episodes) >= len(rows):
+            for row, trace in zip(rows, episode_traces(episodes, tokenizer, [r["reward"] for r in rows])):
+                row["trace"] = trace
         return rows
 
 
@@ -172,7 +174,7 @@ class RolloutSource:
                 prompts.append(record["prompt"])
                 labels.append(record.get("label"))
         self.engine.wake()
-        samples, episode_reward, traces = self._generate(ids, prompts, labels, temperature, seed)
+        samples, episode_reward, episodes = self._generate(ids, prompts, labels, temperature, seed)
         self.engine.sleep()
         experience = experience_from_samples(samples, self.pad_id)
         responses = self.tokenizer.batch_decode([s.response_ids for s in samples], skip_special_tokens=False)
@@ -180,14 +182,15 @@ class RolloutSource:
         texts: dict[str, Any] = {"queries": queries, "prompts": prompts, "labels": labels}
         if episode_reward is not None:
             texts["episode_reward"] = episode_reward
-        if traces:  # per episode, filtered with the other texts (dynamic filtering)
-            texts["traces"] = traces
+        if episodes:  # what the report's trace viewer needs of each, filtered with the texts (dynamic filtering)
+            texts["episodes"] = episodes
         return experience, texts
 
     def _generate(self, ids: list[list[int]], prompts: list[str], labels: list[Any], temperature: float,
                   seed: int) -> tuple[list[Any], dict[str, Any] | None, list[dict[str, Any]]]:
-        """(samples, the agent episodes' reward dict or None, their traces): plain generation, or with
-        --agent_func_path multi-turn episodes run inside the engine(s), whose step rewards are the reward."""
+        """(samples, the agent episodes' reward dict or None, the episodes' fields a trace needs): plain
+        generation, or with --agent_func_path multi-turn episodes run inside the engine(s), whose step rewards are
+        the reward."""
         r, agent = self.cfg.rollout, self.cfg.agent.agent_func_path
         top_p, top_k = (r.top_p, r.top_k) if temperature > 0 else (1.0, -1)
         if not agent:
@@ -203,7 +206,7 @@ class RolloutSource:
                                                  top_p=top_p, top_k=top_k, seed=seed)
         samples, reward = episodes_to_samples(episodes, code.reward_fallback, code.max_reward_failure_ratio,
                                               f"agent {agent}", prompts)
-        return samples, reward, episode_traces(episodes, self.tokenizer, reward["rewards"].tolist())
+        return samples, reward, [trace_fields(e) for e in episodes]
 
     def score(self, experience: Experience, texts: dict[str, Any]) -> dict[str, Any]:
         """{"rewards": [B], "scores": [B], "extra_logs", "metrics"} from the agent episodes or the reward source."""

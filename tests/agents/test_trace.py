@@ -88,3 +88,31 @@ def test_the_multi_turn_loop_logs_each_turn():
                                                                                          (1.0, 1, True)]
     assert episode.turn_log[0]["tool_calls"] == [{"name": "t", "arguments": {}, "result": "r", "ok": True}]
     assert episode.action_mask == [1, 1, 0, 0, 1] and episode.feedback_tokens == 2
+
+
+def test_the_report_rows_of_a_rollout_decode_the_traces_of_the_kept_rows_only():
+    import torch
+
+    from rlhfkit.agents.trace import trace_fields
+    from rlhfkit.rl.rollout_source import REPORT_ROLLOUTS_PER_STEP, Rollout
+
+    decoded = []
+
+    class Tok:
+        def decode(self, ids, skip_special_tokens=True):
+            decoded.append(list(ids))
+            return decode(ids)
+
+    episodes = [{"prompt_ids": [1], "response_ids": [i, 0], "logprobs": [-1.0, 0.0], "action_mask": [1, 0],
+                 "reward": float(i), "score": None, "finish": "done", "truncated": False, "error": "",
+                 "turn_log": [{"reward": float(i), "action_tokens": 1, "tool_calls": []}]} for i in range(6)]
+    kept = [trace_fields(e) for e in episodes]
+    assert all("logprobs" not in e for e in kept)
+    rollout = Rollout(None, {"prompts": ["p"] * 6, "queries": ["pq"] * 6, "episodes": kept},  # type: ignore[arg-type]
+                      {"rewards": torch.arange(6.0) / 2})
+    assert all("trace" not in row for row in rollout.report_rows())  # no tokenizer: no trace
+    rows = rollout.report_rows(Tok())
+    assert len(rows) == REPORT_ROLLOUTS_PER_STEP == 4
+    assert [(r["trace"]["env_reward"], r["trace"]["reward"], r["reward"]) for r in rows] == \
+        [(float(i), i / 2, i / 2) for i in range(4)]
+    assert len(decoded) == 4 * 3  # prompt, action and feedback of the kept rows only

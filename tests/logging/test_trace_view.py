@@ -157,7 +157,7 @@ def test_the_trace_viewer_shows_the_saved_episodes_in_chromium(tok, tmp_path):
     rollout = RolloutSource(cfg, ScriptedEngine(tok), None, tok, prompts).rollout(range(4), LoopState())
     logger = MetricsLogger(LoggingArgs(), str(tmp_path / "run"), "trace", {})
     logger.log(1, {"reward": float(rollout.reward["rewards"].mean())})
-    logger.log_samples(1, rollout.report_rows())
+    logger.log_samples(1, rollout.report_rows(tok))  # as the trainer does
     logger.close()  # writes report.html
     saved = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
     assert len(saved) == 4 and all("trace" in row for row in saved)
