@@ -253,8 +253,14 @@ table.samples pre {{ margin: 0; white-space: pre-wrap; max-width: 520px; }}
 <script id="report-data" type="application/json">{data}</script>
 <script>{script}</script>
 <script>
-document.body.setAttribute("data-errors", JSON.stringify(window.__reportErrors));
-document.body.setAttribute("data-resources", String(performance.getEntriesByType("resource").length));
+// For the tests' headless browser: errors so far and requests made. A request is listed once it ends (a failed one
+// too), so the marks are taken again after the load event and a second later.
+function __mark() {{
+  document.body.setAttribute("data-errors", JSON.stringify(window.__reportErrors));
+  document.body.setAttribute("data-resources", String(performance.getEntriesByType("resource").length));
+}}
+__mark();
+window.addEventListener("load", function () {{ __mark(); setTimeout(__mark, 1000); }});
 </script>
 </body></html>
 """

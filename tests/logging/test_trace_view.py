@@ -178,6 +178,12 @@ def test_the_trace_viewer_shows_the_saved_episodes_in_chromium(tok, tmp_path):
     hostile = json.dumps({"expression": HOSTILE}, separators=(",", ":"))
     assert [c[1] for c in parsed.episodes[3]["calls"]][0] == hostile  # shown as text, requested nothing
 
+    # the request check works: the same page with one image from the network counts it
+    leaky = tmp_path / "run" / "leaky.html"
+    leaky.write_text((tmp_path / "run" / "report.html").read_text().replace(
+        "</body>", '<img src="http://example.com/x.png"></body>'))
+    assert render_in_chromium(leaky, tmp_path).body["data-resources"] == "1"
+
     filtered = render(tmp_path / "run" / "report.html", tmp_path, fragment="#trace-min=0.5")
     kept = [row["prompt"] for row, e in zip(saved, filtered.episodes) if e["data-shown"] == "1"]
     assert kept == [row["prompt"] for row in saved if row["reward"] >= 0.5] == ["What is 12*34?", "What is 2**10?"]
