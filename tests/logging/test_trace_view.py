@@ -1,8 +1,9 @@
 """The run report's agent trace viewer, end to end through the real saving code: tool-agent episodes
-(examples/agent_tools.py, Hermes tool calls, scripted turns) run by `run_episodes` inside a `RolloutSource` step,
-their traces saved to samples.jsonl by the metrics logger, and the report that logger writes rendered in headless
-Chromium: no console error, no network request, every tool call shown equal to the saved trace, the masks' token
-counts equal to the trained batch's, and the reward filter working."""
+(examples/agent_tools.py, Hermes tool calls, scripted turns: good, malformed, unknown and failing calls, a truncated
+episode, one whose grader raises) run by `run_episodes` inside a `RolloutSource` step, their traces saved to
+samples.jsonl by the metrics logger as the trainer hands them over, and the report that logger writes rendered in
+headless Chromium: no console error, no network request, every tool call shown equal to the saved trace, the masks'
+token counts equal to the trained batch's, failures and truncation shown, and the reward filter working."""
 
 from __future__ import annotations
 
@@ -41,13 +42,33 @@ SCRIPTS = {
                             call("search", {"q": "7+8"}) + "\n" + call("calculator", {}), "It is 14."]),
     "What is 1/0?": ("0", [call("calculator", {"expression": "1/0"}),
                            '<tool_call>{"name": "calculator", "arguments": {"expression": "' + "1+" * 700]),
-    "What is 2**10?": ("1024", [call("calculator", {"expression": HOSTILE}),
+    "What is 2**10?": ("raise", [call("calculator", {"expression": HOSTILE}),
                                 call("calculator", {"expression": "2**10"}), "1024"]),
 }
 CALLS = {"What is 12*34?": [("calculator", True)],
          "What is 7+8?": [(None, False), ("search", False), ("calculator", False)],
          "What is 1/0?": [("calculator", False), (None, False)],
          "What is 2**10?": [("calculator", False), ("calculator", True)]}
+
+
+# examples/agent_tools.py whose grader raises for the label "raise": that episode fails in its last turn
+AGENT = """
+import importlib.util
+from rlhfkit.agents import ToolAgentExecutor
+spec = importlib.util.spec_from_file_location("agent_tools_example", {path!r})
+example = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(example)
+
+class AgentInstance(example.AgentInstance):
+    def final_reward(self, answer, label):
+        if label == "raise":
+            raise ValueError("the grader broke")
+        return super().final_reward(answer, label)
+
+class AgentExecutor(ToolAgentExecutor):
+    def __init__(self):
+        super().__init__(AgentInstance)
+"""
 
 
 class ScriptedEngine:
@@ -96,6 +117,14 @@ class _Traces(HTMLParser):
         self.box: dict[str, str] = {}
         self.episodes: list[dict] = []
         self.imgs = 0
+        self._text: str | None = None
+
+    def handle_data(self, data: str) -> None:
+        if self._text is not None:
+            self.episodes[-1][self._text] += data
+
+    def handle_endtag(self, tag: str) -> None:
+        self._text = None
 
     def handle_starttag(self, tag: str, attrs: list) -> None:
         a = {k: v or "" for k, v in attrs}
@@ -106,7 +135,11 @@ class _Traces(HTMLParser):
         elif a.get("id") == "traces":
             self.box = a
         elif tag == "details" and "episode" in a.get("class", ""):
-            self.episodes.append({**a, "act": 0, "fb": 0, "calls": []})
+            self.episodes.append({**a, "act": 0, "fb": 0, "calls": [], "error": "", "failed_turns": 0})
+        elif tag == "div" and a.get("class") == "bad" and self.episodes:
+            self._text = "error"
+        elif tag == "div" and a.get("class") == "turn-head bad" and self.episodes:
+            self.episodes[-1]["failed_turns"] += 1
         elif tag == "pre" and "seg" in a.get("class", "") and self.episodes:
             kind = a["class"].split()[1]
             if kind in ("act", "fb"):
@@ -148,8 +181,11 @@ def check_viewer(page: Path, saved: list[dict], tmp_path: Path) -> _Traces:
 
 def test_the_trace_viewer_shows_the_saved_episodes_in_chromium(tok, tmp_path):
     started = time.perf_counter()
+    agent = tmp_path / "agent.py"
+    agent.write_text(AGENT.format(path=str(ROOT / "examples" / "agent_tools.py")))
     cfg = parse_config(PPOConfig, [
-        "--pretrain", "tiny", "--prompt_data", "prompts", "--agent_func_path", str(ROOT / "examples/agent_tools.py"),
+        "--pretrain", "tiny", "--prompt_data", "prompts", "--agent_func_path", str(agent),
+        "--max_reward_failure_ratio", "0.5", "--reward_fallback", "-1",
         "--rollout_batch_size", "4", "--n_samples_per_prompt", "1", "--micro_rollout_batch_size", "4",
         "--train_batch_size", "4", "--micro_train_batch_size", "2", "--generate_max_len", "600", "--max_steps", "3",
         "--reward_timeout", "20", "--seed", "1"], "test")
@@ -174,7 +210,10 @@ def test_the_trace_viewer_shows_the_saved_episodes_in_chromium(tok, tmp_path):
         assert shown["act"] == int(mask.sum()) and shown["act"] + shown["fb"] == length
         finishes[row["prompt"]] = (trace["finish"], shown["data-problem"])
     assert finishes == {"What is 12*34?": ("done", "0"), "What is 7+8?": ("done", "0"),
-                        "What is 1/0?": ("budget", "1"), "What is 2**10?": ("done", "0")}
+                        "What is 1/0?": ("budget", "1"), "What is 2**10?": ("failed", "1")}
+    failed = parsed.episodes[3]  # its error, and the turn whose step raised, are shown
+    assert saved[3]["reward"] == -1.0 and "the grader broke" in saved[3]["trace"]["error"]
+    assert failed["error"] == "failed: " + saved[3]["trace"]["error"] and failed["failed_turns"] == 1
     hostile = json.dumps({"expression": HOSTILE}, separators=(",", ":"))
     assert [c[1] for c in parsed.episodes[3]["calls"]][0] == hostile  # shown as text, requested nothing
 
@@ -186,5 +225,5 @@ def test_the_trace_viewer_shows_the_saved_episodes_in_chromium(tok, tmp_path):
 
     filtered = render(tmp_path / "run" / "report.html", tmp_path, fragment="#trace-min=0.5")
     kept = [row["prompt"] for row, e in zip(saved, filtered.episodes) if e["data-shown"] == "1"]
-    assert kept == [row["prompt"] for row in saved if row["reward"] >= 0.5] == ["What is 12*34?", "What is 2**10?"]
+    assert kept == [row["prompt"] for row in saved if row["reward"] >= 0.5] == ["What is 12*34?"]
     print(f"prepare {prep_s:.1f} s, total {time.perf_counter() - started:.1f} s")
