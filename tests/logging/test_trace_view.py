@@ -8,7 +8,6 @@ token counts equal to the trained batch's, failures and truncation shown, and th
 from __future__ import annotations
 
 import json
-import time
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -180,7 +179,6 @@ def check_viewer(page: Path, saved: list[dict], tmp_path: Path) -> _Traces:
 
 
 def test_the_trace_viewer_shows_the_saved_episodes_in_chromium(tok, tmp_path):
-    started = time.perf_counter()
     agent = tmp_path / "agent.py"
     agent.write_text(AGENT.format(path=str(ROOT / "examples" / "agent_tools.py")))
     cfg = parse_config(PPOConfig, [
@@ -197,7 +195,6 @@ def test_the_trace_viewer_shows_the_saved_episodes_in_chromium(tok, tmp_path):
     logger.close()  # writes report.html
     saved = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
     assert len(saved) == 4 and all("trace" in row for row in saved)
-    prep_s = time.perf_counter() - started
 
     parsed = check_viewer(tmp_path / "run" / "report.html", saved, tmp_path)
     finishes = {}
@@ -217,13 +214,13 @@ def test_the_trace_viewer_shows_the_saved_episodes_in_chromium(tok, tmp_path):
     hostile = json.dumps({"expression": HOSTILE}, separators=(",", ":"))
     assert [c[1] for c in parsed.episodes[3]["calls"]][0] == hostile  # shown as text, requested nothing
 
-    # the request check works: the same page with one image from the network counts it
+    # the reward filter, preset from the address; and the request check works: the same page with one image from
+    # the network counts it (one browser run for both)
     leaky = tmp_path / "run" / "leaky.html"
     leaky.write_text((tmp_path / "run" / "report.html").read_text().replace(
         "</body>", '<img src="http://example.com/x.png"></body>'))
-    assert render_in_chromium(leaky, tmp_path).body["data-resources"] == "1"
-
-    filtered = render(tmp_path / "run" / "report.html", tmp_path, fragment="#trace-min=0.5")
+    filtered = _Traces()
+    filtered.feed(render_in_chromium(leaky, tmp_path, fragment="#trace-min=0.5").html)
+    assert filtered.body["data-resources"] == "1" and json.loads(filtered.body["data-errors"]) == []
     kept = [row["prompt"] for row, e in zip(saved, filtered.episodes) if e["data-shown"] == "1"]
     assert kept == [row["prompt"] for row in saved if row["reward"] >= 0.5] == ["What is 12*34?"]
-    print(f"prepare {prep_s:.1f} s, total {time.perf_counter() - started:.1f} s")
