@@ -61,6 +61,7 @@ SLOW = {
     "examples/test_iterative_dpo.py",
     "logging/test_html_report.py",
     "logging/test_tensorboard.py",
+    "logging/test_trace_view.py",
     "models/test_gguf.py::test_sft_two_steps_from_a_gguf_file",
     "planner/test_plan_measured.py",
     "rewards/test_server.py::test_bad_port_fails_before_the_model_loads",

@@ -15,7 +15,8 @@ super's. `AgentInstance.__init__` may be `async def` (as OpenRLHF's example agen
 (the last turn's is the episode's, default: the summed rewards), `environment_feedback` (text appended to the
 context, tokenised once), `done`, optional `sampling_params` (the next turn's: a dict whose "max_tokens" caps
 that turn; temperature / top_p / top_k must stay the run's, which the trainer's log-probs assume) and
-`extra_logs` (name -> number; the last turn's values are the episode's).
+`extra_logs` (name -> number; the last turn's values are the episode's) and, for the run report's trace viewer,
+`tool_calls` (what the turn's tools were asked and answered: [{"name", "arguments", "result", "ok"}]).
 
 Token in, token out (the multi-turn loop of `AgentExecutorBase.execute`): the context is a list of token ids that
 only ever grows: the prompt's ids as the trainer tokenised them, each turn's sampled ids exactly as the engine
@@ -71,6 +72,13 @@ class Episode:
     finish: str = FINISH_BUDGET
     extra_logs: dict[str, float] = field(default_factory=dict)
     error: str = ""  # why a failed episode failed: "exception: step raised ValueError: ..." / "timeout: ..."
+    turn_log: list[dict[str, Any]] = field(default_factory=list)  # per turn: reward, action_tokens, tool_calls
+
+    def log_turn(self, out: dict, reward: float, action_tokens: int) -> None:
+        """Note what a finished turn did, for the run report's trace viewer (rlhfkit.agents.trace)."""
+        calls = out.get("tool_calls")
+        self.turn_log.append({"reward": reward, "action_tokens": action_tokens, "done": bool(out.get("done")),
+                              "tool_calls": calls if isinstance(calls, list) else []})
 
     @property
     def truncated(self) -> bool:
@@ -242,6 +250,7 @@ class AgentExecutorBase:
                 {"observation_text": observation, "action_text": action_text, "action_ids": list(action),
                  "label": label, "sampling_params": sampling_params})))
             episode.reward += rewards
+            episode.log_turn(out, rewards, len(action))
             if turn_scores is not None:
                 scores = turn_scores
             logs.update(numbers(out.get("extra_logs")))
@@ -255,18 +264,26 @@ class AgentExecutorBase:
                 break
             feedback = str(out.get("environment_feedback") or "")
             observation += action_text + feedback
-            feedback_ids = tokenizer.encode(feedback, add_special_tokens=False) if feedback else []
-            if len(episode.response_ids) + len(feedback_ids) >= budget:
-                episode.finish = FINISH_BUDGET  # no room left to act after this feedback
+            if not _add_feedback(episode, context, tokenizer.encode(feedback, add_special_tokens=False)
+                                 if feedback else [], budget):
                 break
-            context += feedback_ids
-            episode.response_ids += feedback_ids
-            episode.logprobs += [0.0] * len(feedback_ids)
-            episode.action_mask += [0] * len(feedback_ids)
-            episode.feedback_tokens += len(feedback_ids)
         episode.score = scores if scores is not None else episode.reward
         episode.extra_logs = logs
         return episode
+
+
+def _add_feedback(episode: Episode, context: list[int], feedback_ids: list[int], budget: int) -> bool:
+    """Append a turn's feedback tokens (mask 0) to the context and the episode; False (and the episode ends
+    truncated) when no room would be left to act after them."""
+    if len(episode.response_ids) + len(feedback_ids) >= budget:
+        episode.finish = FINISH_BUDGET
+        return False
+    context += feedback_ids
+    episode.response_ids += feedback_ids
+    episode.logprobs += [0.0] * len(feedback_ids)
+    episode.action_mask += [0] * len(feedback_ids)
+    episode.feedback_tokens += len(feedback_ids)
+    return True
 
 
 class MultiTurnAgentExecutor(AgentExecutorBase):

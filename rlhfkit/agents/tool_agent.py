@@ -90,6 +90,7 @@ class ToolAgent(AgentInstanceBase):
         self.tool_timeout = tool_timeout
         self.messages: list[dict[str, Any]] = []
         self.counts = {"tool_calls": 0, "tool_errors": 0, "tool_failures": 0}
+        self.turn_calls: list[dict[str, Any]] = []  # the last turn's calls and results
 
     def final_reward(self, answer: str, label: Any) -> float:
         """The episode's reward for its final answer (a turn without a tool call). Override."""
@@ -127,7 +128,8 @@ class ToolAgent(AgentInstanceBase):
         self.messages += results
         feedback = feedback_text(self.tokenizer, history, results, self.declared, ended)
         return {"rewards": 0.0, "scores": 0.0, "done": False, "environment_feedback": feedback,
-                "sampling_params": states.get("sampling_params"), "extra_logs": self._logs(final=0.0)}
+                "sampling_params": states.get("sampling_params"), "extra_logs": self._logs(final=0.0),
+                "tool_calls": self.turn_calls}
 
     def _logs(self, final: float) -> dict[str, float]:
         calls = self.counts["tool_calls"] + self.counts["tool_errors"]
@@ -136,8 +138,10 @@ class ToolAgent(AgentInstanceBase):
                 "valid_call_rate": valid / calls if calls else 0.0}
 
     async def _run(self, parsed: ParsedCalls) -> list[dict[str, Any]]:
-        """The tool messages answering this turn's calls (results or error lines), in the calls' order."""
-        outs: list[tuple[str, str]] = [("error", f"error: {e}") for e in parsed.errors]
+        """The tool messages answering this turn's calls (results or error lines), in the calls' order; the
+        calls with their results stay in `turn_calls` (for the run report's trace viewer)."""
+        outs: list[dict[str, Any]] = [{"name": None, "arguments": None, "result": f"error: {e}", "ok": False}
+                                      for e in parsed.errors]
         self.counts["tool_errors"] += len(parsed.errors)
         for i, call in enumerate(parsed.calls):
             self.counts["tool_calls"] += 1
@@ -147,15 +151,17 @@ class ToolAgent(AgentInstanceBase):
                        argument_errors(tool, call.arguments))
             if problem or tool is None:
                 self.counts["tool_failures"] += 1
-                outs.append((call.name, f"error: {problem}"))
+                outs.append({"name": call.name, "arguments": call.arguments, "result": f"error: {problem}",
+                             "ok": False})
                 continue
             result, failure = await asyncio.get_running_loop().run_in_executor(
                 None, functools.partial(run_tool, tool, call.arguments, self.tool_timeout, self.tool_workers))
             self.counts["tool_failures"] += bool(failure)
-            outs.append((call.name, result))
+            outs.append({"name": call.name, "arguments": call.arguments, "result": result, "ok": not failure})
+        self.turn_calls = outs
         base = len(self.messages)
-        return [{"role": "tool", "name": name, "content": content, "tool_call_id": f"call{base + i:05d}"}
-                for i, (name, content) in enumerate(outs)]
+        return [{"role": "tool", "name": out["name"] or "error", "content": out["result"],
+                 "tool_call_id": f"call{base + i:05d}"} for i, out in enumerate(outs)]
 
 
 def resolve_format(tokenizer: Any, tool_format: str | None) -> str:

@@ -5,7 +5,8 @@ charts with a few dozen lines of inline JavaScript (hover for values, click a le
 a smoothing slider), so it opens from a file with no network at view time and no plotting dependency. It shows
 loss, reward, KL, response length, learning rate, grad norm, throughput, phase timings and eval metrics (each
 chart only when the run logged it), the run's config (`rlhfkit_args.json`), its environment (`rlhfkit_env.json`)
-and, for RL, the run doctor's alarms with their advice and sample rollouts (`samples.jsonl`).
+and, for RL, the run doctor's alarms with their advice and sample rollouts (`samples.jsonl`); an agent run's samples
+carry their episodes' traces, shown turn by turn by the agent trace viewer (rlhfkit.logging.trace_view).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhfkit.logging.doctor import alarms_in
+from rlhfkit.logging.trace_view import traces_html
 
 REPORT_NAME = "report.html"
 ENV_NAME = "rlhfkit_env.json"
@@ -155,6 +157,7 @@ def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
 
 
 def _samples_html(rows: list[dict[str, Any]]) -> str:
+    rows = [r for r in rows if not isinstance(r.get("trace"), dict)]  # agent episodes: in the trace viewer
     if not rows:
         return ""
     body = "".join(
@@ -201,7 +204,7 @@ def render_report(run_dir: str | Path, metrics_path: str | Path | None = None, t
     name = html.escape(title or f"rlhfkit run report: {run.resolve().name}")
     return _PAGE.format(title=name, summary=_table(summary), doctor=_doctor_html(records),
                         charts=chart_divs or "<p>No metrics logged.</p>",
-                        samples=_samples_html(samples), config=_table(_flatten(config)),
+                        samples=_samples_html(samples) + traces_html(samples), config=_table(_flatten(config)),
                         env=_table(_flatten(env)), data=data, script=_SCRIPT)
 
 
@@ -250,8 +253,14 @@ table.samples pre {{ margin: 0; white-space: pre-wrap; max-width: 520px; }}
 <script id="report-data" type="application/json">{data}</script>
 <script>{script}</script>
 <script>
-document.body.setAttribute("data-errors", JSON.stringify(window.__reportErrors));
-document.body.setAttribute("data-resources", String(performance.getEntriesByType("resource").length));
+// For the tests' headless browser: errors so far and requests made. A request is listed once it ends (a failed one
+// too), so the marks are taken again after the load event and a second later.
+function __mark() {{
+  document.body.setAttribute("data-errors", JSON.stringify(window.__reportErrors));
+  document.body.setAttribute("data-resources", String(performance.getEntriesByType("resource").length));
+}}
+__mark();
+window.addEventListener("load", function () {{ __mark(); setTimeout(__mark, 1000); }});
 </script>
 </body></html>
 """

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import torch
 
 from rlhfkit.agents.episodes import episodes_to_samples
+from rlhfkit.agents.trace import episode_traces, trace_fields
 from rlhfkit.config.rl import PPOConfig
 from rlhfkit.data.tokens import encode, with_bos
 from rlhfkit.rl.experience import Experience, experience_from_samples
@@ -50,14 +51,20 @@ class Rollout:
     started: float = 0.0
     extra_metrics: dict[str, float] = field(default_factory=dict)
 
-    def report_rows(self) -> list[dict[str, Any]]:
-        """The first few (prompt, response, reward) of the batch, for the run report."""
-        rows = []
+    def report_rows(self, tokenizer: Any = None) -> list[dict[str, Any]]:
+        """The first few (prompt, response, reward) of the batch, for the run report; with `tokenizer`, an agent
+        episode's row carries its trace for the report's trace viewer (rlhfkit.agents.trace), decoded here, for
+        these few rows only."""
+        rows: list[dict[str, Any]] = []
         texts = self.texts
         for prompt, query, reward in zip(texts["prompts"], texts["queries"], self.reward["rewards"].tolist()):
             rows.append({"prompt": prompt, "response": query[len(prompt):], "reward": reward})
             if len(rows) == REPORT_ROLLOUTS_PER_STEP:
                 break
+        episodes = texts.get("episodes") or []
+        if tokenizer is not None and len(episodes) >= len(rows):
+            for row, trace in zip(rows, episode_traces(episodes, tokenizer, [r["reward"] for r in rows])):
+                row["trace"] = trace
         return rows
 
 
@@ -167,7 +174,7 @@ class RolloutSource:
                 prompts.append(record["prompt"])
                 labels.append(record.get("label"))
         self.engine.wake()
-        samples, episode_reward = self._generate(ids, prompts, labels, temperature, seed)
+        samples, episode_reward, episodes = self._generate(ids, prompts, labels, temperature, seed)
         self.engine.sleep()
         experience = experience_from_samples(samples, self.pad_id)
         responses = self.tokenizer.batch_decode([s.response_ids for s in samples], skip_special_tokens=False)
@@ -175,17 +182,20 @@ class RolloutSource:
         texts: dict[str, Any] = {"queries": queries, "prompts": prompts, "labels": labels}
         if episode_reward is not None:
             texts["episode_reward"] = episode_reward
+        if episodes:  # what the report's trace viewer needs of each, filtered with the texts (dynamic filtering)
+            texts["episodes"] = episodes
         return experience, texts
 
     def _generate(self, ids: list[list[int]], prompts: list[str], labels: list[Any], temperature: float,
-                  seed: int) -> tuple[list[Any], dict[str, Any] | None]:
-        """(samples, the agent episodes' reward dict or None): plain generation, or with --agent_func_path
-        multi-turn episodes run inside the engine(s), whose step rewards are the reward."""
+                  seed: int) -> tuple[list[Any], dict[str, Any] | None, list[dict[str, Any]]]:
+        """(samples, the agent episodes' reward dict or None, the episodes' fields a trace needs): plain
+        generation, or with --agent_func_path multi-turn episodes run inside the engine(s), whose step rewards are
+        the reward."""
         r, agent = self.cfg.rollout, self.cfg.agent.agent_func_path
         top_p, top_k = (r.top_p, r.top_k) if temperature > 0 else (1.0, -1)
         if not agent:
             return self.engine.generate(ids, max_new_tokens=self.cfg.data.generate_max_len, temperature=temperature,
-                                        top_p=top_p, top_k=top_k, seed=seed), None
+                                        top_p=top_p, top_k=top_k, seed=seed), None, []
         requests = [{"prompt": p, "prompt_ids": i, "label": lab} for p, i, lab in zip(prompts, ids, labels)]
         code = self.cfg.user_code
         episodes = self.engine.generate_episodes(requests, agent, max_steps=self.cfg.agent.max_steps,
@@ -194,8 +204,9 @@ class RolloutSource:
                                                  agent_workers=code.reward_workers,
                                                  tool_format=self.cfg.agent.tool_format, temperature=temperature,
                                                  top_p=top_p, top_k=top_k, seed=seed)
-        return episodes_to_samples(episodes, code.reward_fallback, code.max_reward_failure_ratio, f"agent {agent}",
-                                   prompts)
+        samples, reward = episodes_to_samples(episodes, code.reward_fallback, code.max_reward_failure_ratio,
+                                              f"agent {agent}", prompts)
+        return samples, reward, [trace_fields(e) for e in episodes]
 
     def score(self, experience: Experience, texts: dict[str, Any]) -> dict[str, Any]:
         """{"rewards": [B], "scores": [B], "extra_logs", "metrics"} from the agent episodes or the reward source."""

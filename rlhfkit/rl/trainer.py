@@ -149,7 +149,7 @@ class RLTrainer(Trainer):
         step = state.global_step
         exp, metrics = self.finish_experience(work, step)
         metrics.update(work.extra_metrics)
-        self._last_rollouts = work.report_rows()
+        self._last_rollouts = work.report_rows(self.source.tokenizer)  # agent episodes: with their traces
         pause_point("mid", step + 1)
         metrics = self.train(exp, metrics, step, work.started)
         if self.doctor is not None:

@@ -63,3 +63,10 @@ def test_two_rl_steps_train_the_tool_agent(demo_assets, tmp_path):
     assert len(steps) == 2 and all(s["train/agent/failures"] == 0 for s in steps)
     assert all(s["train/rollout_logprob_diff"] < 1e-4 for s in steps)
     assert (save / "model.safetensors").is_file()
+    from tests.logging.test_html_report import chromium
+    from tests.logging.test_trace_view import check_viewer
+
+    saved = [json.loads(x) for x in (save / "samples.jsonl").read_text().splitlines()]
+    assert {r["step"] for r in saved} == {1, 2} and all(r["trace"]["turns"] for r in saved)
+    if chromium():  # the report's trace viewer shows the saved episodes (tests/logging/test_trace_view.py)
+        check_viewer(save / "report.html", saved, tmp_path)

@@ -85,6 +85,7 @@ class _Page(HTMLParser):
         self.points: dict[str, int] = {}
         self.paths: dict[str, int] = {}
         self._plot: str | None = None
+        self.html = ""
 
     def handle_starttag(self, tag: str, attrs: list) -> None:
         a = dict(attrs)
@@ -100,7 +101,7 @@ class _Page(HTMLParser):
             self.paths[self._plot] += len(re.findall(r"[ML]", a.get("d", "")))
 
 
-def render_in_chromium(page: Path, tmp_path: Path) -> _Page:
+def render_in_chromium(page: Path, tmp_path: Path, fragment: str = "") -> _Page:
     browser = chromium()
     if browser is None:
         if os.environ.get("CI"):
@@ -109,11 +110,12 @@ def render_in_chromium(page: Path, tmp_path: Path) -> _Page:
     # Every host resolves to nothing: a page that tried the network would log a failed resource.
     proc = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                            "--host-resolver-rules=MAP * ~NOTFOUND", f"--user-data-dir={tmp_path / 'chrome'}",
-                           "--virtual-time-budget=5000", "--dump-dom", page.resolve().as_uri()],
+                           "--virtual-time-budget=5000", "--dump-dom", page.resolve().as_uri() + fragment],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     parsed = _Page()
     parsed.feed(proc.stdout)
+    parsed.html = proc.stdout
     return parsed
 
 
