@@ -19,6 +19,7 @@ Results go to <out>/<task>_seed<seed>.json and are printed as a markdown row (be
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -30,7 +31,20 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATE = "User: {}\nAssistant: "
-AGENTS = {"retry": REPO / "examples" / "agent_retry_addition.py", "calc": REPO / "examples" / "agent_calculator.py"}
+AGENTS = {"retry": REPO / "examples" / "agent_retry_addition.py", "calc": REPO / "examples" / "agent_calculator.py",
+          "tools": REPO / "examples" / "agent_tools.py"}
+# The tools task's chat template, written for this bench: the Hermes/Qwen tool-call format (<tool_call>{json}
+# </tool_call>, results as `tool` messages) in few tokens, so the tiny model's context stays short.
+TOOLS_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- if tools -%}{{- 'Tools:' -}}{%- for tool in tools -%}{{- ' ' + tool.function.name -}}{%- endfor -%}"
+    "{{- '. Call one as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>\n' -}}{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{%- if message.role == 'user' -%}{{- 'User: ' + message.content + '\n' -}}"
+    "{%- elif message.role == 'assistant' -%}{{- 'Assistant: ' + (message.content or '') + eos_token + '\n' -}}"
+    "{%- elif message.role == 'tool' -%}{{- 'Tool: ' + message.content + '\n' -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- 'Assistant: ' -}}{%- endif -%}")
 
 
 def module(args: list[str], log: Path) -> None:
@@ -95,7 +109,7 @@ def evaluate(model_dir: Path, task: str, records: list[dict], samples: int, seed
     engine = HFRolloutEngine.from_pretrained(str(model_dir), tok)
     requests = []
     for r in records:
-        text = TEMPLATE.format(r["prompt"]) if task == "retry" else r["prompt"]
+        text = TEMPLATE.format(r["prompt"]) if task == "retry" else r["prompt"]  # tools: the agent renders it
         ids = [tok.bos_token_id] + tok.encode(text, add_special_tokens=False)
         requests += [{"prompt": text, "prompt_ids": ids, "label": r["answer"]}] * samples
     episodes = run_episodes(engine.generate, tok, str(AGENTS[task]), requests, max_steps=max_steps,
@@ -106,6 +120,10 @@ def evaluate(model_dir: Path, task: str, records: list[dict], samples: int, seed
     else:
         columns = {"accuracy": [float(e["reward"] > 0) for e in episodes],
                    "tool_call_rate": [float(e["extra_logs"].get("tool_calls", 0) > 0) for e in episodes]}
+    if task == "tools":  # episodes whose every call parsed and ran, among those that tried a call
+        columns["valid_tool_call"] = [float(e["extra_logs"]["valid_call_rate"] == 1.0) for e in episodes
+                                      if e["extra_logs"].get("tool_calls", 0) + e["extra_logs"].get("tool_errors", 0)]
+        columns["valid_tool_call"] = columns["valid_tool_call"] or [0.0]
     columns["turns"] = [float(e["turns"]) for e in episodes]
     out: dict[str, float] = {"episodes": float(len(episodes))}
     for name, values in columns.items():
@@ -140,6 +158,59 @@ def calc_data(seed: int, n_sft: int, n_rl: int, n_eval: int) -> tuple[list[dict]
     return sft_records, as_prompts[0], as_prompts[1]
 
 
+def tools_model(base: Path, out: Path) -> Path:
+    """A copy of the demo model whose tokenizer carries TOOLS_TEMPLATE."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(base, out)
+    tok = AutoTokenizer.from_pretrained(str(out))
+    tok.chat_template = TOOLS_TEMPLATE
+    tok.save_pretrained(str(out))
+    return out
+
+
+def tools_data(tok: object, seed: int, n_sft: int, n_rl: int, n_eval: int) -> tuple[list[dict], list[dict],
+                                                                                       list[dict]]:
+    """calc_data's products in native tool calling: the texts are what examples/agent_tools.py's episodes render
+    (rlhfkit.agents.tool_agent), so SFT teaches the exact tokens RL samples. A quarter of the SFT problems show the
+    tool (the call, then, after its `tool` message, the answer); the rest answer directly."""
+    from rlhfkit.agents.tool_agent import feedback_text, render
+    from rlhfkit.agents.tools import as_tools
+
+    spec = importlib.util.spec_from_file_location("agent_tools", AGENTS["tools"])
+    assert spec is not None and spec.loader is not None
+    agent = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(agent)
+    tools, eos, bos = as_tools([agent.calculator]), tok.eos_token, tok.bos_token or ""
+    rng = random.Random(seed)
+    pairs = [(a, b) for a in range(10, 100) for b in range(10, 100)]
+    rng.shuffle(pairs)
+
+    def prompt(a: int, b: int) -> str:
+        text = render(tok, [{"role": "user", "content": f"What is {a}*{b}?"}], tools, generation_prompt=True)
+        return text[len(bos):] if bos and text.startswith(bos) else text
+
+    records = []
+    for i, (a, b) in enumerate(pairs[:n_sft]):
+        if i % 4:
+            records.append({"question": prompt(a, b), "response": str(a * b)})
+            continue
+        call = f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{a}*{b}"}}}}</tool_call>'
+        result = [{"role": "tool", "name": "calculator", "content": str(a * b), "tool_call_id": "call00002"}]
+        user = [{"role": "user", "content": f"What is {a}*{b}?"}]
+        records.append({"question": prompt(a, b), "response": call})
+        records.append({"question": prompt(a, b) + call + eos + feedback_text(tok, user, result, tools, eos),
+                        "response": str(a * b)})
+    splits = (pairs[n_sft:n_sft + n_rl], pairs[n_sft + n_rl:n_sft + n_rl + n_eval])
+    rl_records, held_out = ([{"prompt": f"What is {a}*{b}?", "answer": str(a * b)} for a, b in split]
+                            for split in splits)
+    return records, rl_records, held_out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--task", choices=sorted(AGENTS), required=True)
@@ -161,13 +232,23 @@ def main() -> None:
         rl_data = write_jsonl(out / "rl.jsonl", [r for r in assets.read("rl_train") if r["task"] == "addition"])
         held_out = [r for r in assets.read("rl_eval") if r["task"] == "addition"]
         template = TEMPLATE
+    elif a.task == "tools":
+        from transformers import AutoTokenizer
+
+        base = tools_model(assets.model_dir, out / "base")
+        sft_steps, rl_steps, max_steps, max_len = a.sft_steps or 300, a.rl_steps or 120, 3, 72
+        sft_records, rl_records, held_out = tools_data(AutoTokenizer.from_pretrained(str(base)), a.seed, 600,
+                                                       2000, 150)
+        sft_data, rl_data = write_jsonl(out / "sft.jsonl", sft_records), write_jsonl(out / "rl.jsonl", rl_records)
+        template = None
     else:
         sft_steps, rl_steps, max_steps, max_len = a.sft_steps or 300, a.rl_steps or 120, 3, 32
         sft_records, rl_records, held_out = calc_data(a.seed, 600, 2000, 150)
         sft_data, rl_data = write_jsonl(out / "sft.jsonl", sft_records), write_jsonl(out / "rl.jsonl", rl_records)
         template = None
-    sft_dir = sft(str(assets.model_dir), sft_data, out / "sft", sft_steps, a.seed, template,
-                  64 if a.task == "retry" else 96)
+    start_model = str(out / "base") if a.task == "tools" else str(assets.model_dir)
+    sft_dir = sft(start_model, sft_data, out / "sft", sft_steps, a.seed, template,
+                  {"retry": 64, "calc": 96, "tools": 160}[a.task])
     sft_time = time.time() - started
     before = evaluate(sft_dir, a.task, held_out, a.eval_samples, a.seed, max_steps, max_len)
     print("before", json.dumps(before), flush=True)
