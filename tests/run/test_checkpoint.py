@@ -1,5 +1,6 @@
 """Checkpoints: --use_ds_universal_ckpt resumes at another ZeRO stage and world size exactly, --max_ckpt_mem prunes
-by size; rotation stays inside the current run, resume takes the newest complete checkpoint and checks what it resumes."""
+by size; rotation stays inside the current run, resume takes the newest complete checkpoint and checks what it
+resumes."""
 
 from __future__ import annotations
 
