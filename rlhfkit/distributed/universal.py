@@ -55,7 +55,7 @@ def _trainable(engine: Any) -> list[tuple[str, nn.Parameter]]:
     return [(n, p) for n, p in engine.module.named_parameters() if p.requires_grad]
 
 
-def _shape(p: nn.Parameter) -> torch.Size:
+def _shape(p: Any) -> torch.Size:
     return p.ds_shape if hasattr(p, "ds_shape") else p.shape  # a ZeRO-3 parameter's own shape is empty
 
 
@@ -74,14 +74,15 @@ def _masters(optimizer: Any) -> dict[int, torch.Tensor]:
 
 class LocalParts:
     """This rank's part of each trainable parameter's fp32 weight and Adam moments: where it starts in the
-    flattened parameter, how many elements, and reading and writing them, whatever holds them."""
+    flattened parameter, how many elements, and reading and writing them, whatever holds them. (`p: Any`: DeepSpeed
+    adds its attributes, `ds_tensor`, `_hp_mapping`, ..., to the parameters at run time.)"""
 
     def __init__(self, engine: Any, rank: int):
         self.engine, self.rank = engine, rank
         self.opt = _inner_optimizer(engine)
         self.masters = _masters(engine.optimizer)
 
-    def span(self, p: nn.Parameter, saving: bool) -> tuple[int, int]:
+    def span(self, p: Any, saving: bool) -> tuple[int, int]:
         """(start, numel) of the elements this rank holds; a whole replicated parameter is saved by rank 0 only."""
         if hasattr(p, "ds_id"):  # ZeRO-3: rank r holds [r * size, (r + 1) * size), the last one padded
             size = p.ds_tensor.numel()
@@ -92,10 +93,10 @@ class LocalParts:
             return (0, 0) if address is None else (address.start, address.numel)
         return 0, (0 if saving and self.rank != 0 else p.numel())
 
-    def _whole(self, p: nn.Parameter) -> torch.Tensor:
+    def _whole(self, p: Any) -> torch.Tensor:
         return self.masters.get(id(p), p)
 
-    def get(self, p: nn.Parameter, key: str) -> torch.Tensor:
+    def get(self, p: Any, key: str) -> torch.Tensor:
         """A view of this rank's part (no copy: torch.save writes the storage it views)."""
         from deepspeed.utils import safe_get_local_fp32_param, safe_get_local_optimizer_state
 
@@ -109,7 +110,7 @@ class LocalParts:
             part = whole if key == "fp32" else self.opt.state[whole][key]
         return part.detach().reshape(-1).narrow(0, 0, numel)
 
-    def set(self, p: nn.Parameter, key: str, value: torch.Tensor) -> None:
+    def set(self, p: Any, key: str, value: torch.Tensor) -> None:
         """Overwrite this rank's part with `value` (its `span(p, saving=False)` elements)."""
         from deepspeed.utils import safe_set_local_fp32_param, safe_set_local_optimizer_state
 
@@ -128,7 +129,7 @@ class LocalParts:
             target = whole if key == "fp32" else self.opt.state[whole][key]
             target.data.copy_(value.view_as(target))
 
-    def set_weight(self, p: nn.Parameter, read: Callable[[int, int], torch.Tensor]) -> None:
+    def set_weight(self, p: Any, read: Callable[[int, int], torch.Tensor]) -> None:
         """The model's own (possibly bf16) copy of the weight, from `read(start, numel)` of the saved fp32 one: the
         partition under ZeRO-3 (and the whole where it is gathered now), the whole weight otherwise."""
         if hasattr(p, "ds_id"):
