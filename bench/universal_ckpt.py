@@ -46,12 +46,13 @@ def _measured(op) -> dict[str, float]:
     gc.collect()
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     dist.barrier()
-    before = _status("VmRSS")
+    before, file_before = _status("VmRSS"), _status("RssFile")
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
     op()
     peak = _status("VmHWM")
     dist.barrier()
-    return {"before_mb": before / MB, "peak_delta_mb": (peak - before) / MB}
+    return {"before_mb": before / MB, "peak_delta_mb": (peak - before) / MB,
+            "file_mb": (_status("RssFile") - file_before) / MB}
 
 
 def _allowance(engine) -> dict[str, float]:
