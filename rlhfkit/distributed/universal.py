@@ -210,7 +210,7 @@ class SavedParts:
         self.files: list[Path] = []
         self.touched = 0
         if "params" in meta:  # the single-file form of rlhfkit before sharding: rank 0 held every tensor whole
-            self._shards = [{n: {"start": 0, "fp32": meta["params"][n], **{k: meta[k][n] for k in ADAM_STATES}}
+            self._shards = [{n: {"start": 0, **{k: meta["params" if k == "fp32" else k][n].reshape(-1) for k in KEYS}}
                              for n in meta["params"]}]
             self.shapes = {n: list(t.shape) for n, t in meta["params"].items()}
             return

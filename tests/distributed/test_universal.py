@@ -82,3 +82,23 @@ def test_each_layout_loads_the_previous_ones_save_exactly(world_of_one, tmp_path
         for name, w in model_weights(engine).items():
             assert torch.equal(w, expected[name]["fp32"].to(dtype)), (stage, bf16, name)
         assert engine.get_lr()[0] == lr and engine.global_steps == 1, (stage, bf16)
+
+
+def test_the_single_file_form_of_earlier_versions_still_loads(world_of_one, tmp_path: Path):
+    """Before sharding, rank 0 wrote every weight and moment whole into universal_state.pt; such a checkpoint still
+    resumes (here into the plain-torch engine)."""
+    from rlhfkit.distributed.universal import UNIVERSAL_FILE
+
+    engine = engine_of(0, False, seed=0)
+    train(engine, batches(ACCUM))
+    state = full_state(engine)
+    shapes = {n: p.shape for n, p in engine.module.named_parameters()}
+    legacy = {"params": {n: s["fp32"].view(shapes[n]) for n, s in state.items()},
+              **{k: {n: s[k].view(shapes[n]) for n, s in state.items()} for k in ADAM_STATES},
+              "step": 1.0, "scheduler": engine.lr_scheduler.state_dict(), "counters": {"global_steps": 1}}
+    torch.save(legacy, tmp_path / UNIVERSAL_FILE)
+    resumed = engine_of(0, False, seed=1)
+    load_universal_state(resumed, tmp_path)
+    got = full_state(resumed)
+    assert all(torch.equal(got[n][k], v) for n, parts in state.items() for k, v in parts.items())
+    assert resumed.global_steps == 1 and resumed.get_lr() == engine.get_lr()
