@@ -55,6 +55,7 @@ SLOW = {
     "distributed/test_ray_groups.py",
     "distributed/test_ray_ppo.py",
     "distributed/test_ray_determinism.py",
+    "distributed/test_universal.py",
     "docs/test_docs_site.py",
     "examples/test_dapo_recipe.py",
     "examples/test_agent_tools.py::test_two_rl_steps_train_the_tool_agent",

@@ -181,9 +181,11 @@ class CheckpointArgs:
                                        "(it must come from the same trainer, model and batch size).")
     overwrite_ckpt: bool = arg(False, "Delete the checkpoints of an earlier run found in --ckpt_path at the start "
                                       "(without it, or --load_checkpoint, such a --ckpt_path is an error).")
-    use_ds_universal_ckpt: bool = arg(False, "Save checkpoints in a layout-free form (full fp32 weights and Adam "
-                                             "states by parameter name) that resumes at any ZeRO stage and world "
-                                             "size; without it they resume at the same stage and world size only.")
+    use_ds_universal_ckpt: bool = arg(False, "Save checkpoints in a layout-free form (each rank writes its part of "
+                                             "the fp32 weights and Adam states, by parameter name and element "
+                                             "range; no rank gathers the model) that resumes at any ZeRO stage, "
+                                             "precision and world size; without it they resume at the same stage "
+                                             "and world size only.")
 
     def validate(self) -> None:
         _need(self.save_steps == -1 or self.save_steps >= 1, "save_steps", self.save_steps,

@@ -7,9 +7,9 @@ resumes it falls in exactly one class:
   that changes what a step and the saved data position mean), or it lacks state the new command needs (a critic, EMA
   weights). The run stops with one line naming the flag, before any model loads.
 - converted: the engine layout (`--zero_stage`, `--bf16`) changed and the checkpoint is universal
-  (`--use_ds_universal_ckpt`: full fp32 weights and Adam moments by parameter name), which loads into any layout but
-  bf16 at ZeRO stage 0. A DeepSpeed checkpoint loads only into the layout it was saved with, so the same change is
-  refused for it.
+  (`--use_ds_universal_ckpt`: each rank's part of the fp32 weights and Adam moments, by parameter name and element
+  range: `rlhfkit.distributed.universal`), which loads into any layout and world size. A DeepSpeed checkpoint loads
+  only into the layout it was saved with, so the same change is refused for it.
 - silent: differs by construction between a run and its resume (`--load_checkpoint`, `--overwrite_ckpt`).
 - resumable: everything else (logging and save cadence, paths, learning rate, ...), with a warning.
 
@@ -107,13 +107,9 @@ def setting(key: str, value: Any) -> str:
     return f"with {name} {value}"
 
 
-def _layout(key: str, saved: Any, now: Any, universal: bool, plan: ResumePlan, new_config: dict[str, Any]) -> None:
+def _layout(key: str, saved: Any, now: Any, universal: bool, plan: ResumePlan) -> None:
     what = LAYOUT[key]
-    if universal and new_config.get("model.bf16") and new_config.get("strategy.zero_stage") == 0:
-        # measured (DeepSpeed 0.19): bf16 at stage 0 keeps no Adam state the universal form can read or fill
-        plan.refused.append(f"{change(key, saved, now)}: the universal checkpoint loads with --bf16 only at "
-                            "--zero_stage 1, 2 or 3")
-    elif universal:
+    if universal:
         plan.converted.append(f"{change(key, saved, now)}: the universal checkpoint loads at any {what}")
     else:
         plan.refused.append(f"{change(key, saved, now)}: a DeepSpeed checkpoint loads only at the {what} it was "
@@ -133,7 +129,7 @@ def plan_resume(saved: dict[str, Any], now: dict[str, Any], *, universal: bool) 
         if key in REFUSED:
             plan.refused.append(f"{change(key, old, new)}: {REFUSED[key]}")
         elif key in LAYOUT:
-            _layout(key, old, new, universal, plan, now)
+            _layout(key, old, new, universal, plan)
         elif key in TRANSITIONS and (why := TRANSITIONS[key](old, new)) is not None:
             plan.refused.append(why)
         else:

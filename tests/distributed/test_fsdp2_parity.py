@@ -4,12 +4,14 @@ fp32, 5 optimizer steps of the tiny demo model: the same losses and final weight
 Both runs see the same global batches in the same order: the loop draws each step's sample indices from the seed
 alone (`LoopState.next_batch`) and the ranks split that batch (`micro_batches_for_rank`), and the trainers weight
 each micro-batch by the whole step's totals, so world 2 x 2 micro-batches of 2 is world 1 x 4 of 2. The SFT run
-also saves a DCP checkpoint at step 3 that a world-1 FSDP2 run resumes (resharded 2 -> 1) to the same weights;
+also saves a DCP checkpoint at step 3 that a world-1 and a world-4 FSDP2 run resume (resharded 2 -> 1 and 2 -> 4)
+to the same losses and weights (issue 20, acceptance 2);
 the DPO run adds --adam_offload (FSDP2's CPU offload of shards and AdamW state)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -37,10 +39,10 @@ def dpo_flags(assets, save: Path, *extra: str) -> list[str]:
             str(save / "metrics.jsonl"), "--disable_progress_bar", "--param_dtype", "fp32", *extra]
 
 
-def torchrun(module: str, flags: list[str]) -> None:
+def torchrun(module: str, flags: list[str], ranks: int = 2) -> None:
     from rlhfkit.distributed.launch import free_port
 
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_addr",
                 "127.0.0.1", "--master_port", str(free_port()), "-m"]
     proc = run_module([module, *flags], launcher=launcher, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -61,7 +63,7 @@ def assert_same_weights(one: Path, two: Path) -> None:
         torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-5, msg=name)
 
 
-def test_sft_matches_one_rank_and_its_checkpoint_resumes_at_world_one(demo_assets, tmp_path, world_of_one):
+def test_sft_matches_one_rank_and_its_checkpoint_resumes_at_world_one_and_four(demo_assets, tmp_path, world_of_one):
     from rlhfkit.config.base import parse_config
     from rlhfkit.config.sft import SFTConfig
     from rlhfkit.trainers.sft import run_sft
@@ -76,9 +78,16 @@ def test_sft_matches_one_rank_and_its_checkpoint_resumes_at_world_one(demo_asset
     assert_same_weights(one, two)
     assert (ckpt / "global_step3" / "model" / "__1_0.distcp").is_file()  # written by rank 1 of 2
 
+    shutil.copytree(ckpt, tmp_path / "ckpt4")  # the world-1 resume may add newer checkpoints to `ckpt`
     run_sft(parse_config(SFTConfig, sft_flags(demo_assets, resumed, *STEPS, *saving, "--load_checkpoint"), "test"))
     assert losses(resumed) == pytest.approx(reference[3:], rel=1e-5, abs=1e-6)
     assert_same_weights(one, resumed)
+
+    four = tmp_path / "four"
+    torchrun("rlhfkit.cli.train_sft", sft_flags(demo_assets, four, *STEPS, *saving, "--load_checkpoint", "--ckpt_path",
+                                                str(tmp_path / "ckpt4")), ranks=4)
+    assert losses(four) == pytest.approx(reference[3:], rel=1e-5, abs=1e-6)
+    assert_same_weights(one, four)
 
 
 def test_dpo_with_cpu_offload_matches_one_rank(demo_assets, tmp_path, world_of_one):

@@ -1,9 +1,11 @@
-"""Checkpoints: --use_ds_universal_ckpt resumes at another ZeRO stage exactly, --max_ckpt_mem prunes by size;
-rotation stays inside the current run, resume takes the newest complete checkpoint and checks what it resumes."""
+"""Checkpoints: --use_ds_universal_ckpt resumes at another ZeRO stage and world size exactly, --max_ckpt_mem prunes
+by size; rotation stays inside the current run, resume takes the newest complete checkpoint and checks what it
+resumes."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -32,12 +34,12 @@ def sft(assets, save: Path, *extra: str) -> list[dict]:
     return [{"loss": m["loss"], "lr": m["lr"]} for m in history]
 
 
-def sft_two_ranks(assets, save: Path, *extra: str) -> list[dict]:
-    """train_sft under torchrun with 2 ranks; returns the per-step metrics from its JSONL file."""
+def sft_ranks(assets, save: Path, *extra: str, ranks: int = 2) -> list[dict]:
+    """train_sft under torchrun with `ranks` ranks; returns the per-step metrics from its JSONL file."""
     from rlhfkit.distributed.launch import free_port
     from tests.helpers import run_module
 
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_addr",
                 "127.0.0.1", "--master_port", str(free_port()), "-m"]
     proc = run_module(["rlhfkit.cli.train_sft", *sft_argv(assets, save, *extra)], launcher=launcher)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -45,11 +47,21 @@ def sft_two_ranks(assets, save: Path, *extra: str) -> list[dict]:
     return [{"loss": x["train/loss"], "lr": x["train/lr"]} for x in lines if "train/loss" in x]
 
 
+def assert_same_weights(one: Path, two: Path) -> None:
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(one / "model.safetensors")), load_file(str(two / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-5, msg=name)
+
+
 def test_universal_checkpoint_resumes_exactly_at_another_zero_stage_and_world_size(demo_assets, tmp_path,
                                                                                     world_of_one):
-    """1 rank ZeRO-2 -> (universal) -> 2 ranks ZeRO-3 -> (universal) -> 1 rank ZeRO-0 gives the uninterrupted
-    ZeRO-2 run's losses and learning rates step for step (weights, Adam moments and step, LR schedule and data
-    position all carried over)."""
+    """1 rank ZeRO-2 -> (universal) -> 2 ranks ZeRO-3 -> (universal) -> 1 rank ZeRO-0, and the 2-rank ZeRO-3
+    save -> 4 ranks ZeRO-3, give the uninterrupted ZeRO-2 run's losses and learning rates step for step and its
+    final weights to 1e-5 (weights, Adam moments and step, LR schedule and data position all carried over; no rank
+    gathers the model: each writes and reads its own part)."""
     reference = sft(demo_assets, tmp_path / "ref", "--zero_stage", "2")
     assert len(reference) == 4
     ckpt = tmp_path / "ckpt"
@@ -57,14 +69,21 @@ def test_universal_checkpoint_resumes_exactly_at_another_zero_stage_and_world_si
     runs = [sft(demo_assets, tmp_path / "zero2", "--zero_stage", "2", "--max_steps", "2", *common)]
     step2 = ckpt / "global_step2" / "model"
     assert (step2 / "universal_state.pt").is_file() and not list(step2.glob("*optim_states.pt"))
-    runs.append(sft_two_ranks(demo_assets, tmp_path / "zero3", "--zero_stage", "3", "--max_steps", "3",
-                              "--load_checkpoint", *common))
+    runs.append(sft_ranks(demo_assets, tmp_path / "zero3", "--zero_stage", "3", "--max_steps", "3",
+                          "--load_checkpoint", *common))
+    assert (ckpt / "global_step3" / "model" / "universal_shard_rank00001.pt").is_file()  # rank 1 of 2 wrote its part
+    shutil.copytree(ckpt, tmp_path / "ckpt4")
     runs.append(sft(demo_assets, tmp_path / "zero0", "--zero_stage", "0", "--load_checkpoint", *common))
-    assert [len(r) for r in runs] == [2, 1, 1]
+    four = sft_ranks(demo_assets, tmp_path / "zero3x4", "--zero_stage", "3", "--micro_train_batch_size", "2",
+                     "--load_checkpoint", *common[2:], "--ckpt_path", str(tmp_path / "ckpt4"), ranks=4)
+    assert [len(r) for r in runs] == [2, 1, 1] and len(four) == 1
     resumed = [m for r in runs for m in r]
     for key in ("loss", "lr"):
         assert [m[key] for m in resumed] == pytest.approx([m[key] for m in reference], rel=1e-5, abs=1e-7), key
+        assert four[0][key] == pytest.approx(reference[3][key], rel=1e-5, abs=1e-7), key
     assert resumed[3]["loss"] < resumed[0]["loss"]  # it trained: the comparison is not between constants
+    assert_same_weights(tmp_path / "ref", tmp_path / "zero0")
+    assert_same_weights(tmp_path / "ref", tmp_path / "zero3x4")
 
 
 def test_max_ckpt_mem_prunes_oldest_by_total_size(tmp_path):

@@ -64,9 +64,7 @@ def test_a_universal_checkpoint_converts_the_layout_but_refuses_the_rest():
     assert plan.converted == ["--bf16 False -> True: the universal checkpoint loads at any precision",
                               "--zero_stage 2 -> 3: the universal checkpoint loads at any ZeRO stage"]
     plan = plan_resume(SAVED, changed(strategy__zero_stage=0, model__bf16=True), universal=True)
-    assert plan.converted == [] and len(plan.refused) == 2
-    assert "--bf16 False -> True: the universal checkpoint loads with --bf16 only at --zero_stage 1, 2 or 3" in \
-        plan.refused
+    assert plan.refused == [] and len(plan.converted) == 2  # bf16 at ZeRO-0 too (its fp32 master copy is read)
     plan = plan_resume(SAVED, changed(algo__advantage_estimator="gae"), universal=True)
     assert len(plan.refused) == 1 and "--advantage_estimator" in plan.refused[0]
 
