@@ -292,7 +292,7 @@ class ActorRole(_TrainedRole):
         super().save_checkpoint(save_dir, tag, save_latest)
         if self.ema is not None:
             path = self._ema_path(save_dir, tag)
-            os.makedirs(os.path.dirname(path), exist_ok=True)  # the universal form creates it on rank 0 only
+            os.makedirs(os.path.dirname(path), exist_ok=True)  # (a save may not have made the tag folder yet)
             torch.save(self.ema.state_dict(), path)
         if self.spec.save_hf_ckpt:
             self.save_hf_model(f"{save_dir}/{tag}_hf")
