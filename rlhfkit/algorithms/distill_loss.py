@@ -65,3 +65,20 @@ def topk_forward_kl_loss(logits: torch.Tensor, teacher_topk_ids: torch.Tensor, t
     loss = aggregate_loss(per_token, mask, agg, **agg_kwargs)  # type: ignore[arg-type]
     mass = masked_mean(teacher.exp().sum(dim=-1), mask)
     return loss, {"topk_forward_kl": masked_mean(per_token.detach(), mask), "teacher_topk_mass": mass}
+
+
+def distillation_loss(kind: str, logits: torch.Tensor, logp: torch.Tensor, mask: torch.Tensor, *,
+                      teacher_logp: torch.Tensor | None = None, topk_ids: torch.Tensor | None = None,
+                      topk_logp: torch.Tensor | None = None, agg: str = "token_mean",
+                      **agg_kwargs: float | int | torch.Tensor | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The `kind` loss (`DISTILL_LOSSES`) from the student's logits [B, R, V] / sampled-token log-probs [B, R] and
+    what the teacher gave for it."""
+    if kind == "reverse_kl":
+        if teacher_logp is None:
+            raise ValueError("reverse_kl needs the teacher's log-probs of the sampled tokens")
+        return reverse_kl_loss(logp, teacher_logp, mask, agg, **agg_kwargs)
+    if kind == "topk_forward_kl":
+        if topk_ids is None or topk_logp is None:
+            raise ValueError("topk_forward_kl needs the teacher's top-k token ids and log-probs")
+        return topk_forward_kl_loss(logits, topk_ids, topk_logp, mask, agg, **agg_kwargs)
+    raise ValueError(f"unknown distillation loss {kind!r}; expected one of {DISTILL_LOSSES}")
