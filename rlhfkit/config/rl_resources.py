@@ -53,9 +53,9 @@ FROZEN_ON_ACTOR = ("ref", "teacher")  # the frozen models --colocate_actor_ref p
 
 def role_needed(cfg: RLFlags, role: str) -> bool:
     """Whether this run has the role: no critic for a group estimator, no reward model with --remote_rm_url, no
-    reference without KL."""
+    reference without KL, a teacher role only for a local distillation teacher (--teacher_pretrain)."""
     return {"actor": True, "critic": needs_critic(cfg), "ref": needs_reference(cfg),
-            "reward": bool(cfg.rl_model.reward_pretrain)}[role]
+            "reward": bool(cfg.rl_model.reward_pretrain), "teacher": bool(cfg.distill.teacher_pretrain)}[role]
 
 
 def _colocated_host(cfg: RLFlags, role: str) -> str | None:
