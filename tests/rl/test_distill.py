@@ -83,18 +83,26 @@ def test_http_teacher_gives_the_local_teachers_loss(demo_assets, teacher_dir, wo
     torch.testing.assert_close(remote["log_probs"][mask], local["log_probs"][mask], atol=1e-6, rtol=0)
 
 
-def test_teacher_with_another_tokenizer_stops_with_one_line(demo_assets, teacher_dir, tmp_path):
+@pytest.fixture(scope="module")
+def other_tokenizer_teacher(teacher_dir, tmp_path_factory):
+    """The teacher with one token more in its tokenizer."""
+    from transformers import AutoTokenizer
+
+    other = tmp_path_factory.mktemp("other_teacher")
+    shutil.copytree(teacher_dir, other, dirs_exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(other)
+    tokenizer.add_tokens(["<not-in-the-student>"])
+    tokenizer.save_pretrained(other)
+    return other
+
+
+def test_teacher_with_another_tokenizer_is_refused(demo_assets, teacher_dir, other_tokenizer_teacher):
     from transformers import AutoTokenizer
 
     student = AutoTokenizer.from_pretrained(demo_assets.model_dir)
     check_teacher_tokenizer(str(teacher_dir), None, student)  # the same tokenizer passes
-    other = tmp_path / "other"
-    shutil.copytree(teacher_dir, other)
-    tokenizer = AutoTokenizer.from_pretrained(other)
-    tokenizer.add_tokens(["<not-in-the-student>"])
-    tokenizer.save_pretrained(other)
     with pytest.raises(UserError) as local:
-        check_teacher_tokenizer(str(other), None, student)
+        check_teacher_tokenizer(str(other_tokenizer_teacher), None, student)
     server = TeacherServer(lambda exp, k: {}, fingerprint="another tokenizer").start()
     try:
         with pytest.raises(UserError) as remote:
@@ -103,6 +111,34 @@ def test_teacher_with_another_tokenizer_stops_with_one_line(demo_assets, teacher
         server.stop()
     for error in (local.value, remote.value):
         assert "tokenizer differs from the actor's" in str(error) and "\n" not in str(error)
+
+
+@pytest.mark.parametrize("cli", ["train_ppo", "train_ppo_ray"])
+def test_cli_stops_with_one_line_before_the_models_or_ray(cli, demo_assets, other_tokenizer_teacher, tmp_path,
+                                                        capsys, monkeypatch):
+    import importlib
+
+    import rlhfkit.rl.ray_run as ray_run
+    from rlhfkit.cli.common import run_cli
+    from rlhfkit.rl.roles import ActorRole
+
+    def too_far(*args, **kwargs):
+        raise AssertionError("the run went past the tokenizer check")
+
+    monkeypatch.setattr(ActorRole, "__init__", too_far)  # train_ppo's first model
+    monkeypatch.setattr(ray_run, "connect_ray", too_far)  # train_ppo_ray checks before Ray starts
+    module = importlib.import_module(f"rlhfkit.cli.{cli}")
+    argv = ["--pretrain", str(demo_assets.model_dir), "--prompt_data", str(demo_assets.rl_train),
+            "--input_key", "prompt", "--remote_rm_url", str(tmp_path / "reward.py"), "--advantage_estimator",
+            "group_norm", "--n_samples_per_prompt", "2", "--rollout_batch_size", "2", "--train_batch_size", "4",
+            "--micro_train_batch_size", "2", "--micro_rollout_batch_size", "2", "--save_path", str(tmp_path / "out"),
+            "--teacher_pretrain", str(other_tokenizer_teacher), "--colocate_all_models"]
+    (tmp_path / "reward.py").write_text("def reward_func(queries, prompts, labels):\n    return [0.0] * len(queries)\n")
+    capsys.readouterr()
+    code = run_cli(module.main, argv, prog=cli)
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if "error" in line]
+    assert code == 2 and len(err) == 1, err
+    assert "--teacher_pretrain" in err[0] and "tokenizer differs from the actor's" in err[0]
 
 
 def test_teacher_server_refuses_bad_requests():
