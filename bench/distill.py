@@ -9,6 +9,7 @@ loss: the student learns from the teacher's per-token scores of its own samples 
 the actor like the reference). Held-out exact-match (greedy) of the three models; gap closed = (student after -
 SFT) / (teacher - SFT). Appends the results with the machine, versions, load and date to bench/results/distill.md.
 Finished stages are reused when their directory holds a model (rerun with a fresh --out to rebuild them).
+`--variants grpo_control` runs the same stage without a teacher (plain GRPO on the reward) for comparison.
 
     OMP_NUM_THREADS=1 nice .venv/bin/python bench/distill.py [--out runs/bench_distill] [--steps 50]
 """
@@ -26,7 +27,9 @@ from pathlib import Path
 
 RESULTS = Path(__file__).with_name("results") / "distill.md"
 VARIANTS = {"reverse_kl": ["--distill_loss", "reverse_kl"],
-            "topk_forward_kl": ["--distill_loss", "topk_forward_kl", "--distill_topk", "8"]}
+            "topk_forward_kl": ["--distill_loss", "topk_forward_kl", "--distill_topk", "8"],
+            "grpo_control": None}  # no teacher: the same 50 steps of plain GRPO, for comparison (not run by default)
+DEFAULT_VARIANTS = ["reverse_kl", "topk_forward_kl"]
 
 
 def versions() -> str:
@@ -70,7 +73,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--teacher_steps", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=list(VARIANTS))
     p.add_argument("--lr", default="1e-4", help="the student's --actor_learning_rate")
     args = p.parse_args()
 
@@ -94,7 +97,8 @@ def main() -> None:
             f"| teacher: {args.teacher_steps} GRPO steps from it | {teacher_em:.3f} | | | |"]
     for name in args.variants:
         started = time.perf_counter()
-        flags = ["--teacher_pretrain", str(teacher), "--distill_only", *VARIANTS[name]]
+        variant = VARIANTS[name]
+        flags = [] if variant is None else ["--teacher_pretrain", str(teacher), "--distill_only", *variant]
         save = out / f"student_{name}"
         metrics = rl_stage(sft_dir, rl_prompts, save, args.steps, args.seed,
                            [*flags, "--actor_learning_rate", args.lr])
@@ -103,10 +107,13 @@ def main() -> None:
         closed = (em - sft_em) / (teacher_em - sft_em) if teacher_em != sft_em else float("nan")
         records = [json.loads(line) for line in metrics.read_text().splitlines()]
         key = "train/actor/distill_loss"
+        losses = f"{mean_of(records, key, slice(0, 5)):.4f} / {mean_of(records, key, slice(-5, None)):.4f}" \
+            if any(key in r for r in records) else "-"
         print(f"[bench] {name}: {em:.3f}, gap closed {closed:.2f}", flush=True)
-        rows.append(f"| student after {args.steps} steps, `{' '.join(flags[2:])} --actor_learning_rate {args.lr}` | "
+        what = "plain GRPO (no teacher)" if variant is None else " ".join(flags[2:])
+        rows.append(f"| student after {args.steps} steps, `{what} --actor_learning_rate {args.lr}` | "
                     f"**{em:.3f}** ({em - sft_em:+.3f}) | **{closed:.2f}** | "
-                    f"{mean_of(records, key, slice(0, 5)):.4f} / {mean_of(records, key, slice(-5, None)):.4f} | "
+                    f"{losses} | "
                     f"{seconds:.0f} |")
     table = [
         f"## {datetime.date.today().isoformat()}: SFT student, {args.teacher_steps}-step GRPO teacher, "
