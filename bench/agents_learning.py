@@ -176,8 +176,9 @@ def tools_model(base: Path, out: Path) -> Path:
 def tools_data(tok: object, seed: int, n_sft: int, n_rl: int, n_eval: int) -> tuple[list[dict], list[dict],
                                                                                        list[dict]]:
     """calc_data's products in native tool calling: the texts are what examples/agent_tools.py's episodes render
-    (rlhfkit.agents.tool_agent), so SFT teaches the exact tokens RL samples. A quarter of the SFT problems show the
-    tool (the call, then, after its `tool` message, the answer); the rest answer directly."""
+    (rlhfkit.agents.tool_agent), so SFT teaches the exact tokens RL samples. Half the SFT problems show the tool (the
+    call, then, after its `tool` message, the answer): the JSON call is five times as long as calc's `<calc>a*b</calc>`
+    and at a quarter, 300 steps, the SFT model never completed one (measured); the rest answer directly."""
     from rlhfkit.agents.tool_agent import feedback_text, render
     from rlhfkit.agents.tools import as_tools
 
@@ -196,7 +197,7 @@ def tools_data(tok: object, seed: int, n_sft: int, n_rl: int, n_eval: int) -> tu
 
     records = []
     for i, (a, b) in enumerate(pairs[:n_sft]):
-        if i % 4:
+        if i % 2:
             records.append({"question": prompt(a, b), "response": str(a * b)})
             continue
         call = f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{a}*{b}"}}}}</tool_call>'
@@ -216,7 +217,7 @@ def main() -> None:
     p.add_argument("--task", choices=sorted(AGENTS), required=True)
     p.add_argument("--out", default="runs/agents_bench")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sft_steps", type=int, default=None, help="default: retry 450, calc 300")
+    p.add_argument("--sft_steps", type=int, default=None, help="default: retry 450, calc 300, tools 800")
     p.add_argument("--rl_steps", type=int, default=None, help="default: retry 60, calc 120")
     p.add_argument("--eval_samples", type=int, default=2, help="episodes per held-out prompt")
     a = p.parse_args()
@@ -236,7 +237,7 @@ def main() -> None:
         from transformers import AutoTokenizer
 
         base = tools_model(assets.model_dir, out / "base")
-        sft_steps, rl_steps, max_steps, max_len = a.sft_steps or 300, a.rl_steps or 120, 3, 72
+        sft_steps, rl_steps, max_steps, max_len = a.sft_steps or 800, a.rl_steps or 120, 3, 72
         sft_records, rl_records, held_out = tools_data(AutoTokenizer.from_pretrained(str(base)), a.seed, 600,
                                                        2000, 150)
         sft_data, rl_data = write_jsonl(out / "sft.jsonl", sft_records), write_jsonl(out / "rl.jsonl", rl_records)

@@ -2,7 +2,8 @@
 
 masking (reductions, loss aggregation), kl (KL estimators and controllers), rewards (reward shaping),
 advantages (estimators of the RL loop), policy_loss (PPO actor/critic losses), logprobs (log-probs and entropy
-from logits), sft_loss, preference_losses (reward model, DPO/IPO/cDPO, KTO).
+from logits), sft_loss, preference_losses (reward model, DPO/IPO/cDPO, KTO), distill_loss (on-policy
+distillation: per-token reverse KL, top-k forward KL).
 """
 
 from rlhfkit.algorithms.advantages import (
@@ -11,6 +12,12 @@ from rlhfkit.algorithms.advantages import (
     discounted_returns,
     gae_advantages_and_returns,
     group_baseline,
+)
+from rlhfkit.algorithms.distill_loss import (
+    DISTILL_LOSSES,
+    distillation_loss,
+    reverse_kl_loss,
+    topk_forward_kl_loss,
 )
 from rlhfkit.algorithms.kl import (
     KL_ESTIMATORS,
@@ -62,4 +69,5 @@ __all__ = [
     "is_correction_weights", "policy_loss", "tis_weights", "value_loss",
     "entropy_from_logits", "token_logprobs", "sft_loss", "shifted_target_mask",
     "dpo_loss", "kto_kl_reference_point", "kto_loss", "nll_loss", "pairwise_rm_loss",
+    "DISTILL_LOSSES", "distillation_loss", "reverse_kl_loss", "topk_forward_kl_loss",
 ]

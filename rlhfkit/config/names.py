@@ -13,6 +13,7 @@ GROUP_BASELINES = ("reinforce_baseline", "group_norm", "dr_grpo", "rloo")  # est
 KL_ESTIMATORS = ("k1", "k2", "k3")
 POLICY_LOSS_TYPES = ("ppo", "gspo", "cispo", "sapo")
 IS_CORRECTIONS = ("tis", "icepop", "seq-mask-tis")
+DISTILL_LOSSES = ("reverse_kl", "topk_forward_kl")  # --distill_loss (rlhfkit.algorithms.distill_loss)
 AGGREGATION_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 SFT_REDUCTIONS = ("mean", "sum", "per_sample")
 RM_LOSS_KINDS = ("sigmoid", "logexp")

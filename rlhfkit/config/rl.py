@@ -27,6 +27,7 @@ from rlhfkit.config.common import (
     check_token_budget,
 )
 from rlhfkit.config.critic_optim import CriticOptimArgs, check_critic_optimizer
+from rlhfkit.config.distill import DistillArgs
 from rlhfkit.config.names import (
     GROUP_BASELINES,
 )
@@ -75,6 +76,7 @@ class PPOConfig:
     plan: DryRunArgs = field(default_factory=DryRunArgs)
     save: RLSaveArgs = field(default_factory=RLSaveArgs)
     doctor: DoctorArgs = field(default_factory=DoctorArgs)
+    distill: DistillArgs = field(default_factory=DistillArgs)
 
     def validate(self) -> None:
         """Every flag rule (UserError, one line): the sections' own, then the ones that join sections."""

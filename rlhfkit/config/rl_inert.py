@@ -64,17 +64,18 @@ def _layout(cfg: RLFlags) -> dict[str, str]:
             inert[flag] = ("configures the vLLM engines, but --vllm_num_engines is 0 (the Transformers engine "
                            "generates); add --vllm_num_engines N or drop it")
     has = {role: role_needed(cfg, role) for role in ROLES}
-    if not has["ref"]:
-        inert["colocate_actor_ref"] = ("places the reference model, but this run has none (only a KL term, "
-                                       "--init_kl_coef > 0 or --use_kl_loss, needs it); drop it")
+    if not (has["ref"] or has["teacher"]):
+        inert["colocate_actor_ref"] = ("places the reference model (and a teacher), but this run has neither (only "
+                                       "a KL term, --init_kl_coef > 0 or --use_kl_loss, needs a reference; "
+                                       "--teacher_pretrain names a teacher); drop it")
     if not (has["critic"] and has["reward"]):
         missing = " nor ".join(what for role, what in (("critic", "critic (--advantage_estimator gae)"),
                                                        ("reward", "reward model (--reward_pretrain)"))
                                if not has[role])
         inert["colocate_critic_reward"] = (f"puts the reward model on the critic's devices, but this run has no "
                                            f"{missing}; drop it")
-    if not (has["ref"] or has["reward"]):
-        inert["ref_reward_offload"] = ("offloads the reference and reward models, but this run has neither; "
+    if not (has["ref"] or has["reward"] or has["teacher"]):
+        inert["ref_reward_offload"] = ("offloads the reference, reward and teacher models, but this run has none; "
                                        "drop it")
     return inert
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from rlhfkit.config.common import StrategyArgs, check_batch_split
+from rlhfkit.config.distill import DistillArgs
 from rlhfkit.config.rl_sections import AlgorithmArgs, ResourceArgs, RLModelArgs, RolloutArgs
 from rlhfkit.errors import UserError
 
@@ -27,6 +28,8 @@ class RLFlags(Protocol):
     def rollout(self) -> RolloutArgs: ...
     @property
     def strategy(self) -> StrategyArgs: ...
+    @property
+    def distill(self) -> DistillArgs: ...
 
 
 def check_positive(values: dict[str, float]) -> None:
@@ -44,14 +47,15 @@ def needs_critic(cfg: RLFlags) -> bool:
     return cfg.algo.advantage_estimator == "gae"
 
 
-ROLES = ("actor", "critic", "ref", "reward")
+ROLES = ("actor", "critic", "ref", "reward", "teacher")
+FROZEN_ON_ACTOR = ("ref", "teacher")  # the frozen models --colocate_actor_ref puts on the actor's devices
 
 
 def role_needed(cfg: RLFlags, role: str) -> bool:
     """Whether this run has the role: no critic for a group estimator, no reward model with --remote_rm_url, no
-    reference without KL."""
+    reference without KL, a teacher role only for a local distillation teacher (--teacher_pretrain)."""
     return {"actor": True, "critic": needs_critic(cfg), "ref": needs_reference(cfg),
-            "reward": bool(cfg.rl_model.reward_pretrain)}[role]
+            "reward": bool(cfg.rl_model.reward_pretrain), "teacher": bool(cfg.distill.teacher_pretrain)}[role]
 
 
 def _colocated_host(cfg: RLFlags, role: str) -> str | None:
@@ -60,7 +64,7 @@ def _colocated_host(cfg: RLFlags, role: str) -> str | None:
     res = cfg.resources
     if role == "actor":
         return None
-    if res.colocate_all_models or (role == "ref" and res.colocate_actor_ref):
+    if res.colocate_all_models or (role in FROZEN_ON_ACTOR and res.colocate_actor_ref):
         return "actor"
     if role == "reward" and res.colocate_critic_reward and role_needed(cfg, "critic"):
         return "critic"
@@ -93,10 +97,11 @@ def validate_resources(cfg: RLFlags) -> None:
         if nodes * gpus == 0 and role_needed(cfg, role) and _colocated_host(cfg, role) is None:
             why = {"critic": "--advantage_estimator gae trains a critic",
                    "ref": "the KL term (--init_kl_coef > 0 or --use_kl_loss) needs the reference model",
-                   "reward": "--reward_pretrain names a reward model"}[role]
+                   "reward": "--reward_pretrain names a reward model",
+                   "teacher": "--teacher_pretrain names a distillation teacher"}[role]
             raise UserError(f"{flags}: the {role} role has no devices but {why}; give it devices or colocate it "
                             f"with the actor (--colocate_all_models"
-                            f"{', --colocate_actor_ref' if role == 'ref' else ''}"
+                            f"{', --colocate_actor_ref' if role in FROZEN_ON_ACTOR else ''}"
                             f"{', --colocate_critic_reward' if role == 'reward' else ''})")
     if r.vllm_num_engines < 0:
         raise UserError(f"--vllm_num_engines must be >= 0 (got {r.vllm_num_engines})")
@@ -120,9 +125,9 @@ def validate_placement(cfg: RLFlags) -> None:
     devices = {role: role_ranks(cfg, role) for role in ROLES if role_needed(cfg, role)}  # one device per rank
     shares: list[tuple[str, str, tuple[str, ...]]] = []
     if res.colocate_all_models:
-        shares.append(("--colocate_all_models", "actor", ("ref", "critic", "reward")))
+        shares.append(("--colocate_all_models", "actor", ("ref", "critic", "reward", "teacher")))
     if not res.colocate_all_models and res.colocate_actor_ref:
-        shares.append(("--colocate_actor_ref", "actor", ("ref",)))
+        shares.append(("--colocate_actor_ref", "actor", FROZEN_ON_ACTOR))
     if not res.colocate_all_models and res.colocate_critic_reward and "critic" in devices:
         shares.append(("--colocate_critic_reward", "critic", ("reward",)))
     for why, owner, guests in shares:

@@ -246,11 +246,15 @@ class ResourceArgs:
     ref_num_gpus_per_node: int = arg(1, "Devices per node of the reference role.")
     reward_num_nodes: int = arg(1, "Nodes of the reward-model role.")
     reward_num_gpus_per_node: int = arg(1, "Devices per node of the reward-model role.")
-    colocate_actor_ref: bool = arg(False, "Put actor and reference on the same devices.")
+    teacher_num_nodes: int = arg(1, "Nodes of the distillation teacher role (--teacher_pretrain).")
+    teacher_num_gpus_per_node: int = arg(1, "Devices per node of the distillation teacher role.")
+    colocate_actor_ref: bool = arg(False, "Put actor and reference (and a distillation teacher) on the same "
+                                          "devices.")
     colocate_critic_reward: bool = arg(False, "Put critic and reward model on the same devices.")
     colocate_all_models: bool = arg(False, "Put every role and the vLLM engines on the actor's devices "
                                            "(hybrid engine).")
-    ref_reward_offload: bool = arg(False, "Keep reference and reward model weights on the CPU between uses.")
+    ref_reward_offload: bool = arg(False, "Keep reference, reward model and teacher weights on the CPU between "
+                                          "uses.")
     deepspeed_enable_sleep: bool = arg(False, "Offload DeepSpeed states of a role between its calls.")
     ray_call_timeout: float = arg(1800.0, "train_ppo_ray: seconds one call to a role or rollout engine (a training "
                                           "step, a generation, a weight sync) may take before the run stops with "

@@ -29,6 +29,7 @@ from rlhfkit.config.specs import (
     ReferenceSpec,
     RewardSpec,
     RLSpecs,
+    TeacherSpec,
 )
 
 #: The least rows a Transformers engine generates per forward in an RL run (more with --micro_rollout_batch_size).
@@ -62,7 +63,24 @@ def actor_spec(cfg: PPOConfig) -> ActorSpec:
                      is_correction_type=a.vllm_is_correction_type, is_low=is_low, is_high=is_high,
                      kl_estimator=a.kl_estimator, use_kl_loss=a.use_kl_loss, entropy_loss_coef=a.entropy_loss_coef,
                      aux_loss_coef=a.aux_loss_coef, ema_beta=cfg.save.ema_beta if cfg.save.enable_ema else None,
-                     save_hf_ckpt=cfg.save.save_hf_ckpt)
+                     save_hf_ckpt=cfg.save.save_hf_ckpt, **distill_settings(cfg))
+
+
+def distill_settings(cfg: PPOConfig) -> dict[str, Any]:
+    """The actor's on-policy distillation fields (none without a teacher)."""
+    d = cfg.distill
+    return {"distill_loss": d.distill_loss, "distill_coef": d.distill_coef,
+            "distill_only": d.distill_only} if d.enabled else {}
+
+
+def teacher_topk(cfg: PPOConfig) -> int:
+    """How many of the teacher's top tokens per position the loss needs (0: the sampled token's log-prob only)."""
+    return cfg.distill.distill_topk if cfg.distill.distill_loss == "topk_forward_kl" else 0
+
+
+def teacher_spec(cfg: PPOConfig) -> TeacherSpec:
+    return TeacherSpec(**_role_common(cfg), path=cfg.distill.teacher_pretrain, temperature=cfg.rollout.temperature,
+                       topk=teacher_topk(cfg))
 
 
 def critic_spec(cfg: PPOConfig) -> CriticSpec:
@@ -102,7 +120,7 @@ def placement_spec(cfg: PPOConfig) -> PlacementSpec:
     them); a colocated role given 0 devices runs on its host's devices (`role_ranks`)."""
     res, engine = cfg.resources, engine_spec(cfg)
     offload = {"actor": res.deepspeed_enable_sleep, "critic": res.deepspeed_enable_sleep,
-               "ref": res.ref_reward_offload, "reward": res.ref_reward_offload}
+               "ref": res.ref_reward_offload, "reward": res.ref_reward_offload, "teacher": res.ref_reward_offload}
     roles = tuple((role, role_ranks(cfg, role)) for role in ROLES if role_needed(cfg, role))
     return PlacementSpec(role_ranks=roles, engine_role=engine.placement_role, engine_ranks=engine.num_engines,
                          engine_devices_per_rank=engine.devices_per_engine, colocate_all=res.colocate_all_models,
@@ -117,4 +135,5 @@ def rl_specs(cfg: PPOConfig, single_process: bool = False) -> RLSpecs:
     return RLSpecs(actor=actor_spec(cfg), critic=critic_spec(cfg) if needs_critic(cfg) else None,
                    ref=reference_spec(cfg) if needs_reference(cfg) else None,
                    reward=reward_spec(cfg) if cfg.rl_model.reward_pretrain else None,
-                   engine=engine_spec(cfg, single_process), placement=placement_spec(cfg))
+                   engine=engine_spec(cfg, single_process), placement=placement_spec(cfg),
+                   teacher=teacher_spec(cfg) if cfg.distill.teacher_pretrain else None)

@@ -65,6 +65,9 @@ class ActorSpec(RoleSpec):
     aux_loss_coef: float
     ema_beta: float | None  # --enable_ema's decay, None without EMA
     save_hf_ckpt: bool  # also a Hugging Face model inside every checkpoint
+    distill_loss: str | None = None  # on-policy distillation's loss (reverse_kl, topk_forward_kl); None: none
+    distill_coef: float = 1.0  # its weight beside the policy loss
+    distill_only: bool = False  # no policy-gradient term
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,6 +87,15 @@ class ReferenceSpec(RoleSpec):
 
     path: str | None  # --pretrain
     temperature: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class TeacherSpec(RoleSpec):
+    """The frozen teacher of on-policy distillation: log-probs of the student's sampled tokens (and its top-k)."""
+
+    path: str | None  # --teacher_pretrain
+    temperature: float  # the student's sampling temperature, so both sides score the same distribution
+    topk: int  # the teacher's most likely tokens sent per position (0: only the sampled token's log-prob)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,3 +165,4 @@ class RLSpecs:
     reward: RewardSpec | None
     engine: EngineSpec
     placement: PlacementSpec
+    teacher: TeacherSpec | None = None  # a local distillation teacher (--teacher_pretrain)

@@ -89,10 +89,11 @@ def plan_pools(demands: list[RoleDemand], *, colocate_all: bool, colocate_actor_
         if "vllm" in by_name and by_name["vllm"].devices != by_name["actor"].devices:
             raise ValueError(f"--colocate_all_models: actor devices {by_name['actor'].devices} != vLLM devices "
                              f"{by_name['vllm'].devices} (the config layer checks this)")
-        share("hybrid", "actor", ["ref", "critic", "reward", "vllm", "hf_engine"], "--colocate_all_models")
+        share("hybrid", "actor", ["ref", "critic", "reward", "teacher", "vllm", "hf_engine"],
+              "--colocate_all_models")
     else:
-        if colocate_actor_ref and "ref" in by_name:
-            share("actor_ref", "actor", ["ref"], "--colocate_actor_ref")
+        if colocate_actor_ref and ("ref" in by_name or "teacher" in by_name):  # the frozen models
+            share("actor_ref", "actor", ["ref", "teacher"], "--colocate_actor_ref")
         if colocate_critic_reward and "critic" in by_name and "reward" in by_name:
             share("critic_reward", "critic", ["reward"], "--colocate_critic_reward")
     for name, demand in by_name.items():

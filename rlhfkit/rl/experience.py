@@ -7,7 +7,9 @@ Layout (one row per sample; the samples of one prompt are adjacent):
   `action_mask` marks real response tokens (eos included); response token j sits at sequence position
   prompt_length + j and is predicted by the logits at position prompt_length + j - 1 (`action_positions`).
   `action_log_probs` (the actor before this step's update: PPO's old policy), `rollout_log_probs` (what the rollout
-  engine reported), `base_action_log_probs` (reference), `values` (critic), `advantages`, `returns`, `kl`.
+  engine reported), `base_action_log_probs` (reference), `values` (critic), `advantages`, `returns`, `kl`,
+  `teacher_log_probs` (an on-policy distillation teacher); `teacher_topk_ids` and `teacher_topk_log_probs` are
+  [B, R, k]: the teacher's k most likely tokens at each response position.
 - `rewards [B]`: the scalar reward used for the advantages (after clipping); `info`: per-sample numbers [B] for
   metrics (response_length, truncated, reward (raw), score).
 Every field is a CPU tensor (or None), so an experience crosses a process boundary as `to_dict()`.
@@ -26,14 +28,15 @@ from rlhfkit.data.packing import pack_padded, packed_index
 from rlhfkit.rollout.engine import FINISH_LENGTH, SampledSequence
 
 ACTION_FIELDS = ("action_mask", "action_log_probs", "rollout_log_probs", "base_action_log_probs", "values",
-                 "advantages", "returns", "kl")
+                 "advantages", "returns", "kl", "teacher_log_probs", "teacher_topk_ids", "teacher_topk_log_probs")
 SEQUENCE_FIELDS = ("sequences", "attention_mask")
 
 
 def pad_columns(t: torch.Tensor, width: int, value: float | int = 0) -> torch.Tensor:
+    """t [B, C, ...] padded with `value` to [B, width, ...]."""
     if t.shape[1] >= width:
         return t
-    pad = torch.full((t.shape[0], width - t.shape[1]), value, dtype=t.dtype, device=t.device)
+    pad = torch.full((t.shape[0], width - t.shape[1], *t.shape[2:]), value, dtype=t.dtype, device=t.device)
     return torch.cat([t, pad], dim=1)
 
 
@@ -72,6 +75,9 @@ class Experience:
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     kl: torch.Tensor | None = None
+    teacher_log_probs: torch.Tensor | None = None
+    teacher_topk_ids: torch.Tensor | None = None
+    teacher_topk_log_probs: torch.Tensor | None = None
     info: dict[str, torch.Tensor] = field(default_factory=dict)
 
     # -- basic shape --------------------------------------------------------------------------------------

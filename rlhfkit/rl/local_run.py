@@ -21,6 +21,7 @@ def run_ppo(cfg: PPOConfig) -> RLTrainer:
     """Validate, load data, build the roles and the engine, train, and save the final model(s)."""
     from rlhfkit.models.moe import check_aux_loss_coef
     from rlhfkit.rl.rollout_source import RolloutSource
+    from rlhfkit.rl.teacher import check_distillation
     from rlhfkit.rl.weight_sync import LocalWeightSync
     from rlhfkit.run.setup import build_strategy, load_rl_inputs, prepare_rl_run, train_rl
 
@@ -30,13 +31,15 @@ def run_ppo(cfg: PPOConfig) -> RLTrainer:
     check_aux_loss_coef(cfg.algo.aux_loss_coef, cfg.model.pretrain)
     inputs = load_rl_inputs(cfg)
     try:
+        check_distillation(cfg, inputs.tokenizer)  # before any model loads
         strategy = build_strategy(cfg.model, cfg.strategy)
         roles = local_roles(cfg, inputs, strategy)
 
         def assemble(logger: MetricsLogger) -> TrainingLoop:  # synchronous: the rollout source is the batch supply
             source = RolloutSource(cfg, roles.engine, roles.reward, inputs.tokenizer, inputs.prompts)
             trainer = RLTrainer(cfg, roles.actor, source, LocalWeightSync(roles.actor, roles.engine), source, logger,
-                                strategy, ref=roles.ref, critic=roles.critic, eval_prompts=inputs.eval_prompts)
+                                strategy, ref=roles.ref, critic=roles.critic, eval_prompts=inputs.eval_prompts,
+                                teacher=roles.teacher)
             return TrainingLoop(trainer, rl_settings(cfg), strategy, logger, run)
 
         def describe(loop: TrainingLoop) -> None:
@@ -45,7 +48,8 @@ def run_ppo(cfg: PPOConfig) -> RLTrainer:
             strategy.print(f"{cfg.algo.advantage_estimator}: {len(inputs.prompts)} prompts, {loop.total_steps()} "
                            f"RL steps of {cfg.rollout.rollout_batch_size} prompts x {cfg.rollout.n_samples_per_prompt} "
                            f"samples, {inputs.num_update_steps} optimizer steps; roles: actor"
-                           f"{', critic' if roles.critic else ''}{', reference' if roles.ref else ''}, reward {reward}")
+                           f"{', critic' if roles.critic else ''}{', reference' if roles.ref else ''}"
+                           f"{', teacher' if roles.teacher else ''}, reward {reward}")
 
         return train_rl(cfg, strategy, "ppo", assemble, before_fit=describe)
     finally:
@@ -57,6 +61,7 @@ def local_roles(cfg: PPOConfig, inputs: Any, strategy: Any) -> RoleHandles:
     strategy's device (the one engine constructor, handed the agents' episode runner)."""
     from rlhfkit.agents.episodes import run_episodes
     from rlhfkit.rl.roles import ActorRole, CriticRole, ReferenceRole, RewardModelRole
+    from rlhfkit.rl.teacher import TeacherRole, http_teacher
     from rlhfkit.rollout.factory import local_engine
 
     steps, text_reward, specs = inputs.num_update_steps, inputs.text_reward, rl_specs(cfg, single_process=True)
@@ -68,4 +73,5 @@ def local_roles(cfg: PPOConfig, inputs: Any, strategy: Any) -> RoleHandles:
         else None,  # None: agent episodes bring their rewards
         ref=ReferenceRole(specs.ref) if specs.ref else None,
         critic=CriticRole(specs.critic, steps) if specs.critic else None,
+        teacher=TeacherRole(specs.teacher) if specs.teacher else http_teacher(cfg),
     )

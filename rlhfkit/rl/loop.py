@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rlhfkit.config.rl import PPOConfig
-from rlhfkit.rl.role_protocols import Actor, Critic, Reference, Reward
+from rlhfkit.rl.role_protocols import Actor, Critic, Reference, Reward, Teacher
 from rlhfkit.rollout.engine import RolloutEngine
 from rlhfkit.run.loop import LoopSettings
 
@@ -43,6 +43,7 @@ class RoleHandles:
     reward: Reward | None
     ref: Reference | None = None
     critic: Critic | None = None
+    teacher: Teacher | None = None  # on-policy distillation
 
 
 def rl_settings(cfg: PPOConfig) -> LoopSettings:

@@ -59,6 +59,7 @@ class RayRunPlan:
     specs: RLSpecs  # what each role and the engines are built from
     inputs: Any = None  # setup.RLInputs: tokenizer, prompts, text reward source, optimizer-step count
     notes: list[str] = field(default_factory=list)
+    http_teacher: Any = None  # teacher.HTTPTeacher of --teacher_url (a local teacher is a role group)
 
 
 def check_ray_config(cfg: PPOConfig, use_gpu: bool | None = None, cpus_per_bundle: float = 1.0) -> RayRunPlan:
@@ -93,6 +94,7 @@ def check_ray_config(cfg: PPOConfig, use_gpu: bool | None = None, cpus_per_bundl
 
 def prepare_ray_run(cfg: PPOConfig, use_gpu: bool | None = None, cpus_per_bundle: float = 1.0) -> RayRunPlan:
     """`check_ray_config` plus the tokenizer, the prompts and the text reward source (still no Ray)."""
+    from rlhfkit.rl.teacher import check_distillation, http_teacher
     from rlhfkit.run.setup import load_rl_inputs
 
     run = check_ray_config(cfg, use_gpu, cpus_per_bundle)
@@ -101,6 +103,8 @@ def prepare_ray_run(cfg: PPOConfig, use_gpu: bool | None = None, cpus_per_bundle
         if run.use_gpu:
             run.notes.append(gpu_limits_note())
     run.inputs = load_rl_inputs(cfg)
+    check_distillation(cfg, run.inputs.tokenizer)  # before Ray starts
+    run.http_teacher = http_teacher(cfg)
     return run
 
 
@@ -140,6 +144,7 @@ def build_ray_roles(run: RayRunPlan) -> tuple[Any, RayRoles]:
     from rlhfkit.distributed.ray_groups import RayActorGroup
     from rlhfkit.rl.loop import RoleHandles
     from rlhfkit.rl.roles import ActorRole, CriticRole, ReferenceRole, RewardModelRole
+    from rlhfkit.rl.teacher import TeacherRole
     from rlhfkit.rollout.factory import engine_group
 
     plan, specs = run.plan, run.specs
@@ -147,7 +152,8 @@ def build_ray_roles(run: RayRunPlan) -> tuple[Any, RayRoles]:
     try:
         steps = run.inputs.num_update_steps
         roles = {"actor": (ActorRole, (specs.actor, steps)), "critic": (CriticRole, (specs.critic, steps)),
-                 "ref": (ReferenceRole, (specs.ref,)), "reward": (RewardModelRole, (specs.reward,))}
+                 "ref": (ReferenceRole, (specs.ref,)), "reward": (RewardModelRole, (specs.reward,)),
+                 "teacher": (TeacherRole, (specs.teacher,))}
         timeout_env = {DIST_TIMEOUT_ENV: str(specs.placement.ddp_timeout)}  # role groups and the weight-sync group
         for name, (cls, args) in roles.items():
             if name in plan.slots:
@@ -165,7 +171,7 @@ def build_ray_roles(run: RayRunPlan) -> tuple[Any, RayRoles]:
     groups = ray_roles.groups
     handles = RoleHandles(actor=groups["actor"], engine=ray_roles.engine,
                           reward=groups.get("reward", run.inputs.text_reward), ref=groups.get("ref"),
-                          critic=groups.get("critic"))
+                          critic=groups.get("critic"), teacher=groups.get("teacher", run.http_teacher))
     return handles, ray_roles
 
 
@@ -263,7 +269,7 @@ def ray_loop_assembly(cfg: PPOConfig, roles: RoleHandles, reward_group: Any, inp
                                     has_reference=roles.ref is not None)
             weight_sync = LockedWeightSync(ray_sync, supply)
         trainer = RLTrainer(cfg, roles.actor, supply, weight_sync, source, logger, strategy, ref=roles.ref,
-                            critic=roles.critic, eval_prompts=inputs.eval_prompts)
+                            critic=roles.critic, eval_prompts=inputs.eval_prompts, teacher=roles.teacher)
         ray_sync.after_sync.extend(functools.partial(callback, trainer) for callback in after_sync)
         return TrainingLoop(trainer, rl_settings(cfg), strategy, logger, run_info)
 

@@ -79,3 +79,13 @@ class Reward(Protocol):
     def score(self, batch: dict[str, Any]) -> dict[str, Any]:
         """{"rewards": [B], "scores": [B], "extra_logs": {...}} for the batch's samples (split over ranks)."""
         ...
+
+
+@runtime_checkable
+class Teacher(Protocol):
+    """An on-policy distillation teacher: a local model (`rlhfkit.rl.teacher.TeacherRole`) or an endpoint
+    (`HTTPTeacher`)."""
+
+    def score(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """{"log_probs": [B, R]} (and with top-k "topk_ids", "topk_log_probs" [B, R, k]) of the samples."""
+        ...

@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 
-from rlhfkit.algorithms.kl import compute_approx_kl
 from rlhfkit.algorithms.logprobs import entropy_from_logits, token_logprobs
 from rlhfkit.algorithms.masking import aggregate_loss, masked_mean
 from rlhfkit.algorithms.policy_loss import policy_loss, value_loss
@@ -35,6 +34,7 @@ from rlhfkit.models.ema import ParameterEMA
 from rlhfkit.models.loading import check_model_path, load_causal_lm, resolve_attn_implementation
 from rlhfkit.models.moe import router_aux_loss
 from rlhfkit.models.value_model import load_value_model
+from rlhfkit.rl.actor_losses import distill_term, kl_loss_term
 from rlhfkit.rl.experience import Experience, as_experience
 from rlhfkit.rl.replay_buffer import OptimizerStep, ReplayBuffer, one_optimizer_step
 from rlhfkit.rl.role_forward import (
@@ -48,7 +48,6 @@ from rlhfkit.rl.role_forward import (
 )
 from rlhfkit.run.setup import build_strategy, load_tokenizer_for, load_trainable_lm
 
-KL_LOG_RATIO_CLAMP = 10.0  # bounds exp() in the k3 KL loss when policy and reference drift far apart
 Stats = dict[str, float | tuple[float, float]]  # a micro-step's stats; a (value, weight) pair brings its own weight
 
 
@@ -246,13 +245,12 @@ class ActorRole(_TrainedRole):
                                  is_low=a.is_low, loss_type=a.policy_loss_type, tau_pos=a.tau_pos,
                                  tau_neg=a.tau_neg, agg=self.agg, **agg_kwargs)
         stats = {"policy_loss": loss.item(), **{k: v.item() for k, v in info.items()}, **reused_stats}
-        total = loss
-        if a.use_kl_loss and micro.base_action_log_probs is not None:
-            kl = compute_approx_kl(logp, micro.base_action_log_probs, a.kl_estimator, mask,
-                                   clamp=KL_LOG_RATIO_CLAMP)
-            kl_loss = aggregate_loss(kl, mask, self.agg, **agg_kwargs)
-            total = total + kl_coef * kl_loss
-            stats["kl_loss"] = kl_loss.item()
+        total = torch.zeros_like(loss) if a.distill_only else loss  # --distill_only: no policy-gradient term
+        for coef, (term, term_stats) in ((kl_coef, kl_loss_term(a, logp, micro, self.agg, agg_kwargs)), (
+                a.distill_coef, distill_term(a, logits, logp, micro, self.agg, agg_kwargs))):
+            if term is not None:
+                total = total + coef * term
+            stats.update(term_stats)
         if a.entropy_loss_coef > 0:
             entropy = entropy_from_logits(logits)
             entropy_loss = aggregate_loss(entropy, mask, self.agg, **agg_kwargs)

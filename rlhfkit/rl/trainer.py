@@ -28,7 +28,7 @@ from rlhfkit.logging.doctor import make_doctor, report_alarms
 from rlhfkit.logging.metrics import MetricsLogger
 from rlhfkit.rl.experience import Experience
 from rlhfkit.rl.replay_buffer import one_optimizer_step
-from rlhfkit.rl.role_protocols import Actor, Critic, Reference
+from rlhfkit.rl.role_protocols import Actor, Critic, Reference, Teacher
 from rlhfkit.rl.rollout_source import SEED_STRIDE, Rollout, RolloutSource
 from rlhfkit.rl.shaping import shape_rewards
 from rlhfkit.rl.weight_sync import WeightSync
@@ -120,9 +120,9 @@ class RLTrainer(Trainer):
 
     def __init__(self, cfg: PPOConfig, actor: Actor, supply: BatchSupply, weight_sync: WeightSync,
                  source: RolloutSource, logger: MetricsLogger, strategy: Any, *, ref: Reference | None = None,
-                 critic: Critic | None = None, eval_prompts: Any = None):
+                 critic: Critic | None = None, eval_prompts: Any = None, teacher: Teacher | None = None):
         self.cfg = cfg
-        self.actor, self.ref, self.critic = actor, ref, critic
+        self.actor, self.ref, self.critic, self.teacher = actor, ref, critic, teacher
         self.supply = supply
         self.weight_sync = weight_sync
         self.source = source
@@ -175,14 +175,18 @@ class RLTrainer(Trainer):
     # -- experience ------------------------------------------------------------------------------------------
     def finish_experience(self, rollout: Rollout, step: int) -> tuple[Experience, dict[str, float]]:
         """A generated and scored batch -> reference / critic / old-policy forwards, shaped rewards, advantages
-        and returns, and the step's metrics (`step`: finished steps). The old policy is the actor as it is now, also
-        for a batch an older policy sampled (async): the sampling policy's log-probs are the rollout log-probs, for
-        the IS correction."""
+        and returns, and the step's metrics (`step`: finished steps); with a teacher, its scores of the samples.
+        The old policy is the actor as it is now, also for a batch an older policy sampled (async): the sampling
+        policy's log-probs are the rollout log-probs, for the IS correction."""
         exp, timings = rollout.experience, rollout.timings
         started = time.perf_counter()
         batch = exp.to_dict()
         exp.base_action_log_probs = self.ref.log_probs(batch) if self.ref is not None else None
         exp.values = self.critic.values(batch) if self.critic is not None else None
+        if self.teacher is not None:  # on-policy distillation: the teacher scores every sampled token
+            scores = self.teacher.score(batch)
+            exp.teacher_log_probs, exp.teacher_topk_ids, exp.teacher_topk_log_probs = (
+                scores.get(k) for k in ("log_probs", "topk_ids", "topk_log_probs"))
         reuse_old = reuses_old_log_probs(self.cfg, self.ref is not None, len(exp), step)
         old_log_probs = exp.action_log_probs = None if reuse_old else self.actor.log_probs(batch)
         timings["time/score_s"] = timings.get("time/score_s", 0.0) + time.perf_counter() - started

@@ -1,0 +1,134 @@
+"""A small HTTP server for a distillation teacher (`--teacher_url`), on the standard library's threading server.
+
+Protocol (JSON both ways):
+- `GET /info` -> {"tokenizer": fingerprint of the teacher's token -> id map (`teacher.tokenizer_fingerprint`)}:
+  the student checks it at start (a different tokenizer stops the run).
+- `POST /logprobs {"input_ids": [[id, ...], ...], "prompt_lengths": [int, ...], "topk": k}` ->
+  {"logprobs": [[the log-prob of each response token], ...]} and, with k > 0, "topk_logprobs" / "topk_ids"
+  ([[[k numbers] per response token], ...]): row i's response is input_ids[i][prompt_lengths[i]:].
+Errors are JSON {"error": ...} with status 400 (a bad request) or 413 (a body over `max_body_bytes`).
+
+`TeacherServer(score, fingerprint)` serves any `score(experience, topk)`; `serve_teacher_model(path)` serves a local
+model through `TeacherRole` (the same forward a local teacher runs, so both give the same log-probs). It binds
+127.0.0.1 unless told otherwise: the endpoint has no authentication.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import torch
+
+from rlhfkit.rl.experience import Experience
+from rlhfkit.rl.teacher import INFO_PATH, LOGPROBS_PATH, tokenizer_fingerprint
+
+Score = Callable[[Experience, int], dict[str, torch.Tensor]]
+MAX_BODY_BYTES = 64 * 2**20
+MAX_TOPK = 4096
+
+
+def experience_of(body: dict[str, Any]) -> Experience:
+    """The padded experience of a request (every response position an action). ValueError on a bad body."""
+    rows, prompts = body.get("input_ids"), body.get("prompt_lengths")
+    if not isinstance(rows, list) or not isinstance(prompts, list) or len(rows) != len(prompts) or not rows:
+        raise ValueError("input_ids and prompt_lengths must be lists of one length > 0")
+    if not all(isinstance(p, int) and isinstance(r, list) and 0 < p < len(r) for r, p in zip(rows, prompts)):
+        raise ValueError("each row needs a prompt and at least one response token (0 < prompt_length < len)")
+    width, actions = max(len(r) for r in rows), max(len(r) - p for r, p in zip(rows, prompts))
+    sequences = torch.zeros((len(rows), width), dtype=torch.long)
+    attention_mask = torch.zeros_like(sequences)
+    action_mask = torch.zeros((len(rows), actions), dtype=torch.bool)
+    for i, (r, p) in enumerate(zip(rows, prompts)):
+        sequences[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+        attention_mask[i, :len(r)] = 1
+        action_mask[i, :len(r) - p] = True
+    return Experience(sequences=sequences, attention_mask=attention_mask,
+                      prompt_lengths=torch.tensor(prompts, dtype=torch.long), action_mask=action_mask)
+
+
+def answer_of(exp: Experience, scores: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Each row's scores cut to its response length, as JSON lists."""
+    lengths = (exp.attention_mask.sum(dim=1) - exp.prompt_lengths).tolist()
+    names = {"log_probs": "logprobs", "topk_log_probs": "topk_logprobs", "topk_ids": "topk_ids"}
+    return {names[k]: [row[:n] for row, n in zip(v.tolist(), lengths)] for k, v in scores.items()}
+
+
+class TeacherServer:
+    """Serves `score` on host:port (port 0: a free one; `url` says which) in a background thread."""
+
+    def __init__(self, score: Score, fingerprint: str, host: str = "127.0.0.1", port: int = 0,
+                 max_body_bytes: int = MAX_BODY_BYTES):
+        lock = threading.Lock()  # one model: one forward at a time
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:  # quiet: the trainer's console is the log
+                pass
+
+            def _send(self, status: int, payload: dict[str, Any]) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                if self.path != INFO_PATH:
+                    return self._send(404, {"error": f"no {self.path}; try {INFO_PATH} or POST {LOGPROBS_PATH}"})
+                self._send(200, {"tokenizer": fingerprint})
+
+            def do_POST(self) -> None:  # noqa: N802
+                if self.path != LOGPROBS_PATH:
+                    return self._send(404, {"error": f"no {self.path}; POST {LOGPROBS_PATH}"})
+                size = int(self.headers.get("Content-Length") or -1)
+                if not 0 <= size <= max_body_bytes:
+                    return self._send(413 if size > max_body_bytes else 411, {"error": "bad Content-Length"})
+                try:
+                    body = json.loads(self.rfile.read(size))
+                    exp, topk = experience_of(body), int(body.get("topk", 0))
+                    if not 0 <= topk <= MAX_TOPK:
+                        raise ValueError(f"topk must be in [0, {MAX_TOPK}] (got {topk})")
+                except (ValueError, TypeError, AttributeError) as e:
+                    return self._send(400, {"error": str(e)})
+                try:
+                    with lock:
+                        scores = score(exp, topk)
+                except Exception as e:  # a token id the model does not have, say: this request fails, not the server
+                    return self._send(500, {"error": f"{type(e).__name__}: {e}"})
+                self._send(200, answer_of(exp, scores))
+
+        self.host = host
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True, name="teacher-server")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.server.server_port}"
+
+    def start(self) -> TeacherServer:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+
+def serve_teacher_model(spec: Any, host: str = "127.0.0.1", port: int = 0) -> TeacherServer:
+    """A started server over a local `TeacherRole` built from `spec` (a `TeacherSpec`; each request sets topk)."""
+    from rlhfkit.models.loading import load_tokenizer
+    from rlhfkit.rl.teacher import TeacherRole
+
+    role = TeacherRole(spec)
+
+    def score(exp: Experience, topk: int) -> dict[str, torch.Tensor]:
+        role.spec = dataclasses.replace(spec, topk=topk)
+        return role.score(exp)
+
+    return TeacherServer(score, tokenizer_fingerprint(load_tokenizer(spec.path)), host, port).start()
