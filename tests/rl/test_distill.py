@@ -125,6 +125,7 @@ def test_cli_stops_with_one_line_before_the_models_or_ray(cli, demo_assets, othe
     def too_far(*args, **kwargs):
         raise AssertionError("the run went past the tokenizer check")
 
+    monkeypatch.chdir(tmp_path)  # the default --ckpt_path is relative: another run's checkpoints there would refuse
     monkeypatch.setattr(ActorRole, "__init__", too_far)  # train_ppo's first model
     monkeypatch.setattr(ray_run, "connect_ray", too_far)  # train_ppo_ray checks before Ray starts
     module = importlib.import_module(f"rlhfkit.cli.{cli}")
