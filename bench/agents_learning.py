@@ -70,6 +70,7 @@ def sft(base: str, data: Path, out: Path, steps: int, seed: int, template: str |
             "--micro_train_batch_size", "32", "--max_epochs", str(epochs), "--max_steps", str(steps),
             "--learning_rate", "1e-3", "--lr_warmup_ratio", "0.05", "--lr_scheduler", "constant_with_warmup",
             "--zero_stage", "0", "--seed", str(seed), "--save_path", str(out), "--logging_steps", "50",
+            "--ckpt_path", str(out.parent / f"{out.name}_ckpt"),
             "--adam_betas", "0.9", "0.98", "--disable_progress_bar"]
     if template:
         args += ["--input_template", template]
@@ -88,6 +89,7 @@ def rl(sft_dir: Path, prompts: Path, out: Path, agent: Path, steps: int, seed: i
             "--num_episodes", "50", "--max_rl_steps", str(steps), "--temperature", "1.0",
             "--actor_learning_rate", "1e-4", "--lr_warmup_ratio", "0.03", "--init_kl_coef", "0",
             "--zero_stage", "0", "--seed", str(seed), "--logging_steps", "1", "--save_path", str(out),
+            "--ckpt_path", str(out.parent / f"{out.name}_ckpt"),
             "--disable_progress_bar"]
     if template:
         args += ["--input_template", template]
