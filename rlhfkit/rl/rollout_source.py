@@ -54,8 +54,12 @@ class Rollout:
         """The first few (prompt, response, reward) of the batch, for the run report."""
         rows = []
         texts = self.texts
-        for prompt, query, reward in zip(texts["prompts"], texts["queries"], self.reward["rewards"].tolist()):
+        versions = texts.get("policy_versions")
+        for i, (prompt, query, reward) in enumerate(zip(texts["prompts"], texts["queries"],
+                                                        self.reward["rewards"].tolist())):
             rows.append({"prompt": prompt, "response": query[len(prompt):], "reward": reward})
+            if versions is not None:  # async: the policy version that sampled each response token
+                rows[-1]["policy_versions"] = versions[i]
             if len(rows) == REPORT_ROLLOUTS_PER_STEP:
                 break
         return rows
@@ -175,6 +179,8 @@ class RolloutSource:
         texts: dict[str, Any] = {"queries": queries, "prompts": prompts, "labels": labels}
         if episode_reward is not None:
             texts["episode_reward"] = episode_reward
+        if all(s.versions is not None for s in samples):  # async: the policy version of each response token
+            texts["policy_versions"] = [list(s.versions or []) for s in samples]
         return experience, texts
 
     def _generate(self, ids: list[list[int]], prompts: list[str], labels: list[Any], temperature: float,
