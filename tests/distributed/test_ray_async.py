@@ -3,7 +3,8 @@
 Instrumented runs check the two invariants of rlhfkit/rl/async_generator.py: no generate call overlaps a
 weight update (the generator records the lock intervals of both), and every consumed batch is at most
 --async_queue_size policy versions behind the trainer. Also: agents train asynchronously (with partial rollout
-too), a killed generator (running agent episodes across updates) stops the run within 60 s naming it, and a resumed async run continues at the consumed data position.
+too), a killed generator (running agent episodes across updates) stops the run within 60 s naming it, and a
+resumed async run continues at the consumed data position.
 """
 
 from __future__ import annotations
