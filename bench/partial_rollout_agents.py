@@ -9,7 +9,7 @@ of short turns (4 tokens, feedback " ok ", 3 turns, written into the output fold
    whether its error names the rollout generator (goal: within 60 s).
 Prints the table and appends it with machine, versions, date and load to bench/results/partial_rollout_agents.md.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/partial_rollout_agents.py [--steps 6] [--engines transformers vllm]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/partial_rollout_agents.py [--steps 6] [--engines transformers|vllm]
 """
 
 from __future__ import annotations
@@ -120,16 +120,17 @@ def main() -> None:
     assets = build_demo_assets(out / "assets", seed=0)
     agent = out / "agent_short_turns.py"
     agent.write_text(AGENT)
-    table = ["| engine | steps | wall (s) | staleness per step (queue 2) | token staleness mean per step | "
-             "mixed-version samples per step | a saved sample's per-token versions | SIGKILL of the generator: "
-             "stopped after (s), message |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for engine in args.engines:
+    header = ["| engine | steps | wall (s) | staleness per step (queue 2) | token staleness mean per step | "
+              "mixed-version samples per step | a saved sample's per-token versions | SIGKILL of the generator: "
+              "stopped after (s), message |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = []
+    for engine in args.engines:  # (one engine per invocation keeps the Ray restarts of a loaded machine few)
         run = train(argv_for(assets, out / engine, agent, engine, args.steps), out / engine)
         dead = kill(argv_for(assets, out / f"{engine}_kill", agent, engine, args.steps))
         fmt = lambda xs: " ".join(f"{x:.2f}" for x in xs)  # noqa: E731
-        table.append(f"| {engine} | {run['steps']} | {run['seconds']:.1f} | {fmt(run['staleness'])} | "
-                     f"{fmt(run['token_staleness'])} | {fmt(run['mixed'])} | {run['example']} | "
-                     f"{dead['stopped_s']:.1f}, {dead['message']} |")
+        rows.append(f"| {engine} | {run['steps']} | {run['seconds']:.1f} | {fmt(run['staleness'])} | "
+                    f"{fmt(run['token_staleness'])} | {fmt(run['mixed'])} | {run['example']} | "
+                    f"{dead['stopped_s']:.1f}, {dead['message']} |")
     load_after = os.getloadavg()
     head = [f"## {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC: --async_train --partial_rollout "
             f"with a 3-turn agent, {args.steps} steps, queue 2, chunks of 2 tokens", "",
@@ -137,14 +138,13 @@ def main() -> None:
             f"{platform.python_version()}; {versions()}. OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}.",
             f"Load average (1/5/15 min) before: {' '.join(f'{x:.2f}' for x in load_before)}; after: "
             f"{' '.join(f'{x:.2f}' for x in load_after)} (the machine is shared).", ""]
-    text = "\n".join(head + table + ["", ""])
+    text = "\n".join(head + header + rows + ["", ""])
     print(text)
     with args.results.open("a") as f:
         if f.tell() == 0:
             f.write("# Async agents with partial rollout\n\nScript: `bench/partial_rollout_agents.py`. Each section "
                     "is one run of it.\n\n")
         f.write(text)
-
 
 if __name__ == "__main__":
     main()
