@@ -10,6 +10,7 @@ environment), then hands all waiting contexts to the engine in one `generate` ca
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import importlib.util
 import inspect
 import math
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhfkit.agents.api import FINISH_FAILED, AgentExecutorBase, AgentFailure, Episode, Prompt
+from rlhfkit.agents.episode_versions import Call, token_versions
 from rlhfkit.agents.openrlhf_compat import (
     IMPORT_ALIASES,
     OpenRLHFEngine,
@@ -32,13 +34,17 @@ from rlhfkit.errors import UserError
 from rlhfkit.rewards.user_code_worker import aliased_imports
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k")
+# The request index of the episode whose task makes a generate call (set per episode task by run_episodes).
+EPISODE_INDEX: contextvars.ContextVar[int | None] = contextvars.ContextVar("rlhfkit_episode_index", default=None)
 
 
 class BatchingGenerator:
     """`await generate(context_ids, max_new_tokens, sampling_params)` for concurrent episodes, batched.
 
     `engine_generate(prompt_ids, max_new_tokens=..., seed=..., **sampling)` is the engine's own batch generate.
-    Request i of batch call k samples with seed + 1_000 * k + i (reproducible for a given arrival order)."""
+    Request i of batch call k samples with seed + 1_000 * k + i (reproducible for a given arrival order).
+    `traces` keeps each episode's calls whose samples carry policy versions (async --partial_rollout), for
+    rlhfkit.agents.episode_versions."""
 
     IDLE_S = 0.05  # no new request for this long: the episodes not waiting yet are busy in their environments
 
@@ -49,7 +55,8 @@ class BatchingGenerator:
         self.calls = 0
         self.active = 0  # episodes still running (run_episodes counts them)
         self.batch_sizes: list[int] = []
-        self._pending: list[tuple[list[int], int, asyncio.Future]] = []
+        self._pending: list[tuple[list[int], int, asyncio.Future, int | None]] = []  # (.., the episode that asks)
+        self.traces: dict[int, list[Call]] = {}
         self._flushing = False
         self._arrived: asyncio.Event | None = None
         self.watch: LoopWatch | None = None  # the loop's watchdog: engine calls block the loop on purpose
@@ -63,7 +70,7 @@ class BatchingGenerator:
     async def generate(self, context_ids: Sequence[int], max_new_tokens: int, sampling_params: Any = None) -> Any:
         self._check(sampling_params)
         future = asyncio.get_running_loop().create_future()
-        self._pending.append((list(context_ids), int(max_new_tokens), future))
+        self._pending.append((list(context_ids), int(max_new_tokens), future, EPISODE_INDEX.get()))
         if self._arrived is not None:
             self._arrived.set()
         if not self._flushing:
@@ -91,26 +98,32 @@ class BatchingGenerator:
             except asyncio.TimeoutError:
                 break
         batch, self._pending, self._flushing = self._pending, [], False
-        by_budget: dict[int, list[tuple[list[int], asyncio.Future]]] = {}
-        for ids, budget, future in batch:
-            by_budget.setdefault(budget, []).append((ids, future))
+        by_budget: dict[int, list[tuple[list[int], asyncio.Future, int | None]]] = {}
+        for ids, budget, future, episode in batch:
+            by_budget.setdefault(budget, []).append((ids, future, episode))
         for budget, items in by_budget.items():
             seed = None if self.seed is None else self.seed + 1_000 * self.calls
             self.calls += 1
             self.batch_sizes.append(len(items))
             try:
-                samples = self._engine_generate([ids for ids, _ in items], budget, seed)
+                samples = self._engine_generate([ids for ids, _, _ in items], budget, seed)
             except LoopBlocked as e:  # the episodes were given up; the caller may be using the engine now
-                for _, future in items:
+                for _, future, _ in items:
                     future.set_exception(e)
                 continue
             except Exception as e:  # noqa: BLE001 - every waiting episode learns of it
                 self.engine_error = e
-                for _, future in items:
+                for _, future, _ in items:
                     future.set_exception(e)
                 continue
-            for (_, future), sample in zip(items, samples):
+            for (ids, future, episode), sample in zip(items, samples):
+                self._trace(episode, ids, sample)
                 future.set_result(sample)
+
+    def _trace(self, episode: int | None, context: list[int], sample: Any) -> None:
+        versions = getattr(sample, "versions", None)
+        if episode is not None and versions is not None:
+            self.traces.setdefault(episode, []).append((len(context), list(sample.response_ids), list(versions)))
 
     def _engine_generate(self, contexts: list[list[int]], budget: int, seed: int | None) -> list:
         if self.watch is None:
@@ -261,6 +274,7 @@ def run_episodes(engine_generate: Callable[..., list], tokenizer: Any, agent_pat
     done: dict[int, Episode] = {}
 
     async def one(i: int, request: dict[str, Any]) -> None:
+        EPISODE_INDEX.set(i)  # this episode's task (and the tasks it starts) only
         try:
             done[i] = await _episode(executor, llm, tokenizer, request, max_length)
         finally:
@@ -286,8 +300,9 @@ def run_episodes(engine_generate: Callable[..., list], tokenizer: Any, agent_pat
             from rlhfkit.agents.isolation import release
 
             release(agent_path, agent_workers, timeout, keys)
-    return [{**asdict(done[i]), "truncated": done[i].truncated, "batch_sizes": llm.batch_sizes}
-            for i in range(len(requests))]
+    return [{**asdict(done[i]), "truncated": done[i].truncated, "batch_sizes": llm.batch_sizes,
+             "versions": token_versions(done[i].prompt_ids, done[i].response_ids, done[i].action_mask,
+                                        llm.traces.get(i, []))} for i in range(len(requests))]
 
 
 def _count_non_finite(episode: dict[str, Any]) -> dict[str, Any]:
@@ -314,7 +329,8 @@ def episodes_to_samples(episodes: Sequence[dict[str, Any]], fallback: float = 0.
 
     episodes = [_count_non_finite(e) for e in episodes]
     samples = [SampledSequence(list(e["prompt_ids"]), list(e["response_ids"]), list(e["logprobs"]),
-                               FINISH_LENGTH if e["truncated"] else FINISH_STOP, list(e["action_mask"]))
+                               FINISH_LENGTH if e["truncated"] else FINISH_STOP, list(e["action_mask"]),
+                               versions=e.get("versions"))
                for e in episodes]
     n = max(len(episodes), 1)
     logs: dict[str, float] = {}

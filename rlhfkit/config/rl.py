@@ -327,9 +327,6 @@ def _validate_async(cfg: PPOConfig) -> None:
         if not cfg.algo.enable_vllm_is_correction:
             raise UserError("--partial_rollout mixes policy versions inside a response; it needs the "
                             "importance-sampling correction: add --enable_vllm_is_correction")
-        if cfg.agent.agent_func_path:
-            raise UserError("--partial_rollout with --agent_func_path is not supported yet (agent episodes run "
-                            "inside the engines; weight updates wait for them); drop --partial_rollout")
         _positive({"partial_rollout_chunk_len": a.partial_rollout_chunk_len})
     g = a.vllm_generate_batch_size
     if g is not None:

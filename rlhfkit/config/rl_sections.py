@@ -227,7 +227,9 @@ class AsyncArgs:
     partial_rollout: bool = arg(False, "With --async_train: weight updates do not wait for in-flight generation; "
                                        "the generator generates in chunks of --partial_rollout_chunk_len tokens and "
                                        "takes a pending update between chunks (a response may mix policy versions; "
-                                       "needs --enable_vllm_is_correction).")
+                                       "needs --enable_vllm_is_correction). Agent episodes (--agent_func_path) run "
+                                       "in the generator and continue across an update with the new weights, "
+                                       "between their turns and inside them; every token records its version.")
     partial_rollout_chunk_len: int = arg(16, "With --partial_rollout: tokens generated per chunk between which a "
                                              "weight update may land.")
     vllm_generate_batch_size: int | None = arg(None, "With --async_train: prompts generated per engine call, a "

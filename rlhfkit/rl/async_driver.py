@@ -11,8 +11,10 @@ The trainer finishes each batch as a synchronous step does. The old policy is th
 stale batch or not (`trainer.reuses_old_log_probs`); the rollout log-probs of the older sampling policy stay for the
 IS correction.
 Metrics: `async/staleness` (trainer version minus the oldest sampling version of the batch, at most
---async_queue_size), `async/staleness_mean`, `async/mixed_version_samples` (partial rollout), `async/wait_s` (the
-trainer waiting for a batch), `async/queued` (batches left in the queue).
+--async_queue_size), `async/staleness_mean`, `async/token_staleness_mean` (over the action tokens, each with the
+version that sampled it), `async/mixed_version_samples` (partial rollout), `async/wait_s` (the trainer waiting for
+a batch), `async/queued` (batches left in the queue). The run report's samples (samples.jsonl) carry each response
+token's version (`policy_versions`).
 
 Resume: checkpoints store the position of the last *consumed* batch (the loop's `LoopState`); batches still
 queued are dropped with the generator and regenerated after a resume (with the resumed policy), so no prompt is
@@ -121,7 +123,9 @@ class GeneratorQueue:
             "old_log_probs_from_actor_forward": not reuses_old_log_probs(self.cfg, self.has_reference, len(exp),
                                                                          step)})
         self.trained_prompts.extend(item["texts"]["prompts"])
+        token_lag = self.policy_version - exp.info.get("policy_version_mean", sampled)
         metrics = {"async/staleness": float(lag.max()), "async/staleness_mean": float(lag.float().mean()),
+                   "async/token_staleness_mean": float(token_lag.float().mean()),
                    "async/mixed_version_samples": float((newest > sampled).float().mean()),
                    "async/wait_s": wait_s, "async/queued": float(item["queued_after"])}
         return Rollout(exp, item["texts"], item["reward"], item["recipe_metrics"], dict(item["timings"]),

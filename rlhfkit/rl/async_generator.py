@@ -65,6 +65,7 @@ class VersionedEngine:
             with self.generator.generating() as version:  # a pending weight update lands between chunks
                 got = self.engine.generate(contexts, max_new_tokens=budget,
                                            seed=None if seed is None else seed + 7919 * round_, **sampling)
+            self.generator.episode_versions.append(version)
             still = []
             for i, s in zip(active, got):
                 o = out[i]
@@ -79,9 +80,24 @@ class VersionedEngine:
         return out
 
     def generate_episodes(self, requests: Sequence[dict[str, Any]], agent_path: str, **kwargs: Any) -> list[dict]:
-        with self.generator.generating() as version:
-            episodes = self.engine.generate_episodes(requests, agent_path, **kwargs)
-        self.generator.episode_versions.append(version)
+        """Agent episodes. Without --partial_rollout they run inside the engines, the whole batch one locked call
+        of one version. With it they run here, in the generator: every engine call of an episode goes through
+        `generate` (locked, chunked, versioned), so a weight update lands between turns and between the chunks of
+        a turn, the episode continues with the new weights, and each token records the version that sampled it
+        (rlhfkit.agents.episode_versions)."""
+        if self.chunk_len is None:
+            with self.generator.generating() as version:
+                episodes = self.engine.generate_episodes(requests, agent_path, **kwargs)
+            self.generator.episode_versions.append(version)
+            return episodes
+        from rlhfkit.agents.episodes import run_episodes
+
+        first_call = len(self.generator.episode_versions)
+        episodes = run_episodes(self.generate, self.generator.source.tokenizer, agent_path, requests, **kwargs)
+        oldest = min(self.generator.episode_versions[first_call:], default=self.generator.version)
+        for e in episodes:
+            if e["versions"] is None:  # its calls came from outside its task (an OpenAI endpoint's server thread)
+                e["versions"] = [oldest] * len(e["response_ids"])
         return episodes
 
     def sleep(self) -> None:

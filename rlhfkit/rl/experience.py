@@ -184,6 +184,14 @@ class Experience:
         return Experience(**{k: v for k, v in data.items() if k != "info"}, info=dict(data.get("info") or {}))
 
 
+def _action_mean(sample: SampledSequence) -> float:
+    """The mean policy version of a sample's action tokens (an agent's feedback tokens are not trained)."""
+    versions = sample.versions or []
+    mask = sample.action_mask or [1] * len(versions)
+    acted = [v for v, m in zip(versions, mask) if m]
+    return sum(acted) / len(acted) if acted else float(min(versions, default=-1))
+
+
 def experience_from_samples(samples: Sequence[SampledSequence], pad_id: int) -> Experience:
     """Pad sampled sequences into an Experience: sequences, masks, rollout log-probs, per-sample info."""
     if not samples:
@@ -213,6 +221,7 @@ def experience_from_samples(samples: Sequence[SampledSequence], pad_id: int) -> 
     if samples and len(versions) == len(samples):  # async: oldest and newest sampling policy
         info["policy_version"] = torch.tensor([min(v, default=-1) for v in versions], dtype=torch.float32)
         info["policy_version_max"] = torch.tensor([max(v, default=-1) for v in versions], dtype=torch.float32)
+        info["policy_version_mean"] = torch.tensor([_action_mean(s) for s in samples], dtype=torch.float32)
     return Experience(sequences=sequences, attention_mask=attention_mask,
                       prompt_lengths=torch.tensor([len(s.prompt_ids) for s in samples], dtype=torch.long),
                       action_mask=action_mask, rollout_log_probs=rollout_log_probs, info=info)

@@ -57,8 +57,12 @@ class Rollout:
         these few rows only."""
         rows: list[dict[str, Any]] = []
         texts = self.texts
-        for prompt, query, reward in zip(texts["prompts"], texts["queries"], self.reward["rewards"].tolist()):
+        versions = texts.get("policy_versions")
+        for i, (prompt, query, reward) in enumerate(zip(texts["prompts"], texts["queries"],
+                                                        self.reward["rewards"].tolist())):
             rows.append({"prompt": prompt, "response": query[len(prompt):], "reward": reward})
+            if versions is not None:  # async: the policy version that sampled each response token
+                rows[-1]["policy_versions"] = versions[i]
             if len(rows) == REPORT_ROLLOUTS_PER_STEP:
                 break
         episodes = texts.get("episodes") or []
@@ -184,6 +188,8 @@ class RolloutSource:
             texts["episode_reward"] = episode_reward
         if episodes:  # what the report's trace viewer needs of each, filtered with the texts (dynamic filtering)
             texts["episodes"] = episodes
+        if all(s.versions is not None for s in samples):  # async: the policy version of each response token
+            texts["policy_versions"] = [list(s.versions or []) for s in samples]
         return experience, texts
 
     def _generate(self, ids: list[list[int]], prompts: list[str], labels: list[Any], temperature: float,

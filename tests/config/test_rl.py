@@ -120,3 +120,11 @@ def test_single_process_train_ppo_refuses_async(capsys):
     code = run_cli(main, shlex.split(BASE + ASYNC_BASE + "--async_train"), prog="train_ppo")
     err = error_lines(capsys.readouterr().err)
     assert code == 2 and len(err) == 1 and "python -m rlhfkit.cli.train_ppo_ray" in err[0], err
+
+
+def test_partial_rollout_accepts_agents():
+    from pathlib import Path
+
+    agent = Path(__file__).resolve().parents[2] / "examples" / "agent_func.py"
+    a = cfg(f"--async_train --partial_rollout --enable_vllm_is_correction --agent_func_path {agent}").asynchronous
+    assert a.partial_rollout

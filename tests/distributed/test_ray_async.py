@@ -2,8 +2,9 @@
 
 Instrumented runs check the two invariants of rlhfkit/rl/async_generator.py: no generate call overlaps a
 weight update (the generator records the lock intervals of both), and every consumed batch is at most
---async_queue_size policy versions behind the trainer. Also: agents train asynchronously, a killed generator stops
-the run within 60 s naming it, and a resumed async run continues at the consumed data position.
+--async_queue_size policy versions behind the trainer. Also: agents train asynchronously (with partial rollout
+too), a killed generator (running agent episodes across updates) stops the run within 60 s naming it, and a
+resumed async run continues at the consumed data position.
 """
 
 from __future__ import annotations
@@ -64,19 +65,35 @@ def test_staleness_bound_and_lock(ray_cluster, demo_assets, tmp_path, queue, par
         assert len(stats["intervals"]["generate"]) >= 3 * 6
 
 
+AGENT_PARTIAL = ["--partial_rollout", "--partial_rollout_chunk_len", "2", "--enable_vllm_is_correction",
+                 "--agent_func_path", str(Path(__file__).resolve().parents[1] / "rl" / "agent_short_turns.py")]
+
+
 @pytest.mark.limit(400)
-def test_agent_trains_two_async_steps(ray_cluster, demo_assets, tmp_path):
-    """OpenRLHF's agent command shape (--async_train --agent_func_path ... --max_steps 3, REINFORCE++)."""
-    argv = ppo_argv(demo_assets, tmp_path, "--async_train", "--agent_func_path", str(EXAMPLES / "agent_func.py"),
-                    "--max_steps", "3", "--advantage_estimator", "reinforce", "--init_kl_coef", "0.01",
-                    "--generate_max_len", "24")
+@pytest.mark.parametrize("partial", [False, True], ids=["whole-episodes", "partial"])
+def test_agent_trains_two_async_steps(ray_cluster, demo_assets, tmp_path, partial):
+    """OpenRLHF's agent command shape (--async_train --agent_func_path ... --max_steps 3, REINFORCE++); with
+    --partial_rollout, episodes of 4-token turns span the weight updates: per-token versions in the metrics and in
+    samples.jsonl, staleness within the queue."""
+    agent = [*AGENT_PARTIAL, "--async_queue_size", "2"] if partial else \
+        ["--agent_func_path", str(EXAMPLES / "agent_func.py")]
+    argv = ppo_argv(demo_assets, tmp_path, "--async_train", *agent, "--max_steps", "3", "--advantage_estimator",
+                    "reinforce", "--init_kl_coef", "0.01", "--generate_max_len", "24")
     supply = run_ppo_ray(parse_config(PPOConfig, argv, "test")).supply
     rows = [r for r in rows_of(tmp_path / "final" / "metrics.jsonl") if "train/actor/policy_loss" in r]
+    queue = 2 if partial else 1
     assert [r["step"] for r in rows] == [1, 2]
-    assert all(1 <= r["train/agent/turns"] <= 3 and r["train/async/staleness"] <= 1 for r in rows)
+    assert all(1 <= r["train/agent/turns"] <= 3 and r["train/async/staleness"] <= queue for r in rows)
     assert [c["position"] for c in supply.consumed] == [(0, 1), (0, 2)]
     assert_no_overlap(supply.last_generator_stats)
     assert (tmp_path / "final" / "model.safetensors").is_file()
+    if partial:  # (that an episode continues across an update, token by token: tests/rl/partial_agent.py)
+        assert all(r["train/agent/turns"] == 3 and r["train/agent/feedback_tokens"] > 0 for r in rows)
+        assert all(0 <= r["train/async/token_staleness_mean"] <= r["train/async/staleness"] for r in rows)
+        for sample in rows_of(tmp_path / "final" / "samples.jsonl"):  # every response token's version
+            versions = sample["policy_versions"]
+            assert len(versions) > 3 * 4 and versions == sorted(versions), sample  # 3 turns and feedback
+            assert 0 <= (sample["step"] - 1) - versions[0] <= queue, sample  # trainer version - sampling version
 
 
 @pytest.mark.limit(300)
@@ -94,7 +111,9 @@ def test_killed_generator_stops_the_run_naming_it(ray_cluster, demo_assets, tmp_
             os.kill(trainer.supply.generator_pid, signal.SIGKILL)
             killed.append(time.monotonic())
 
-    argv = grpo_argv(demo_assets, tmp_path, "--num_episodes", "3")
+    # the generator is running agent episodes across weight updates (partial rollout) when it is killed
+    argv = ppo_argv(demo_assets, tmp_path, "--async_train", *AGENT_PARTIAL, "--max_steps", "3",
+                    "--advantage_estimator", "reinforce", "--generate_max_len", "24", "--num_episodes", "3")
     with pytest.raises(ComponentFailed, match="the rollout generator") as failure:
         run_ppo_ray(parse_config(PPOConfig, argv, "test"), after_sync=[kill_generator])
     assert killed and time.monotonic() - killed[0] < 60

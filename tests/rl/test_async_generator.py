@@ -69,3 +69,22 @@ def test_an_update_lands_between_chunks(demo_assets):
         assert all(g1 <= u0 or u1 <= g0 for g0, g1 in generates for u0, u1 in updates)
     finally:
         generator.stop()
+
+
+def test_agent_episodes_continue_across_an_update_with_per_token_versions(demo_assets):
+    """--partial_rollout with an agent on the Transformers engine: a real weight update lands mid-episode; each
+    token's version and rollout log-prob are those of the weights that sampled it (tests/rl/partial_agent.py)."""
+    from tests.rl.partial_agent import agent_generator, check_versions_and_logprobs, episodes_across_update, perturbed
+
+    engine = HFRolloutEngine.from_pretrained(str(demo_assets.model_dir), load_tokenizer_for(
+        parse_config(PPOConfig, ["--pretrain", str(demo_assets.model_dir)], "test").model))
+    generator = agent_generator(demo_assets, engine)
+    try:
+        new_state = perturbed(demo_assets.model_dir)
+        episodes = episodes_across_update(generator, prompts(demo_assets, engine),
+                                          lambda: engine.update_weights(new_state))
+        check_versions_and_logprobs(episodes, demo_assets.model_dir, new_state, atol=1e-4)
+        updates, generates = generator.intervals["update"], generator.intervals["generate"]
+        assert all(g1 <= u0 or u1 <= g0 for g0, g1 in generates for u0, u1 in updates)
+    finally:
+        generator.stop()

@@ -77,3 +77,21 @@ def test_sleep_and_wake_on_cpu_keep_the_weights(engines, demo_assets):
     assert not any(i["asleep"] for i in engines.info())
     after = engines.generate(prompts, max_new_tokens=MAX_NEW, temperature=0.0)
     assert [s.response_ids for s in after] == [s.response_ids for s in before]
+
+
+def test_partial_rollout_agent_episodes_span_a_weight_update(engines, demo_assets):
+    """--async_train --partial_rollout with an agent on vLLM: the generator's engine view runs the episodes over these
+    engines while a weight update lands mid-episode; every token's version and rollout log-prob are those of the
+    weights that sampled it (tests/rl/partial_agent.py)."""
+    from tests.rl.partial_agent import agent_generator, check_versions_and_logprobs, episodes_across_update, perturbed
+
+    original = {k: v for k, v in load_with_state(demo_assets.model_dir).state_dict().items() if k != "lm_head.weight"}
+    engines.update_weights(original)  # the module's earlier tests changed them
+    generator = agent_generator(demo_assets, engines)
+    try:
+        new_state = perturbed(demo_assets.model_dir)
+        episodes = episodes_across_update(generator, demo_prompt_ids(demo_assets.model_dir, 3),
+                                          lambda: engines.update_weights(new_state))
+        check_versions_and_logprobs(episodes, demo_assets.model_dir, new_state, atol=2e-4)
+    finally:
+        generator.stop()
