@@ -161,10 +161,12 @@ def load_agent_executor(path: str, import_timeout: float = 60.0) -> type:
     except (Exception, SystemExit) as e:  # noqa: BLE001 - any failure while importing is the user's file
         hint = _openrlhf_hint(f"ModuleNotFoundError: {e}") if isinstance(e, ImportError) else ""
         raise UserError(f"agent {path}: importing it failed ({type(e).__name__}: {e}){hint}") from None
-    cls = getattr(module, "AgentExecutor", None)
+    from rlhfkit.agents.env_agent import environment_executor
+
+    cls = environment_executor(module, path) or getattr(module, "AgentExecutor", None)
     if not (inspect.isclass(cls) and issubclass(cls, AgentExecutorBase)):
         raise UserError(f"agent {path}: defines no class AgentExecutor(AgentExecutorBase or MultiTurnAgentExecutor) "
-                        "(import them from rlhfkit.agents)")
+                        "and no Environment subclass (import them from rlhfkit.agents)")
     return cls
 
 
@@ -202,6 +204,8 @@ def _isolate(executor: AgentExecutorBase, agent_path: str, workers: int, timeout
         return []
     if isinstance(executor, OpenAIAgentExecutor):
         return isolation.isolate_run_agent(executor, agent_path, workers, timeout)
+    if hasattr(executor, "isolate_environment"):  # an environment file: the environments go to the workers
+        return executor.isolate_environment(agent_path, workers, timeout)
     if executor.agent_instance_cls is not None and getattr(executor, "isolate_instances", True):
         return isolation.isolate(executor, agent_path, workers, timeout)
     return []
