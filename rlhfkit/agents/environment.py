@@ -38,13 +38,13 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from rlhfkit.agents.api import AgentFailure
 from rlhfkit.agents.tool_parsers import ToolCall
 from rlhfkit.agents.tools import Tool, argument_errors, as_tools
 
-Observation = Union[str, list[dict[str, Any]]]
+Observation = str | list[dict[str, Any]]
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 

@@ -39,7 +39,8 @@ class Adder(Environment):
     tools = [add]
 
 
-@pytest.mark.parametrize("value", [Step("ok", 1, False, {"n": 2}), ("ok", 1, False, {"n": 2}), ("ok", 1.0, False, None)])
+@pytest.mark.parametrize("value", [Step("ok", 1, False, {"n": 2}), ("ok", 1, False, {"n": 2}),
+                                   ("ok", 1.0, False, None)])
 def test_a_step_or_a_four_tuple_is_taken(value):
     step = check_step(value)
     assert step.observation == "ok" and step.reward == 1.0 and step.done is False
@@ -222,10 +223,32 @@ def test_an_environment_returning_wrong_types_costs_its_episode_counted_by_kind(
         episodes_to_samples(eps, max_failure_ratio=0.5)
 
 
-def test_an_environment_file_with_a_bad_tool_stops_at_load(tmp_path):
-    path = tmp_path / "env.py"
-    path.write_text("from rlhfkit.agents import Environment\n\ndef f(x):\n    return x\n\n"
-                    "class E(Environment):\n    tools = [f]\n")
-    with pytest.raises(UserError, match=r"agent .*env.py: environment E: tool f: parameter 'x' has no type hint"):
-        load_agent_executor(str(path))
+ENV_FILE = ("from rlhfkit.agents import Environment\n\ndef f(x):\n    return x\n\n"
+            "class E(Environment):\n    tools = [f]\n")
+TOOL_AGENT_FILE = """from rlhfkit.agents import ToolAgent, ToolAgentExecutor, tool_from_schema
 
+def f(x: str) -> str:
+    return x
+
+class AgentInstance(ToolAgent):
+    tools = [tool_from_schema({"name": "f", "parameters": {"type": "object", "properties": {"y": {}}}}, f)]
+
+class AgentExecutor(ToolAgentExecutor):
+    def __init__(self):
+        super().__init__(AgentInstance)
+"""
+
+
+@pytest.mark.parametrize("text, message", [
+    (ENV_FILE, r"agent .*f.py: environment E: tool f: parameter 'x' has no type hint"),
+    (TOOL_AGENT_FILE, r"agent .*f.py: importing it (in a worker )?failed \(UserError: tool f: the schema's "
+                      r"properties \['y'\]"),
+    (ENV_FILE.replace("tools = [f]", "pass").replace("class E", "class E2(Environment):\n    pass\n\nclass E"),
+     "defines 2 Environment classes"),
+])
+def test_bad_declarations_stop_when_the_file_is_loaded_before_any_model(tmp_path, text, message):
+    path = tmp_path / "f.py"
+    path.write_text(text)
+    with pytest.raises(UserError, match=message) as info:
+        load_agent_executor(str(path))
+    assert "\n" not in str(info.value)
