@@ -66,6 +66,36 @@ def test_the_guessing_game_keeps_its_state_across_turns():
     assert [s.done for s in steps] == [False] * (guess.MAX_GUESSES - 1) + [True] and steps[-1].reward == 0.0
 
 
+def test_the_multi_tool_example_runs_episodes_with_both_tools_in_the_worker_pool(demo_assets):
+    from transformers import AutoTokenizer
+
+    from rlhfkit.agents.episodes import run_episodes
+    from rlhfkit.rollout.engine import FINISH_STOP, SampledSequence
+
+    tok = AutoTokenizer.from_pretrained(demo_assets.model_dir)
+    tok.chat_template = TEMPLATE.read_text()
+    calls = [{"name": "calculator", "arguments": {"expression": "12*34"}},
+             {"name": "python", "arguments": {"code": "print(408 + 1)"}}]
+    turns = ["\n".join(f"<tool_call>\n{json.dumps(c)}\n</tool_call>" for c in calls), "It is 409."]
+    sampled = []
+
+    def engine(prompt_ids, *, max_new_tokens, seed=None, **sampling):
+        ids = tok.encode(turns.pop(0), add_special_tokens=False) + [tok.eos_token_id]
+        sampled.append(ids)
+        return [SampledSequence(list(prompt_ids[0]), ids, [-0.5] * len(ids), FINISH_STOP)]
+
+    prompt = "What is 12*34+1?"
+    request = {"prompt": prompt, "prompt_ids": [tok.bos_token_id] + tok.encode(prompt), "label": "409"}
+    [ep] = run_episodes(engine, tok, str(MULTI_TOOL), [request], max_steps=4, max_length=400, seed=0,
+                        step_timeout=30, agent_workers=1, temperature=1.0, top_p=1.0, top_k=-1)
+    assert ep["finish"] == "done" and ep["reward"] == 1.0, ep["error"]
+    assert ep["extra_logs"]["tool_calls"] == 2.0 and ep["extra_logs"]["calls_before_answer"] == 2.0
+    actions = [t for t, m in zip(ep["response_ids"], ep["action_mask"]) if m == 1]
+    assert actions == sampled[0] + sampled[1]  # the trained tokens are exactly the sampled ones
+    feedback = tok.decode([t for t, m in zip(ep["response_ids"], ep["action_mask"]) if m == 0])
+    assert "408" in feedback and "409" in feedback  # both tools' results, as tool messages
+
+
 def test_two_rl_steps_train_the_multi_tool_environment(demo_assets, tmp_path):
     from transformers import AutoTokenizer
 
