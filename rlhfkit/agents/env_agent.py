@@ -22,7 +22,7 @@ import inspect
 import uuid
 from typing import Any
 
-from rlhfkit.agents.api import AgentInstanceBase, MultiTurnAgentExecutor
+from rlhfkit.agents.api import AgentFailure, AgentInstanceBase, MultiTurnAgentExecutor
 from rlhfkit.agents.environment import Action, Environment, Observation, check_reset, check_step
 from rlhfkit.agents.tool_agent import ToolAgent, action_text, feedback_text, render, resolve_format
 from rlhfkit.agents.tool_parsers import parse_tool_calls
@@ -114,7 +114,11 @@ class EnvironmentAgent(AgentInstanceBase):
         """The observation as the text appended to the context: as it is (text mode), or the chat template's delta
         after the assistant's turn (chat mode; a string is a user message)."""
         if not self.chat:
-            return observation if isinstance(observation, str) else ""
+            if not isinstance(observation, str):
+                raise AgentFailure("bad_output", "step returned messages, but the environment is in text mode (no "
+                                                 "tools, and reset returned a string): return text, or messages "
+                                                 "from reset too")
+            return observation
         history = list(self.messages)
         self.messages.append({"role": "assistant", "content": action.text})
         new = observation if isinstance(observation, list) else (

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,15 +137,19 @@ def check_step(value: Any) -> Step:
         raise AgentFailure("bad_output", f"step returned {type(value).__name__}, not a Step or a tuple (observation, "
                                          "reward, done, info)")
     observation, reward, done, info = parts
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+    if _is_bool(reward) or not isinstance(reward, numbers.Real):  # numpy scalars are Real too
         raise AgentFailure("bad_output", f"step's reward is {type(reward).__name__}, not a number")
     if not math.isfinite(reward):
         raise AgentFailure("non_finite", f"step's reward is {reward}: not finite")
-    if not isinstance(done, bool):
+    if not _is_bool(done):
         raise AgentFailure("bad_output", f"step's done is {type(done).__name__}, not a bool")
     info = {} if info is None else info
-    if not isinstance(info, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                             for v in info.values()):
+    if not isinstance(info, dict) or not all(isinstance(v, numbers.Real) for v in info.values()):
         raise AgentFailure("bad_output", "step's info is not a dict of numbers")
     checked = "" if done and observation in ("", None) else check_observation(observation, "step's observation")
-    return Step(checked, float(reward), done, {str(k): float(v) for k, v in info.items()})
+    return Step(checked, float(reward), bool(done), {str(k): float(v) for k, v in info.items()})
+
+
+def _is_bool(value: Any) -> bool:
+    """A Python or numpy bool (what gym environments return as `done`)."""
+    return isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"))

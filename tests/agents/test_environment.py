@@ -9,6 +9,7 @@ import math
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
@@ -39,12 +40,15 @@ class Adder(Environment):
     tools = [add]
 
 
-@pytest.mark.parametrize("value", [Step("ok", 1, False, {"n": 2}), ("ok", 1, False, {"n": 2}),
-                                   ("ok", 1.0, False, None)])
-def test_a_step_or_a_four_tuple_is_taken(value):
+@pytest.mark.parametrize("value, info", [
+    (Step("ok", 1, False, {"n": 2}), {"n": 2.0}),
+    (("ok", 1, False, {"n": 2}), {"n": 2.0}),
+    (("ok", np.float32(1.0), np.bool_(False), {"n": True}), {"n": 1.0}),  # numpy scalars, as gym envs return
+    (("ok", 1.0, False, None), {}),
+])
+def test_a_step_or_a_four_tuple_is_taken(value, info):
     step = check_step(value)
-    assert step.observation == "ok" and step.reward == 1.0 and step.done is False
-    assert step.info == ({} if isinstance(value, tuple) and value[3] is None else {"n": 2.0})
+    assert step.observation == "ok" and step.reward == 1.0 and step.done is False and step.info == info
 
 
 @pytest.mark.parametrize("value, kind, message", [
@@ -203,6 +207,8 @@ class Bad(Environment):
             return {"reward": 1.0}
         if action.text.startswith("b"):
             return "", float("nan"), True, {}
+        if action.text.startswith("d"):  # messages, in text mode
+            return [{"role": "user", "content": "x"}], 0.0, False, {}
         return "", 1.0, True, {}
 """
 
@@ -210,16 +216,17 @@ class Bad(Environment):
 def test_an_environment_returning_wrong_types_costs_its_episode_counted_by_kind(tok, tmp_path):
     path = tmp_path / "env.py"
     path.write_text(BAD_ENV)
-    engine = Scripted(tok, ["a", "b", "c"])
-    reqs = [request(tok, f"q{i} ", "1") for i in range(3)]
+    engine = Scripted(tok, ["a", "b", "c", "d"])
+    reqs = [request(tok, f"q{i} ", "1") for i in range(4)]
     eps = run_episodes(engine, tok, str(path), reqs, max_steps=2, max_length=50, seed=0, step_timeout=20,
                        agent_workers=1, **SAMPLING)
-    assert [e["finish"] for e in eps] == ["failed", "failed", "done"]
-    _, reward = episodes_to_samples(eps, fallback=-1.0, max_failure_ratio=0.7)
-    assert reward["rewards"].tolist() == [-1.0, -1.0, 1.0]
-    assert reward["metrics"]["agent/failure_kinds/bad_output"] == 1.0
+    assert [e["finish"] for e in eps] == ["failed", "failed", "done", "failed"]
+    assert "step returned messages, but the environment is in text mode" in eps[3]["error"]
+    _, reward = episodes_to_samples(eps, fallback=-1.0, max_failure_ratio=0.75)
+    assert reward["rewards"].tolist() == [-1.0, -1.0, 1.0, -1.0]
+    assert reward["metrics"]["agent/failure_kinds/bad_output"] == 2.0
     assert reward["metrics"]["agent/failure_kinds/non_finite"] == 1.0
-    with pytest.raises(UserError, match="2 of 3 episodes failed"):
+    with pytest.raises(UserError, match="3 of 4 episodes failed"):
         episodes_to_samples(eps, max_failure_ratio=0.5)
 
 
