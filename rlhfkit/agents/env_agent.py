@@ -24,6 +24,7 @@ from typing import Any
 
 from rlhfkit.agents.api import AgentFailure, AgentInstanceBase, MultiTurnAgentExecutor
 from rlhfkit.agents.environment import Action, Environment, Observation, check_reset, check_step
+from rlhfkit.agents.isolation import _remote, agent_workers
 from rlhfkit.agents.tool_agent import ToolAgent, action_text, feedback_text, render, resolve_format
 from rlhfkit.agents.tool_parsers import parse_tool_calls
 from rlhfkit.agents.tools import as_tools
@@ -57,8 +58,6 @@ class RemoteEnvironment:
         keys.append(self.key)  # dropped from its worker after the episodes (isolation.release)
 
     async def _call(self, method: str, *args: Any) -> Any:
-        from rlhfkit.agents.isolation import _remote
-
         if not self.started:
             await _remote(self.pool.new, self.name, self.key)
             self.started = True
@@ -170,8 +169,6 @@ class EnvironmentExecutor(MultiTurnAgentExecutor):
 
     def isolate_environment(self, agent_path: str, workers: int, timeout: float) -> list[str]:
         """Run the environments in the file's agent workers; returns the list of their keys (to release)."""
-        from rlhfkit.agents.isolation import agent_workers
-
         pool = agent_workers(agent_path, workers, timeout)
         if self.env_cls.__name__ not in pool.functions:
             raise UserError(f"agent {agent_path}: environment {self.env_cls.__name__} is not defined at the top "

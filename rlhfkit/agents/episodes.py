@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhfkit.agents.api import FINISH_FAILED, AgentExecutorBase, AgentFailure, Episode, Prompt
+from rlhfkit.agents.env_agent import environment_executor
 from rlhfkit.agents.openrlhf_compat import (
     IMPORT_ALIASES,
     OpenRLHFEngine,
@@ -161,8 +162,6 @@ def load_agent_executor(path: str, import_timeout: float = 60.0) -> type:
     except (Exception, SystemExit) as e:  # noqa: BLE001 - any failure while importing is the user's file
         hint = _openrlhf_hint(f"ModuleNotFoundError: {e}") if isinstance(e, ImportError) else ""
         raise UserError(f"agent {path}: importing it failed ({type(e).__name__}: {e}){hint}") from None
-    from rlhfkit.agents.env_agent import environment_executor
-
     cls = environment_executor(module, path) or getattr(module, "AgentExecutor", None)
     if not (inspect.isclass(cls) and issubclass(cls, AgentExecutorBase)):
         raise UserError(f"agent {path}: defines no class AgentExecutor(AgentExecutorBase or MultiTurnAgentExecutor) "
