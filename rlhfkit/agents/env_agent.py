@@ -4,10 +4,16 @@ same multi-turn loop as every agent (token in, token out; feedback masked out of
 chat rendering and call parsing (rlhfkit.agents.tool_agent, tool_parsers) in chat mode.
 
 An environment file given with `--agent_func_path` defines one `Environment` subclass and no `AgentExecutor`; the
-loader (`environment_executor`) makes the executor. A file may also write it out:
+loader (`environment_executor`) makes the executor. A file may also write it out, in either generation of the agent
+API: an Environment class goes where an AgentInstance class goes (`bind_environment` puts the adapter there):
 
-    class AgentExecutor(EnvironmentExecutor):
-        environment_cls = GuessTheNumber
+    class AgentExecutor(AgentExecutorBase):           # OpenRLHF's example form
+        def __init__(self, max_steps, max_length, llm_engine, hf_tokenizer, result_queue):
+            super().__init__(GuessTheNumber, max_steps, max_length, llm_engine, hf_tokenizer, result_queue)
+
+    class AgentExecutor(MultiTurnAgentExecutor):      # OpenRLHF 0.11's form
+        def __init__(self):
+            super().__init__(GuessTheNumber)
 
 Where the code runs: the adapter (it holds the tokenizer) in the engine process; the environment itself, the user's
 code, in the agent worker processes (`--reward_workers`, rlhfkit.agents.isolation.agent_workers), one object per
@@ -70,18 +76,40 @@ class RemoteEnvironment:
         return await self._call("step", action)
 
 
+class EnvironmentBinding:
+    """An Environment class given to an executor where an AgentInstance class goes, with what the run provides (the
+    tokenizer, the tool format) and, once isolated, the worker pool its objects live in."""
+
+    def __init__(self, env_cls: type[Environment], tokenizer: Any, tool_format: str | None):
+        self.env_cls, self.tokenizer, self.tool_format = env_cls, tokenizer, tool_format
+        self.remote: tuple[Any, list[str]] | None = None  # (the pool, the keys of the objects made there)
+
+    def isolate(self, agent_path: str, workers: int, timeout: float) -> list[str]:
+        """Make the environments in the file's agent workers; returns the list of their keys (to release)."""
+        pool = agent_workers(agent_path, workers, timeout)
+        if self.env_cls.__name__ not in pool.functions:
+            raise UserError(f"agent {agent_path}: environment {self.env_cls.__name__} is not defined at the top "
+                            "level of the file, where a worker can find it")
+        keys: list[str] = []
+        self.remote = (pool, keys)
+        return keys
+
+    def make(self) -> LocalEnvironment | RemoteEnvironment:
+        if self.remote is None:
+            return LocalEnvironment(self.env_cls)
+        return RemoteEnvironment(self.remote[0], self.env_cls.__name__, self.remote[1])
+
+
 class EnvironmentAgent(AgentInstanceBase):
     """One episode of an environment, as an AgentInstance (see the module docstring)."""
 
-    def __init__(self, env_cls: type[Environment], tokenizer: Any, tool_format: str | None, executor: Any) -> None:
-        self.tokenizer = tokenizer
-        self.tools = as_tools(env_cls.tools)
-        self.format = resolve_format(tokenizer, tool_format) if self.tools else None
+    def __init__(self, binding: EnvironmentBinding) -> None:
+        self.tokenizer = binding.tokenizer
+        self.tools = as_tools(binding.env_cls.tools)
+        self.format = resolve_format(self.tokenizer, binding.tool_format) if self.tools else None
         self.chat = bool(self.tools)
-        remote = getattr(executor, "remote", None)
-        self.env = LocalEnvironment(env_cls) if remote is None else RemoteEnvironment(remote[0], env_cls.__name__,
-                                                                                      remote[1])
-        self.system_prompt = env_cls.system_prompt
+        self.env = binding.make()
+        self.system_prompt = binding.env_cls.system_prompt
         self.messages: list[dict[str, Any]] = []
         self.counts = {"tool_calls": 0, "tool_errors": 0}
 
@@ -145,38 +173,28 @@ def check_environment_class(cls: Any, where: str) -> type[Environment]:
     return cls
 
 
+def bind_environment(executor: Any, tool_format: str | None) -> None:
+    """When the executor was given an Environment class in place of an AgentInstance class (either generation:
+    `super().__init__(MyEnvironment, max_steps, ...)` or `super().__init__(MyEnvironment)`), put the adapter there;
+    the run's `_isolate` then moves the environments to the workers (`executor.environment.isolate`). A template
+    without a tool format for its tools stops here, before any episode."""
+    cls = executor.agent_instance_cls
+    if not (isinstance(cls, type) and issubclass(cls, Environment)):
+        return
+    check_environment_class(cls, "AgentExecutor")
+    if cls.tools:
+        resolve_format(executor.hf_tokenizer, tool_format)
+    executor.environment = EnvironmentBinding(cls, executor.hf_tokenizer, tool_format)
+    executor.agent_instance_cls = functools.partial(EnvironmentAgent, executor.environment)
+
+
 class EnvironmentExecutor(MultiTurnAgentExecutor):
-    """The executor of an environment file (module docstring). Its tools are checked when it is made, before any
-    episode; a template without a tool format stops at `bind`."""
+    """The executor of an environment file (module docstring): OpenRLHF 0.11's form, given the environment class."""
 
     environment_cls: type[Environment] | None = None
-    isolate_instances = False  # the adapter stays here; `isolate_environment` moves the environment out
 
     def __init__(self) -> None:
-        self.env_cls = check_environment_class(type(self).environment_cls, "EnvironmentExecutor")
-        super().__init__(EnvironmentAgent)
-        self.remote: tuple[Any, list[str]] | None = None
-
-    def bind(self, *, max_steps: int, max_length: int, llm_engine: Any, hf_tokenizer: Any,
-             step_timeout: float | None = None, tool_format: str | None = None) -> EnvironmentExecutor:
-        super().bind(max_steps=max_steps, max_length=max_length, llm_engine=llm_engine, hf_tokenizer=hf_tokenizer,
-                     step_timeout=step_timeout, tool_format=tool_format)
-        if self.env_cls.tools:
-            resolve_format(hf_tokenizer, tool_format)  # before any episode
-        self.agent_instance_cls = functools.partial(  # type: ignore[assignment]  # a factory, called as the class is
-            EnvironmentAgent, self.env_cls, hf_tokenizer, tool_format, self)
-        return self
-
-    def isolate_environment(self, agent_path: str, workers: int, timeout: float) -> list[str]:
-        """Run the environments in the file's agent workers; returns the list of their keys (to release)."""
-        pool = agent_workers(agent_path, workers, timeout)
-        if self.env_cls.__name__ not in pool.functions:
-            raise UserError(f"agent {agent_path}: environment {self.env_cls.__name__} is not defined at the top "
-                            "level of the file, where a worker can find it")
-        keys: list[str] = []
-        self.remote = (pool, keys)
-        self.step_timeout = None  # the workers time calls out (and kill what hangs)
-        return keys
+        super().__init__(check_environment_class(type(self).environment_cls, "EnvironmentExecutor"))
 
 
 def environment_executor(module: Any, path: str) -> type | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhfkit.agents.api import FINISH_FAILED, AgentExecutorBase, AgentFailure, Episode, Prompt
-from rlhfkit.agents.env_agent import environment_executor
+from rlhfkit.agents.env_agent import bind_environment, environment_executor
 from rlhfkit.agents.openrlhf_compat import (
     IMPORT_ALIASES,
     OpenRLHFEngine,
@@ -184,8 +184,10 @@ def make_executor(cls: type[Any], max_steps: int, max_length: int, llm_engine: A
         raise UserError(f"AgentExecutor() raised {type(e).__name__}"
                         + (f": {text.splitlines()[0]}" if text else "")) from None
     tools = {"tool_format": tool_format} if tool_format else {}  # (a file's own bind() may predate the argument)
-    return executor.bind(max_steps=max_steps, max_length=max_length, llm_engine=llm_engine, hf_tokenizer=tokenizer,
-                         step_timeout=step_timeout, **tools)
+    executor = executor.bind(max_steps=max_steps, max_length=max_length, llm_engine=llm_engine,
+                             hf_tokenizer=tokenizer, step_timeout=step_timeout, **tools)
+    bind_environment(executor, tool_format)  # an Environment class given where an AgentInstance class goes
+    return executor
 
 
 def _failed(prompt: Prompt, kind: str, text: str) -> Episode:
@@ -203,8 +205,9 @@ def _isolate(executor: AgentExecutorBase, agent_path: str, workers: int, timeout
         return []
     if isinstance(executor, OpenAIAgentExecutor):
         return isolation.isolate_run_agent(executor, agent_path, workers, timeout)
-    if hasattr(executor, "isolate_environment"):  # an environment file: the environments go to the workers
-        return executor.isolate_environment(agent_path, workers, timeout)
+    if getattr(executor, "environment", None) is not None:  # an Environment: it goes to the workers, its adapter not
+        executor.step_timeout = None  # the workers time calls out (and kill what hangs)
+        return executor.environment.isolate(agent_path, workers, timeout)
     if executor.agent_instance_cls is not None and getattr(executor, "isolate_instances", True):
         return isolation.isolate(executor, agent_path, workers, timeout)
     return []

@@ -173,6 +173,36 @@ def test_a_text_environment_runs_as_an_agent_with_exact_tokens(tok, workers):
         [0] * len(higher) + [1] * len(guess[2])
 
 
+GAME_WITH = {
+    "example": """from openrlhf.utils.agent import AgentExecutorBase
+
+class AgentExecutor(AgentExecutorBase):
+    def __init__(self, max_steps, max_length, llm_engine, hf_tokenizer, result_queue):
+        super().__init__(GuessTheNumber, max_steps, max_length, llm_engine, hf_tokenizer, result_queue)
+""",
+    "0.11": """from openrlhf.utils.agent import MultiTurnAgentExecutor
+
+class AgentExecutor(MultiTurnAgentExecutor):
+    def __init__(self):
+        super().__init__(GuessTheNumber)
+
+    async def execute(self, prompt, label, sampling_params):
+        return await super().execute(prompt, label, sampling_params)
+""",
+}
+
+
+@pytest.mark.parametrize("form", ["example", "0.11"])
+def test_an_environment_class_goes_where_an_agent_instance_goes_in_both_generations(tok, tmp_path, form):
+    path = tmp_path / "agent.py"
+    path.write_text(GAME.read_text() + "\n\n" + GAME_WITH[form])  # the game, then an executor given its class
+    engine = Scripted(tok, ["10", "30"])
+    [ep] = run_episodes(engine, tok, str(path), [request(tok, "Guess.\n", "30")], max_steps=6, max_length=200,
+                        seed=0, step_timeout=20, agent_workers=1, **SAMPLING)
+    assert ep["finish"] == "done" and ep["reward"] == pytest.approx(0.9), ep["error"]
+    assert ep["extra_logs"] == {"guesses": 2.0, "found": 1.0}
+
+
 def test_a_tool_environment_renders_tools_and_feeds_results_back(tok, tmp_path):
     tok.chat_template = HERMES.read_text()
     path = tmp_path / "env.py"
