@@ -205,9 +205,10 @@ def _isolate(executor: AgentExecutorBase, agent_path: str, workers: int, timeout
         return []
     if isinstance(executor, OpenAIAgentExecutor):
         return isolation.isolate_run_agent(executor, agent_path, workers, timeout)
-    if getattr(executor, "environment", None) is not None:  # an Environment: it goes to the workers, its adapter not
+    environment = getattr(executor, "environment", None)  # set by bind_environment
+    if environment is not None:  # an Environment: it goes to the workers, its adapter (it holds the tokenizer) not
         executor.step_timeout = None  # the workers time calls out (and kill what hangs)
-        return executor.environment.isolate(agent_path, workers, timeout)
+        return environment.isolate(agent_path, workers, timeout)
     if executor.agent_instance_cls is not None and getattr(executor, "isolate_instances", True):
         return isolation.isolate(executor, agent_path, workers, timeout)
     return []
