@@ -159,7 +159,22 @@ class EnvironmentAgent(AgentInstanceBase):
         feedback = "" if step.done else self._feedback(step.observation, action, ended)
         logs = {**{k: float(v) for k, v in self.counts.items()}, **step.info} if self.tools else dict(step.info)
         return {"rewards": step.reward, "done": step.done, "environment_feedback": feedback,
-                "sampling_params": states.get("sampling_params"), "extra_logs": logs}
+                "sampling_params": states.get("sampling_params"), "extra_logs": logs,
+                "tool_calls": traced_calls(action, step.observation)}
+
+
+def traced_calls(action: Action, observation: Observation) -> list[dict[str, Any]]:
+    """The turn's calls for the run report's trace viewer ([{"name", "arguments", "result", "ok"}]): the malformed
+    ones, then the parsed ones (the order `Environment.call_tools` answers in), each with the `tool` message at its
+    place in the observation; a result is left empty when the environment answered in another shape."""
+    calls: list[dict[str, Any]] = [{"name": None, "arguments": None, "result": f"error: {e}", "ok": False}
+                                   for e in action.call_errors]
+    calls += [{"name": c.name, "arguments": c.arguments, "result": "", "ok": True} for c in action.tool_calls]
+    results = [m["content"] for m in observation if m.get("role") == "tool"] if isinstance(observation, list) else []
+    if len(results) == len(calls):
+        for call, result in zip(calls, results):
+            call["result"], call["ok"] = result, not result.startswith("error:")
+    return calls
 
 
 def check_environment_class(cls: Any, where: str) -> type[Environment]:

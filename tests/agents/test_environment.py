@@ -226,6 +226,8 @@ def test_a_tool_environment_renders_tools_and_feeds_results_back(tok, tmp_path):
     assert '"name": "add"' in prompt and "What is 2+3?" in prompt  # the tools' schemas, through the template
     feedback = [t for t, m in zip(ep["response_ids"], ep["action_mask"]) if m == 0]
     assert "<tool_response>" in tok.decode(feedback) and "5" in tok.decode(feedback)
+    assert ep["turn_log"][0]["tool_calls"] == [{"name": "add", "arguments": {"a": 2, "b": 3}, "result": "5",
+                                                "ok": True}]  # what the run report's trace viewer shows
 
 
 BAD_ENV = """
@@ -289,3 +291,13 @@ def test_bad_declarations_stop_when_the_file_is_loaded_before_any_model(tmp_path
     with pytest.raises(UserError, match=message) as info:
         load_agent_executor(str(path))
     assert "\n" not in str(info.value)
+
+
+def test_the_turns_calls_are_traced_with_their_results_in_call_tools_order():
+    from rlhfkit.agents.env_agent import traced_calls
+
+    action = Action(text="", tool_calls=[ToolCall("add", {"a": 1, "b": 2})], call_errors=["cut off"])
+    answered = traced_calls(action, Adder().call_tools(action))
+    assert answered == [{"name": None, "arguments": None, "result": "error: cut off", "ok": False},
+                        {"name": "add", "arguments": {"a": 1, "b": 2}, "result": "3", "ok": True}]
+    assert [c["result"] for c in traced_calls(action, "no tool messages")] == ["error: cut off", ""]
