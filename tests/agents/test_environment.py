@@ -248,8 +248,17 @@ class Bad(Environment):
 def test_an_environment_returning_wrong_types_costs_its_episode_counted_by_kind(tok, tmp_path):
     path = tmp_path / "env.py"
     path.write_text(BAD_ENV)
-    engine = Scripted(tok, ["a", "b", "c", "d"])
-    reqs = [request(tok, f"q{i} ", "1") for i in range(4)]
+    answers = dict(zip("0123", "abcd"))  # by prompt: concurrent episodes reach the engine in any order
+
+    def engine(prompt_ids, *, max_new_tokens, seed=None, **sampling):
+        out = []
+        for ids in prompt_ids:
+            response = tok.encode(answers[tok.decode(ids).strip()[-1]], add_special_tokens=False)
+            out.append(SampledSequence(list(ids), response + [tok.eos_token_id], [-0.5] * (len(response) + 1),
+                                       FINISH_STOP))
+        return out
+
+    reqs = [request(tok, f"q{i}", "1") for i in range(4)]
     eps = run_episodes(engine, tok, str(path), reqs, max_steps=2, max_length=50, seed=0, step_timeout=20,
                        agent_workers=1, **SAMPLING)
     assert [e["finish"] for e in eps] == ["failed", "failed", "done", "failed"]
