@@ -60,6 +60,7 @@ SLOW = {
     "docs/test_docs_site.py",
     "examples/test_dapo_recipe.py",
     "examples/test_agent_tools.py::test_two_rl_steps_train_the_tool_agent",
+    "examples/test_env_examples.py::test_two_rl_steps_train_the_multi_tool_environment",
     "examples/test_iterative_dpo.py",
     "logging/test_html_report.py",
     "logging/test_tensorboard.py",

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhfkit.agents.api import FINISH_FAILED, AgentExecutorBase, AgentFailure, Episode, Prompt
+from rlhfkit.agents.env_agent import bind_environment, environment_executor
 from rlhfkit.agents.episode_versions import Call, token_versions
 from rlhfkit.agents.openrlhf_compat import (
     IMPORT_ALIASES,
@@ -174,10 +175,10 @@ def load_agent_executor(path: str, import_timeout: float = 60.0) -> type:
     except (Exception, SystemExit) as e:  # noqa: BLE001 - any failure while importing is the user's file
         hint = _openrlhf_hint(f"ModuleNotFoundError: {e}") if isinstance(e, ImportError) else ""
         raise UserError(f"agent {path}: importing it failed ({type(e).__name__}: {e}){hint}") from None
-    cls = getattr(module, "AgentExecutor", None)
+    cls = environment_executor(module, path) or getattr(module, "AgentExecutor", None)
     if not (inspect.isclass(cls) and issubclass(cls, AgentExecutorBase)):
         raise UserError(f"agent {path}: defines no class AgentExecutor(AgentExecutorBase or MultiTurnAgentExecutor) "
-                        "(import them from rlhfkit.agents)")
+                        "and no Environment subclass (import them from rlhfkit.agents)")
     return cls
 
 
@@ -196,8 +197,10 @@ def make_executor(cls: type[Any], max_steps: int, max_length: int, llm_engine: A
         raise UserError(f"AgentExecutor() raised {type(e).__name__}"
                         + (f": {text.splitlines()[0]}" if text else "")) from None
     tools = {"tool_format": tool_format} if tool_format else {}  # (a file's own bind() may predate the argument)
-    return executor.bind(max_steps=max_steps, max_length=max_length, llm_engine=llm_engine, hf_tokenizer=tokenizer,
-                         step_timeout=step_timeout, **tools)
+    executor = executor.bind(max_steps=max_steps, max_length=max_length, llm_engine=llm_engine,
+                             hf_tokenizer=tokenizer, step_timeout=step_timeout, **tools)
+    bind_environment(executor, tool_format)  # an Environment class given where an AgentInstance class goes
+    return executor
 
 
 def _failed(prompt: Prompt, kind: str, text: str) -> Episode:
@@ -215,6 +218,10 @@ def _isolate(executor: AgentExecutorBase, agent_path: str, workers: int, timeout
         return []
     if isinstance(executor, OpenAIAgentExecutor):
         return isolation.isolate_run_agent(executor, agent_path, workers, timeout)
+    environment = getattr(executor, "environment", None)  # set by bind_environment
+    if environment is not None:  # an Environment: it goes to the workers, its adapter (it holds the tokenizer) not
+        executor.step_timeout = None  # the workers time calls out (and kill what hangs)
+        return environment.isolate(agent_path, workers, timeout)
     if executor.agent_instance_cls is not None and getattr(executor, "isolate_instances", True):
         return isolation.isolate(executor, agent_path, workers, timeout)
     return []

@@ -72,6 +72,18 @@ def feedback_text(tokenizer: Any, history: list[dict[str, Any]], tool_messages: 
     return delta
 
 
+def action_text(tokenizer: Any, states: dict) -> tuple[str, str]:
+    """(the turn's text with special tokens, the special token it ended with or ""): the ended token is left out,
+    since the context already holds it and the template's delta must not repeat it."""
+    ids = states.get("action_ids")
+    if not ids:
+        return str(states["action_text"]), ""
+    last = tokenizer.convert_ids_to_tokens(int(ids[-1]))
+    ended = last if last in tokenizer.all_special_tokens else ""
+    text = tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
+    return text, ended
+
+
 class ToolAgent(AgentInstanceBase):
     """One tool-calling episode (see the module docstring). Subclasses set `tools` and override `final_reward`."""
 
@@ -105,18 +117,8 @@ class ToolAgent(AgentInstanceBase):
             text = text[len(bos):]
         return {"observation": text}
 
-    def _action(self, states: dict) -> tuple[str, str]:
-        """(the turn's text with special tokens, the special token it ended with or "")."""
-        ids = states.get("action_ids")
-        if not ids:
-            return str(states["action_text"]), ""
-        last = self.tokenizer.convert_ids_to_tokens(int(ids[-1]))
-        ended = last if last in self.tokenizer.all_special_tokens else ""
-        text = self.tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
-        return text, ended
-
     async def step(self, states: dict, **kwargs: Any) -> dict:
-        text, ended = self._action(states)
+        text, ended = action_text(self.tokenizer, states)
         parsed = parse_tool_calls(text, self.format)
         history = list(self.messages)
         self.messages.append({"role": "assistant", "content": text})

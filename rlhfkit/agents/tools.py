@@ -118,7 +118,9 @@ def tool_from_schema(schema: dict[str, Any], fn: Callable[..., Any]) -> Tool:
                         "OpenAI form is {\"type\": \"function\", \"function\": {\"name\", \"description\", "
                         "\"parameters\"}}")
     assert isinstance(spec, dict)
-    parameters = spec.get("parameters", {"type": "object", "properties": {}})
+    parameters = spec.get("parameters")
+    if parameters is None:  # absent or null: a tool without arguments, as OpenAI's API reads it
+        parameters = {"type": "object", "properties": {}}
     try:
         jsonschema.validators.validator_for(parameters).check_schema(parameters)
     except jsonschema.SchemaError as e:
@@ -128,9 +130,29 @@ def tool_from_schema(schema: dict[str, Any], fn: Callable[..., Any]) -> Tool:
         raise UserError(f"tool {name}: parameters must be a JSON Schema of \"type\": \"object\" (the arguments)")
     if not callable(fn):
         raise UserError(f"tool {name}: {fn!r} is not a function")
+    _check_signature(name, parameters, fn)
     full = {"type": "function", "function": {"name": name, "description": str(spec.get("description", "")),
                                              "parameters": parameters}}
     return Tool(name, full, fn)
+
+
+def _check_signature(name: str, parameters: dict[str, Any], fn: Callable[..., Any]) -> None:
+    """The schema's arguments must fit the function that runs it (it is called with them as keywords): every
+    property a parameter of it (or taken by its **kwargs). Otherwise every call that passes one fails at run time
+    with a TypeError the model cannot fix: a declaration mistake, found before training."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: nothing to compare
+        return
+    fn_name = getattr(fn, "__name__", repr(fn))
+    if any(p.kind == p.POSITIONAL_ONLY and p.default is p.empty for p in params.values()):
+        raise UserError(f"tool {name}: {fn_name} has positional-only parameters; a tool is called with keywords")
+    properties = parameters.get("properties") or {}
+    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        unknown = [k for k in properties if k not in params]
+        if unknown:
+            raise UserError(f"tool {name}: the schema's properties {unknown} are not parameters of "
+                            f"{fn_name}{inspect.signature(fn)}")
 
 
 def as_tools(declared: Sequence[Any]) -> list[Tool]:

@@ -92,6 +92,27 @@ def test_arguments_are_checked_against_the_schema():
     assert "is not one of" in argument_errors(tool, {"city": "Oslo", "days": 2, "unit": "k"})
 
 
+def test_a_schema_that_does_not_fit_its_function_is_one_line():
+    def weather(city: str, *, days: int = 1) -> str:
+        return city
+
+    def anything(**kwargs: str) -> str:
+        return ""
+
+    def positional(city: str, /) -> str:
+        return city
+
+    params = {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}}}
+    with pytest.raises(UserError, match=r"tool w: the schema's properties \['country'\] are not parameters of "
+                                        r"weather\(city"):
+        tool_from_schema({"name": "w", "parameters": params}, weather)
+    assert tool_from_schema({"name": "w", "parameters": params}, anything).name == "w"
+    with pytest.raises(UserError, match="positional-only parameters; a tool is called with keywords"):
+        tool_from_schema({"name": "w", "parameters": params}, positional)
+    assert tool_from_schema({"name": "w", "parameters": None}, anything).parameters == {"type": "object",
+                                                                                         "properties": {}}
+
+
 def test_tool_names_must_be_unique():
     with pytest.raises(UserError, match="names must be unique"):
         as_tools([lookup, lookup])
