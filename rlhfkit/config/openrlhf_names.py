@@ -345,6 +345,7 @@ RLHFKIT_ONLY = frozenset({
     "doctor_kl_max", "doctor_clip_fraction_range", "doctor_length_range", "doctor_truncated_max",
     "doctor_equal_reward_groups_max",
     "doctor_logprob_gap_max", "doctor_heldout_drop", "tau_pos", "tau_neg", "loss_type", "simpo_gamma", "backend",
+    "lora_sync",
 })
 
 

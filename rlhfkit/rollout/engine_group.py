@@ -122,6 +122,26 @@ class RolloutEngineGroup:
         self.last_sync_seconds = time.perf_counter() - started
         return counts[0]
 
+    def update_adapter(self, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> int:
+        """Protocol path of adapter-only sync: one object-store object of (config, tensors) for every engine."""
+        import ray
+
+        from rlhfkit.distributed.ray_groups import ray_get
+
+        ref = ray.put((config, tensors))
+        return ray_get([e.receive_adapter.remote(ref) for e in self.engines], "the rollout engine")[0]
+
+    def sync_adapter_from(self, actor_group: Any) -> tuple[int, int]:
+        """Adapter-only sync: the actor's LoRA adapter -> every engine's adapter slot, one object put by the actor's
+        rank 0 (`rlhfkit.distributed.adapter_sync`); returns (bytes of that object, moved to each engine; bytes of
+        the adapter's tensors)."""
+        from rlhfkit.distributed import adapter_sync
+
+        started = time.perf_counter()
+        moved, size = actor_group.run_on_ranks(adapter_sync.send_adapter_object_store, self.engines)[0]
+        self.last_sync_seconds = time.perf_counter() - started
+        return int(moved), int(size)
+
     def _init_sync_group(self, actor_group: Any) -> None:
         from rlhfkit.distributed import weight_sync
         from rlhfkit.distributed.ray_groups import ray_get
