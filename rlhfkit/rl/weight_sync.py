@@ -67,12 +67,11 @@ class RayWeightSync:
 
     def sync(self) -> dict[str, float]:
         started = time.perf_counter()
-        metrics: dict[str, float] = {}
         if self.adapter:
             moved, size = self.engines.sync_adapter_from(self.actor)
             metrics = {"sync/bytes": float(moved), "sync/adapter_bytes": float(size)}
         else:
-            self.engines.sync_from(self.actor)
+            metrics = {"sync/bytes": float(self.engines.sync_from(self.actor))}
         self.seconds.append(time.perf_counter() - started)
         for callback in self.after_sync:
             callback()
