@@ -52,27 +52,50 @@ def test_lora_sync_without_lora_rank_is_refused_when_given():
         parse("--lora_sync merged")
 
 
-@pytest.fixture(scope="module")
-def actor_and_engine(demo_assets):
-    """A LoRA actor (rank 8) whose adapter is not the identity, and a Transformers engine on the base model."""
+def lora_actor(model_dir, zero_stage: int):
+    """A LoRA actor (rank 8) whose adapter is not the identity (PEFT starts lora_B at zero)."""
     from rlhfkit.config.rl_specs import actor_spec
     from rlhfkit.rl.roles import ActorRole
-    from rlhfkit.rollout.hf_engine import HFRolloutEngine
-    from tests.helpers import launcher_env_of_one
 
-    cfg = parse_config(PPOConfig, shlex.split(BASE.replace("--pretrain m", f"--pretrain {demo_assets.model_dir}")
-                                              + "--lora_rank 8 --lora_alpha 16 --zero_stage 0"), "test")
-    with launcher_env_of_one():
-        actor = ActorRole(actor_spec(cfg), 1)
+    cfg = parse_config(PPOConfig, shlex.split(BASE.replace("--pretrain m", f"--pretrain {model_dir}")
+                                              + f"--lora_rank 8 --lora_alpha 16 --zero_stage {zero_stage}"), "test")
+    actor = ActorRole(actor_spec(cfg), 1)
     torch.manual_seed(0)
-    with torch.no_grad():
-        for name, p in actor.strategy.unwrap(actor.engine).named_parameters():
-            if "lora_B" in name:
+    for name, p in actor.strategy.unwrap(actor.engine).named_parameters():
+        if "lora_B" in name:
+            with gathered(p), torch.no_grad():
                 p.normal_(0, 0.2)
+    return actor
+
+
+def gathered(param):
+    """The full parameter, editable, under ZeRO-3; nothing to do otherwise."""
+    import contextlib
+
+    if not hasattr(param, "ds_id"):
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters([param], modifier_rank=0)
+
+
+def hf_engine(model_dir):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(demo_assets.model_dir)
-    return actor, HFRolloutEngine.from_pretrained(str(demo_assets.model_dir), tok), tok
+    from rlhfkit.rollout.hf_engine import HFRolloutEngine
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    return HFRolloutEngine.from_pretrained(str(model_dir), tok), tok
+
+
+@pytest.fixture(scope="module")
+def actor_and_engine(demo_assets):
+    """A LoRA actor and a Transformers engine on the base model."""
+    from tests.helpers import launcher_env_of_one
+
+    with launcher_env_of_one():
+        actor = lora_actor(demo_assets.model_dir, 0)
+    return (actor, *hf_engine(demo_assets.model_dir))
 
 
 def engine_vs_actor_gap(actor, engine, tok) -> float:
@@ -121,4 +144,15 @@ def test_merged_sync_moves_the_whole_model(actor_and_engine, demo_assets):
     metrics = LocalWeightSync(actor, engine).sync()
     assert metrics["sync/bytes"] == sum(t.numel() * 4 for t in engine.model.state_dict().values())
     assert "sync/adapter_bytes" not in metrics and not engine.has_adapter_slot
+    assert engine_vs_actor_gap(actor, engine, tok) <= 1e-4
+
+
+def test_zero3_adapter_parameters_are_gathered_for_the_sync(demo_assets, world_of_one):
+    from rlhfkit.rl.weight_sync import LocalWeightSync
+
+    actor = lora_actor(demo_assets.model_dir, 3)
+    assert any(hasattr(p, "ds_id") for p in actor.strategy.unwrap(actor.engine).parameters())  # sharded
+    engine, tok = hf_engine(demo_assets.model_dir)
+    metrics = LocalWeightSync(actor, engine, adapter=True).sync()
+    assert metrics["sync/bytes"] == metrics["sync/adapter_bytes"] > 0
     assert engine_vs_actor_gap(actor, engine, tok) <= 1e-4
