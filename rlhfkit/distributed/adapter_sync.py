@@ -5,8 +5,9 @@ slot that each sync replaces (`rlhfkit.models.lora_slot`). The trainer's side:
 - `adapter_state(role)` gathers the adapter's tensors under their wire names (PEFT checkpoint names) with its
   config; under ZeRO-3 each adapter parameter is gathered from its shards (a collective: call it on every rank),
   rank 0 keeps a CPU copy;
-- `send_adapter_object_store(role, engines)` (every actor rank, Ray runs): rank 0 puts (config, tensors) into the Ray
-  object store once and every engine reads that one object. The bytes moved per sync are the object's size as
+- `send_adapter_object_store(role, engines)` (every actor rank, Ray runs): rank 0 puts (config, tensors packed into
+  one flat buffer with an index, `lora_slot.pack`) into the Ray object store once and every engine reads that one
+  object. The bytes moved per sync are the object's size as
   the object store reports it (the adapter's tensors plus their names, the config and pickling), returned for the
   `sync/bytes` metric.
 """
@@ -20,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from rlhfkit.distributed.weight_sync import policy_module
-from rlhfkit.models.lora_slot import adapter_config, is_adapter_parameter, payload_bytes, wire_name
+from rlhfkit.models.lora_slot import adapter_config, is_adapter_parameter, pack, payload_bytes, wire_name
 
 
 def _peft_model(role: Any) -> Any:
@@ -61,7 +62,7 @@ def send_adapter_object_store(role: Any, engines: list[Any]) -> tuple[int, int]:
     config, tensors = adapter_state(role, keep=rank == 0)
     if rank != 0:
         return 0, 0
-    ref = ray.put((config, tensors))
+    ref = ray.put((config, *pack(tensors)))
     ray.get([e.receive_adapter.remote(ref) for e in engines])
     return object_size(ref), payload_bytes(tensors)
 

@@ -128,8 +128,9 @@ class RolloutEngineGroup:
         import ray
 
         from rlhfkit.distributed.ray_groups import ray_get
+        from rlhfkit.models.lora_slot import pack
 
-        ref = ray.put((config, tensors))
+        ref = ray.put((config, *pack(tensors)))
         return ray_get([e.receive_adapter.remote(ref) for e in self.engines], "the rollout engine")[0]
 
     def sync_adapter_from(self, actor_group: Any) -> tuple[int, int]:

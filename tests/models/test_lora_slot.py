@@ -13,8 +13,10 @@ from rlhfkit.models.lora_slot import (
     inject_adapter_slot,
     is_adapter_parameter,
     load_adapter_tensors,
+    pack,
     payload_bytes,
     slot_name,
+    unpack,
     wire_name,
     write_adapter_dir,
 )
@@ -99,3 +101,15 @@ def test_an_adapter_that_does_not_fit_the_slot_is_refused(base):
     tensors.pop(next(iter(tensors)))
     with pytest.raises(ValueError, match="does not fit the engine's slot"):
         load_adapter_tensors(engine_model, tensors)
+
+
+def test_pack_and_unpack_round_trip_with_one_buffer_per_dtype():
+    g = torch.Generator().manual_seed(0)
+    tensors = {"a.lora_A.weight": torch.randn(4, 6, generator=g), "a.lora_B.weight": torch.randn(6, 4, generator=g),
+               "b.lora_A.weight": torch.randn(2, 3, generator=g).to(torch.bfloat16)}
+    flat, index = pack(tensors)
+    assert {k: v.numel() for k, v in flat.items()} == {"float32": 48, "bfloat16": 6}
+    back = unpack(flat, index)
+    assert list(back) == list(tensors)
+    for name, t in tensors.items():
+        assert back[name].dtype == t.dtype and torch.equal(back[name], t)
