@@ -56,6 +56,11 @@ def run_case(assets, out: Path, engine: str, mode: str, steps: int, rank: int) -
             "steps": len(steps_rows)}
 
 
+def ratio(row: dict[str, float]) -> str:
+    """Bytes moved per byte of adapter ("-" for a merged sync, which logs no adapter size)."""
+    return f"{row['bytes'] / row['adapter']:.3f}" if row["adapter"] else "-"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/bench_lora_sync")
@@ -89,9 +94,8 @@ def main() -> None:
         "| engine | --lora_sync | bytes per sync (median) | adapter bytes | bytes / adapter | sync wall time (s, "
         "median) | max rollout_logprob_diff (steps 2+) |",
         "| --- | --- | --- | --- | --- | --- | --- |",
-        *[f"| {engine} | {mode} | {r['bytes']:.0f} | {r['adapter']:.0f} | "
-          f"{r['bytes'] / r['adapter'] if r['adapter'] else float('nan'):.3f} | {r['sync_s']:.3f} | {r['gap']:.2e} |"
-          for (engine, mode), r in rows.items()], "", "",
+        *[f"| {engine} | {mode} | {r['bytes']:.0f} | {r['adapter']:.0f} | {ratio(r)} | {r['sync_s']:.3f} | "
+          f"{r['gap']:.2e} |" for (engine, mode), r in rows.items()], "", "",
     ]
     print("\n".join(table))
     if not RESULTS.exists():
