@@ -34,9 +34,9 @@ import importlib.util
 import logging
 import os
 import shutil
+import tempfile
 import time
 import warnings
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -170,7 +170,6 @@ class VLLMEngine(StagedWeights):
         self._asleep = False  # LLM.sleep was called (or, on CPU, the engine was marked asleep)
         self._weights_awake = True
         self._lora: Any = None  # the LoRARequest of the adapter slot, once an adapter was loaded
-        self._lora_dir: str | None = None
 
     # -- generation -----------------------------------------------------------------------------------------
     def generate(self, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float = 1.0,
@@ -215,23 +214,24 @@ class VLLMEngine(StagedWeights):
         return int(loaded[0])
 
     def update_adapter(self, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> int:
-        """Adapter-only sync: the adapter is written to this engine's own directory (vLLM 0.32 loads adapters from
-        a directory only; the disk is local, nothing crosses processes) and replaces the one LoRA slot in place
-        (`load_inplace`); later generate calls use it. Drops KV cache computed with the old adapter."""
-        import tempfile
-
+        """Adapter-only sync: the adapter replaces the one LoRA slot in place (`load_inplace`); later generate calls
+        use it. vLLM 0.32 loads adapters from a directory only: the adapter is written to a directory of this
+        engine's (local disk, nothing crosses processes) that is removed once vLLM holds the adapter in memory, so
+        a killed engine leaves nothing behind (with one slot and one adapter id vLLM never reloads it from there).
+        Drops KV cache computed with the old adapter."""
         from vllm.lora.request import LoRARequest
 
         from rlhfkit.models.lora_slot import ADAPTER, write_adapter_dir
 
         if not self.args.max_lora_rank:
             raise RuntimeError("this vLLM engine was built without a LoRA slot (EngineSpec.lora_rank 0)")
-        if self._lora_dir is None:
-            self._lora_dir = tempfile.mkdtemp(prefix="rlhfkit_lora_slot_")
-            weakref.finalize(self, shutil.rmtree, self._lora_dir, True)
-        write_adapter_dir(self._lora_dir, config, tensors)
-        self.llm.llm_engine.add_lora(LoRARequest(ADAPTER, 1, self._lora_dir, load_inplace=True))
-        self._lora = LoRARequest(ADAPTER, 1, self._lora_dir)
+        folder = tempfile.mkdtemp(prefix="rlhfkit_lora_slot_")
+        try:
+            write_adapter_dir(folder, config, tensors)
+            self.llm.llm_engine.add_lora(LoRARequest(ADAPTER, 1, folder, load_inplace=True))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        self._lora = LoRARequest(ADAPTER, 1, folder)
         self.llm.reset_prefix_cache()
         return len(tensors)
 
