@@ -28,6 +28,7 @@ from rlhfkit.config.common import (
 )
 from rlhfkit.config.critic_optim import CriticOptimArgs, check_critic_optimizer
 from rlhfkit.config.distill import DistillArgs
+from rlhfkit.config.lora_sync import lora_sync_mode
 from rlhfkit.config.names import (
     GROUP_BASELINES,
 )
@@ -88,6 +89,7 @@ class PPOConfig:
         _validate_algorithm(self)
         _validate_recipe(self)
         _validate_async(self)
+        lora_sync_mode(self.rollout.lora_sync, self.model.lora_rank, engine_backend(self))
         validate_placement(self)  # colocation and each role's batch split (rules of train_ppo_ray's placement)
 
     def inert_flags(self) -> dict[str, str]:
@@ -107,6 +109,11 @@ def clip_range(cfg: PPOConfig) -> tuple[float, float]:
     a = cfg.algo
     return (a.eps_clip if a.clip_eps_low is None else a.clip_eps_low,
             a.eps_clip if a.clip_eps_high is None else a.clip_eps_high)
+
+
+def engine_backend(cfg: PPOConfig, single_process: bool = False) -> str:
+    """The rollout engines' backend: vLLM with --vllm_num_engines N > 0 (train_ppo_ray), else Transformers."""
+    return "vllm" if cfg.rollout.vllm_num_engines > 0 and not single_process else "transformers"
 
 
 def critic_path(cfg: PPOConfig) -> str | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from rlhfkit.config.common import ModelArgs
 from rlhfkit.config.rl_resources import ROLES, RLFlags, role_needed
 from rlhfkit.config.rl_sections import RecipeArgs
 
@@ -22,6 +23,8 @@ class RunFlags(RLFlags, Protocol):
 
     @property
     def recipe(self) -> RecipeArgs: ...
+    @property
+    def model(self) -> ModelArgs: ...
 
 # Flags that only configure vLLM engines (the Transformers engine reads none of them). --vllm_sync_backend is not
 # here: with --vllm_num_engines 0, train_ppo_ray's Transformers engine actors receive weights by it too.
@@ -40,6 +43,7 @@ COMPANIONS: dict[str, tuple[Callable[[RunFlags], bool], tuple[str, ...], str]] =
     "overlong_buffer_len": (lambda c: c.recipe.overlong_buffer_len is None, ("overlong_penalty_factor",),
                             "--overlong_buffer_len N"),
     "kl_target": (lambda c: c.algo.kl_target is None, ("kl_horizon",), "--kl_target KL (the adaptive KL controller)"),
+    "lora_rank": (lambda c: c.model.lora_rank == 0, ("lora_sync",), "--lora_rank R (a LoRA policy)"),
 }
 
 

@@ -137,6 +137,12 @@ class RolloutArgs:
     vllm_gpu_memory_utilization: float = arg(0.95, "Fraction of GPU memory a vLLM engine may take.")
     vllm_sync_backend: str = arg("nccl", "How actor weights reach the vLLM engines.", choices=("nccl", "gloo"))
     vllm_enable_sleep: bool = arg(False, "Put vLLM engines to sleep between rollouts (frees GPU memory).")
+    lora_sync: str = arg("auto", "With --lora_rank, what a weight sync sends the rollout engines: adapter (the LoRA "
+                                 "adapter only, into the engines' adapter slot over the unchanged base model), merged "
+                                 "(the adapter merged into full weights, as OpenRLHF does), or auto (adapter where "
+                                 "the engine can hold the adapter: always on the Transformers engine, on vLLM up to "
+                                 "rank 512; else merged, said once at start). OpenRLHF has no such flag.",
+                          choices=("auto", "adapter", "merged"))
     enforce_eager: bool = arg(False, "Disable CUDA graphs in vLLM.")
     enable_prefix_caching: bool = arg(False, "vLLM prefix caching (shares the prompt's KV cache between the n "
                                              "samples of a prompt).")

@@ -7,12 +7,14 @@ import dataclasses
 from typing import Any
 
 from rlhfkit.config.critic_optim import critic_strategy
+from rlhfkit.config.lora_sync import lora_sync_mode
 from rlhfkit.config.rl import (
     ROLES,
     PPOConfig,
     clip_range,
     critic_needs_head,
     critic_path,
+    engine_backend,
     is_bounds,
     loss_aggregation,
     needs_critic,
@@ -104,8 +106,10 @@ def engine_spec(cfg: PPOConfig, single_process: bool = False) -> EngineSpec:
     """The rollout engines: vLLM with --vllm_num_engines N > 0 (train_ppo_ray), else one Transformers engine (always
     in the single-process train_ppo)."""
     m, r, d = cfg.model, cfg.rollout, cfg.data
-    vllm = r.vllm_num_engines > 0 and not single_process
-    return EngineSpec(backend="vllm" if vllm else "transformers", model=m.pretrain,
+    backend = engine_backend(cfg, single_process)
+    vllm = backend == "vllm"
+    mode, _ = lora_sync_mode(r.lora_sync, m.lora_rank, backend)
+    return EngineSpec(backend=backend, model=m.pretrain, lora_rank=m.lora_rank if mode == "adapter" else 0,
                       use_fast_tokenizer=not m.disable_fast_tokenizer, bf16=m.bf16,
                       attn_implementation="flash_attention_2" if m.flash_attn else m.attn_implementation,
                       max_batch_size=max(r.micro_rollout_batch_size, HF_ENGINE_MIN_BATCH),

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from rlhfkit.config.common import ModelArgs, StrategyArgs
 
 ENGINE_BACKENDS = ("transformers", "vllm")
+#: The LoRA ranks a vLLM 0.32 engine can reserve an adapter slot for (its `max_lora_rank` choices).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 #: Added to the message about a critic initialisation without a trained value head.
 CRITIC_HEAD_HINT = ", or add --critic_init_head to start the critic's head from scratch on purpose"
 
@@ -126,6 +128,12 @@ class EngineSpec:
     max_model_len: int | None = None  # prompt + response + 1 (capped by the model's positions when built)
     enable_sleep: bool = False  # vLLM sleep mode between rollouts
     max_num_seqs: int | None = None  # vLLM: most sequences at once (None: vLLM's default)
+    lora_rank: int = 0  # adapter-only sync (--lora_sync): the rank of the engine's LoRA adapter slot; 0: no slot
+
+    @property
+    def vllm_lora_slot_rank(self) -> int:
+        """vLLM's `max_lora_rank` for the adapter slot: the least rank it offers that holds `lora_rank`."""
+        return next(r for r in VLLM_LORA_RANKS if r >= self.lora_rank)
 
     @property
     def placement_role(self) -> str:

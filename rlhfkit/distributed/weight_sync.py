@@ -199,14 +199,15 @@ def weight_metas(role: Any) -> list[tuple[str, str, tuple[int, ...]]] | None:
 
 
 def send_weights_object_store(role: Any, engines: list[Any], bucket_mb: float = 64.0) -> int:
-    """Run on every actor rank: stream the policy's weights to `engines` (Ray actor handles) in buckets."""
+    """Run on every actor rank: stream the policy's weights to `engines` (Ray actor handles) in buckets; returns the
+    bytes of the tensors sent to each engine (0 off rank 0)."""
     import ray
 
     rank = dist.get_rank() if dist.is_initialized() else 0
     limit = int(bucket_mb * 2**20)
     in_flight: list[list[Any]] = []
     bucket: list[tuple[str, torch.Tensor]] = []
-    size = sent = 0
+    size = moved = 0
 
     def flush() -> None:
         nonlocal bucket, size
@@ -222,14 +223,14 @@ def send_weights_object_store(role: Any, engines: list[Any], bucket_mb: float = 
             continue
         bucket.append((name, tensor))
         size += tensor.numel() * tensor.element_size()
-        sent += 1
+        moved += tensor.numel() * tensor.element_size()
         if size >= limit:
             flush()
     if rank == 0:
         flush()
         for refs in in_flight:
             ray.get(refs)
-    return sent
+    return moved
 
 
 # -- process-group broadcast --------------------------------------------------------------------------------------
@@ -273,17 +274,18 @@ def join_side_group_as_source(role: Any, master_addr: str, master_port: int, wor
 
 
 def send_weights_broadcast(role: Any, key: str = "weight_sync") -> int:
-    """Run on every actor rank: gather each parameter (collective) and broadcast it from rank 0 to the engines."""
+    """Run on every actor rank: gather each parameter (collective) and broadcast it from rank 0 to the engines;
+    returns the bytes broadcast (0 off rank 0)."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     group = _SIDE_GROUPS.get(key) if rank == 0 else None
     if rank == 0 and group is None:
         raise RuntimeError("the weight-sync group was not set up on actor rank 0")
-    sent = 0
+    moved = 0
     for _, tensor in policy_weights(role, keep=rank == 0):
         if tensor is not None:  # rank 0 only (keep=True), where the group exists
             assert group is not None
             if group.backend == "nccl":
                 tensor = tensor.to("cuda")
             broadcast_tensor(group, tensor.contiguous(), src=0)
-            sent += 1
-    return sent
+            moved += tensor.numel() * tensor.element_size()
+    return moved

@@ -141,14 +141,13 @@ class LockedWeightSync:
         self.inner = inner
         self.queue = queue
 
-    def sync(self) -> None:
+    def sync(self) -> dict[str, float] | None:
         generator = self.queue.generator
         if generator is None:
-            self.inner.sync()
-            return
+            return self.inner.sync()
         ray_get(generator.begin_weight_update.remote(), f"{GENERATOR} (waiting to update weights)")
         try:
-            self.inner.sync()
+            return self.inner.sync()
         finally:
             self.queue.policy_version += 1
             ray_get(generator.end_weight_update.remote(self.queue.policy_version), GENERATOR)

@@ -33,13 +33,14 @@ def run_ppo(cfg: PPOConfig) -> RLTrainer:
     try:
         check_distillation(cfg, inputs.tokenizer)  # before any model loads
         strategy = build_strategy(cfg.model, cfg.strategy)
+        specs = rl_specs(cfg, single_process=True)
         roles = local_roles(cfg, inputs, strategy)
 
         def assemble(logger: MetricsLogger) -> TrainingLoop:  # synchronous: the rollout source is the batch supply
             source = RolloutSource(cfg, roles.engine, roles.reward, inputs.tokenizer, inputs.prompts)
-            trainer = RLTrainer(cfg, roles.actor, source, LocalWeightSync(roles.actor, roles.engine), source, logger,
-                                strategy, ref=roles.ref, critic=roles.critic, eval_prompts=inputs.eval_prompts,
-                                teacher=roles.teacher)
+            sync = LocalWeightSync(roles.actor, roles.engine, adapter=specs.engine.lora_rank > 0)
+            trainer = RLTrainer(cfg, roles.actor, source, sync, source, logger, strategy, ref=roles.ref,
+                                critic=roles.critic, eval_prompts=inputs.eval_prompts, teacher=roles.teacher)
             return TrainingLoop(trainer, rl_settings(cfg), strategy, logger, run)
 
         def describe(loop: TrainingLoop) -> None:

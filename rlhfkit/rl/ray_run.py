@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from rlhfkit.config.lora_sync import lora_sync_mode
 from rlhfkit.config.rl import PPOConfig
 from rlhfkit.config.rl_specs import rl_specs
 from rlhfkit.config.specs import PlacementSpec, RLSpecs
@@ -87,6 +88,9 @@ def check_ray_config(cfg: PPOConfig, use_gpu: bool | None = None, cpus_per_bundl
     if run.sync_backend != specs.placement.sync_backend:
         run.notes.append(f"--vllm_sync_backend {specs.placement.sync_backend} needs GPUs; weights go through the "
                          "Ray object store instead")
+    _, lora_note = lora_sync_mode(cfg.rollout.lora_sync, cfg.model.lora_rank, specs.engine.backend)
+    if lora_note:
+        run.notes.append(lora_note)
     if specs.engine.enable_sleep and not use_gpu:
         run.notes.append("--vllm_enable_sleep: vLLM has no sleep mode on CPU; engines only drop their prefix cache")
     return run
@@ -233,8 +237,10 @@ def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None,
             roles, ray_roles = build_ray_roles(run)
         except ray.exceptions.RayTaskError as e:
             raise unwrap_user_error(e) from None
+        rank = run.specs.engine.lora_rank  # > 0: adapter-only sync, through the object store whatever the backend
+        how = f"LoRA adapter only (rank {rank}, object store)" if rank else run.sync_backend
         strategy.print(f"train_ppo_ray: placement {run.plan.describe()}; roles and engines up in "
-                       f"{time.perf_counter() - started:.1f} s; weight sync: {run.sync_backend}")
+                       f"{time.perf_counter() - started:.1f} s; weight sync: {how}")
         spread = record_placement(ray_roles, cfg.checkpoint.save_path)
         if spread:
             strategy.print(f"train_ppo_ray: {spread}")
@@ -259,7 +265,7 @@ def ray_loop_assembly(cfg: PPOConfig, roles: RoleHandles, reward_group: Any, inp
 
     def assemble(logger: Any) -> TrainingLoop:
         source = RolloutSource(cfg, roles.engine, roles.reward, inputs.tokenizer, inputs.prompts)
-        ray_sync = RayWeightSync(roles.actor, roles.engine)
+        ray_sync = RayWeightSync(roles.actor, roles.engine, adapter=rl_specs(cfg).engine.lora_rank > 0)
         supply: BatchSupply = source
         weight_sync: WeightSync = ray_sync
         if cfg.asynchronous.async_train:  # generation in its own actor, overlapping training

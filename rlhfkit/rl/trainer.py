@@ -223,7 +223,7 @@ class RLTrainer(Trainer):
         metrics["time/train_s"] = time.perf_counter() - train_started
         sync_started = time.perf_counter()
         if actor_trains:
-            self.weight_sync.sync()
+            metrics.update(self.weight_sync.sync() or {})  # sync/bytes: what moved to each engine
         metrics["time/sync_s"] = time.perf_counter() - sync_started
         self.kl_ctl.update(metrics["kl"], len(exp))
         metrics["time/step_s"] = time.perf_counter() - started

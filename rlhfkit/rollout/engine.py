@@ -66,6 +66,11 @@ class RolloutEngine(Protocol):
         """Replace the policy weights (Transformers parameter names); returns how many tensors were loaded."""
         ...
 
+    def update_adapter(self, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> int:
+        """Adapter-only sync: replace the engine's LoRA adapter slot (PEFT `config`, tensors under PEFT checkpoint
+        names, `rlhfkit.models.lora_slot`) over its unchanged base model; returns how many tensors were loaded."""
+        ...
+
     def sleep(self) -> None:
         """Release accelerator memory between rollouts (may do nothing)."""
         ...

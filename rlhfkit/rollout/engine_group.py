@@ -101,7 +101,8 @@ class RolloutEngineGroup:
         return counts[0]
 
     def sync_from(self, actor_group: Any) -> int:
-        """Actor group -> engines, streamed from the actor's rank 0 without passing through this process."""
+        """Actor group -> engines, streamed from the actor's rank 0 without passing through this process; returns the
+        bytes of the tensors moved to each engine."""
         from rlhfkit.distributed import weight_sync
         from rlhfkit.distributed.ray_groups import ray_get
 
@@ -113,14 +114,35 @@ class RolloutEngineGroup:
             if not self._group_ready:
                 self._init_sync_group(actor_group)
             receivers = [e.receive_broadcast.remote(metas) for e in self.engines]
-            ray_get(actor_group.run_async(weight_sync.send_weights_broadcast), "the rollout engine")
-            counts = ray_get(receivers, "the rollout engine")
+            moved = ray_get(actor_group.run_async(weight_sync.send_weights_broadcast), "the rollout engine")[0]
+            ray_get(receivers, "the rollout engine")
         else:
             ray_get([e.begin_weight_update.remote() for e in self.engines], "the rollout engine")
-            actor_group.run_on_ranks(weight_sync.send_weights_object_store, self.engines, self.bucket_mb)
-            counts = ray_get([e.finish_weight_update.remote() for e in self.engines], "the rollout engine")
+            moved = actor_group.run_on_ranks(weight_sync.send_weights_object_store, self.engines, self.bucket_mb)[0]
+            ray_get([e.finish_weight_update.remote() for e in self.engines], "the rollout engine")
         self.last_sync_seconds = time.perf_counter() - started
-        return counts[0]
+        return int(moved)
+
+    def update_adapter(self, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> int:
+        """Protocol path of adapter-only sync: one object-store object of (config, tensors) for every engine."""
+        import ray
+
+        from rlhfkit.distributed.ray_groups import ray_get
+        from rlhfkit.models.lora_slot import pack
+
+        ref = ray.put((config, *pack(tensors)))
+        return ray_get([e.receive_adapter.remote(ref) for e in self.engines], "the rollout engine")[0]
+
+    def sync_adapter_from(self, actor_group: Any) -> tuple[int, int]:
+        """Adapter-only sync: the actor's LoRA adapter -> every engine's adapter slot, one object put by the actor's
+        rank 0 (`rlhfkit.distributed.adapter_sync`); returns (bytes of that object, moved to each engine; bytes of
+        the adapter's tensors)."""
+        from rlhfkit.distributed import adapter_sync
+
+        started = time.perf_counter()
+        moved, size = actor_group.run_on_ranks(adapter_sync.send_adapter_object_store, self.engines)[0]
+        self.last_sync_seconds = time.perf_counter() - started
+        return int(moved), int(size)
 
     def _init_sync_group(self, actor_group: Any) -> None:
         from rlhfkit.distributed import weight_sync

@@ -76,6 +76,7 @@ class HFRolloutEngine:
         self.eos_ids = _eos_ids(model, tokenizer)
         self.max_batch_size = max_batch_size
         self.episode_runner = episode_runner
+        self.has_adapter_slot = False  # a LoRA adapter slot was injected (adapter-only sync, `update_adapter`)
 
     @classmethod
     def from_pretrained(cls, path: str, tokenizer: Any, *, dtype: torch.dtype = torch.float32,
@@ -191,6 +192,18 @@ class HFRolloutEngine:
         return len(state_dict)
 
     load_state_dict = update_weights
+
+    def update_adapter(self, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> int:
+        """Adapter-only sync: replace the LoRA adapter slot's weights in place (the slot is injected into the base
+        model at the first call, from `config`); returns how many tensors were loaded."""
+        from rlhfkit.models.lora_slot import inject_adapter_slot, load_adapter_tensors
+
+        if not self.has_adapter_slot:
+            inject_adapter_slot(self.model, config)
+            self.model.eval().requires_grad_(False)
+            self.model.to(self.device)
+            self.has_adapter_slot = True
+        return load_adapter_tensors(self.model, tensors)
 
     def sleep(self) -> None:
         """Nothing to release: the Transformers engine keeps no KV cache between calls."""

@@ -42,6 +42,9 @@ class HFEngineActor(StagedWeights):
     def _apply(self, staged: list[tuple[str, torch.Tensor]]) -> int:
         return self.engine.update_weights(dict(staged))
 
+    def update_adapter(self, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> int:
+        return self.engine.update_adapter(config, tensors)
+
     def sleep(self) -> None:
         self.engine.sleep()
 

@@ -51,6 +51,18 @@ class StagedWeights:
     def _apply(self, staged: list[tuple[str, torch.Tensor]]) -> int:
         raise NotImplementedError
 
+    def update_adapter(self, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> int:
+        """Adapter-only sync (`rlhfkit.distributed.adapter_sync`): replace the LoRA adapter slot in one call."""
+        raise NotImplementedError
+
+    def receive_adapter(self, payload: tuple[dict[str, Any], dict[str, torch.Tensor], list[Any]]) -> int:
+        """`update_adapter` on the (config, flat buffers, index) object put into the Ray object store (the tensors
+        packed by `rlhfkit.models.lora_slot.pack`)."""
+        from rlhfkit.models.lora_slot import unpack
+
+        config, flat, index = payload
+        return self.update_adapter(config, unpack(flat, index))
+
     # -- process-group broadcast (the actor's rank 0 is the source) -------------------------------------------
     def init_sync_group(self, master_addr: str, master_port: int, rank: int, world_size: int,
                         backend: str = "gloo") -> None:

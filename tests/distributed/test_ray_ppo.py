@@ -14,12 +14,13 @@ import shlex
 from pathlib import Path
 
 import pytest
+import torch
 
 from rlhfkit.config.base import parse_config
 from rlhfkit.config.rl import PPOConfig
 from rlhfkit.rl.ray_run import run_ppo_ray
 from rlhfkit.rollout.vllm_engine import vllm_available
-from tests.distributed.hf_reference import greedy_gaps, hf_greedy, load_with_state
+from tests.distributed.hf_reference import greedy_gaps, hf_greedy, hf_token_logprobs, load_with_state
 
 REWARD = str(Path(__file__).with_name("reward_exact_match.py"))
 CHECK_NEW = 6
@@ -59,12 +60,20 @@ def greedy_check(model_dir, prompt_ids, tie_tolerance: float = 0.0):
             gaps = [g for p, r in zip(prompt_ids, got) for g in greedy_gaps(reference, p, r)]
             check.max_gap = max([check.max_gap, *gaps])
             assert len(gaps) >= len(prompt_ids) and max(gaps) <= tie_tolerance, (len(check.outputs), gaps)
+        check.logprob_gaps.append(engine_logprob_gap(trainer.source.engine, reference, prompt_ids))
         check.outputs.append(got)
         check.weight_sums.append(float(sum(t.double().abs().sum() for t in state.values())))
         check.sleep_stats.append(trainer.actor.run_on_ranks(sleep_stats))
         check.engines = trainer.source.engine.info()
-    check.outputs, check.sleep_stats, check.weight_sums, check.max_gap = [], [], [], 0.0
+    check.outputs, check.sleep_stats, check.weight_sums, check.max_gap, check.logprob_gaps = [], [], [], 0.0, []
     return check
+
+
+def engine_logprob_gap(engine, reference, prompt_ids) -> float:
+    """Max |engine log-prob - Transformers log-prob with the actor's weights| over tokens sampled at temperature 1."""
+    samples = engine.generate(prompt_ids, max_new_tokens=CHECK_NEW, temperature=1.0, seed=0)
+    return max(float((torch.tensor(s.logprobs, dtype=torch.float64)
+                      - hf_token_logprobs(reference, s.prompt_ids, s.response_ids)).abs().max()) for s in samples)
 
 
 def run(assets, tmp_path, *extra):
@@ -134,10 +143,12 @@ CELLS = {  # the cells the named tests above leave: (estimator, engine, colocate
     ("gae", "transformers", False): ["--critic_pretrain", "MODEL", "--critic_init_head",
                                      "--vllm_num_engines", "0",
                                      "--actor_num_gpus_per_node", "2", "--zero_stage", "3"],
-    ("group_norm", "vllm", False): ["--vllm_num_engines", "1", "--colocate_actor_ref"],
+    # Two cells train a LoRA policy: adapter-only sync (--lora_sync auto) into vLLM's and Transformers' LoRA slot.
+    ("group_norm", "vllm", False): ["--vllm_num_engines", "1", "--colocate_actor_ref", "--lora_rank", "8"],
     ("group_norm", "transformers", True): ["--vllm_num_engines", "0", "--use_kl_loss", "--kl_estimator", "k2"],
-    ("group_norm", "transformers", False): ["--vllm_num_engines", "0"],
+    ("group_norm", "transformers", False): ["--vllm_num_engines", "0", "--lora_rank", "8"],
 }
+LORA_RANK = 8
 
 
 @pytest.mark.limit(300)
@@ -152,6 +163,21 @@ def test_two_steps_in_every_cell(ray_cluster, demo_assets, tmp_path, cell):
     _, steps, check = run(demo_assets, tmp_path, *extra, *(["--colocate_all_models"] if colocate else []))
     assert [e["kind"] for e in check.engines] == [engine]
     assert all(("train/critic/value_loss" in s) == (estimator == "gae") for s in steps)
+    if "--lora_rank" in extra:  # adapter-only sync: the adapter's bytes moved, the engine equals the trainer
+        check_adapter_sync(demo_assets, steps, check)
+
+
+def check_adapter_sync(assets, steps, check) -> None:
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(assets.model_dir))
+    adapter = sum(LORA_RANK * (m.in_features + m.out_features) * 4 for name, m in base.named_modules()
+                  if isinstance(m, torch.nn.Linear) and "lm_head" not in name)  # hand count, fp32
+    model = sum(p.numel() * 4 for p in base.parameters())
+    for s in steps:
+        assert s["train/sync/adapter_bytes"] == adapter
+        assert s["train/sync/bytes"] <= 1.1 * adapter < 0.2 * model, (s["train/sync/bytes"], adapter, model)
+    assert max(check.logprob_gaps) <= 1e-4, check.logprob_gaps
 
 
 # OpenRLHF's "PPO Training (Hybrid Engine)" command (../shared/seeds), verbatim after `-m openrlhf.cli.train_ppo_ray`.
