@@ -89,7 +89,9 @@ class PreferenceTrainer(OfflineTrainer):
         """One optimizer step. The losses are means over samples: a micro-batch's weight in the step is its share of
         the step's samples (x world size, as DeepSpeed averages over ranks), whatever the split."""
         sums: dict[str, list[float]] = {}
-        per_rank = len(global_batch) / self.strategy.world_size
+        # the ranks of a sequence-parallel group share a micro-batch, and its loss's backward sums their
+        # gradients (`sum_over_group`): so the share is by data-parallel rank
+        per_rank = len(global_batch) / self.strategy.dp_world_size
         for (batch, real), indices in zip(self.micro_batches(micro, global_batch), micro):
             self.micro_scale = len(indices) / per_rank
             part = self.micro_step(batch)
