@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
 import torch
 
 PROMPT_AND_RESPONSES = [([5, 6, 7, 8, 9], [10, 11, 12]), ([5, 6, 13], [14, 15, 16, 17, 18, 19]),
@@ -78,7 +77,31 @@ def loss_and_grads(kind: str, packing: bool) -> tuple[torch.Tensor, list[torch.T
     return loss.detach(), [p.grad.clone() for p in model.parameters()]
 
 
+def _check_group(group, size: int, where: str) -> None:
+    """Every case on `group` (`size` ranks) against the one-rank reference computed on this rank."""
+    import torch.distributed as dist
+
+    from rlhfkit.models.sequence_parallel import set_sequence_parallel_group
+
+    for kind in ("sft", "dpo"):
+        for packing in (False, True):
+            set_sequence_parallel_group(None)
+            ref_loss, ref_grads = loss_and_grads(kind, packing)
+            set_sequence_parallel_group(group)
+            loss, grads = loss_and_grads(kind, packing)
+            if kind == "sft":  # each rank holds its tokens' share of the loss
+                dist.all_reduce(loss, group=group)
+            for g in grads:
+                dist.all_reduce(g, group=group)
+                g /= size if kind == "dpo" else 1
+            case = f"{kind} packing={packing} {where}"
+            torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5, msg=case)
+            for g, ref in zip(grads, ref_grads):
+                torch.testing.assert_close(g, ref, rtol=1e-5, atol=1e-5, msg=case)
+
+
 def _rank_main(rank: int, world: int, port: int) -> None:
+    """4 ranks: one group of 4, then two groups of 2 ([0, 1] and [2, 3], each checked on its own)."""
     import torch.distributed as dist
 
     from rlhfkit.models.sequence_parallel import set_sequence_parallel_group
@@ -86,34 +109,21 @@ def _rank_main(rank: int, world: int, port: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        for kind in ("sft", "dpo"):
-            for packing in (False, True):
-                set_sequence_parallel_group(None)
-                ref_loss, ref_grads = loss_and_grads(kind, packing)
-                set_sequence_parallel_group(dist.group.WORLD)
-                loss, grads = loss_and_grads(kind, packing)
-                if kind == "sft":  # each rank holds its tokens' share of the loss
-                    dist.all_reduce(loss)
-                for g in grads:
-                    dist.all_reduce(g)
-                    g /= world if kind == "dpo" else 1
-                where = f"{kind} packing={packing} world={world} rank={rank}"
-                torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5, msg=where)
-                for g, ref in zip(grads, ref_grads):
-                    torch.testing.assert_close(g, ref, rtol=1e-5, atol=1e-5, msg=where)
+        _check_group(dist.group.WORLD, world, f"group of {world}, rank {rank}")
+        pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        _check_group(pairs[rank // 2], 2, f"group of 2, rank {rank}")
     finally:
         set_sequence_parallel_group(None)
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_split_sample_gives_one_rank_loss_and_gradients(world):
+def test_split_sample_gives_one_rank_loss_and_gradients():
     import torch.multiprocessing as mp
 
     from rlhfkit.distributed.launch import free_port
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.start_processes(_rank_main, args=(world, free_port()), nprocs=world, start_method="spawn")
+    mp.start_processes(_rank_main, args=(4, free_port()), nprocs=4, start_method="spawn")
 
 
 def test_block_causal_mask_is_the_packed_mask_as_booleans():
