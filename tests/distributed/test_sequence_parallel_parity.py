@@ -1,6 +1,7 @@
-"""--ring_attn_size 2 at world 2 (torchrun, DeepSpeed) against world 1 (the plain-torch engine, ZeRO-0's
-arithmetic), fp32, 3 optimizer steps of the tiny demo model: the same losses and final weights to 1e-5 (issue 20,
-acceptance 3). SFT packs its samples, DPO pads them: both layouts go through the trainers' sequence-parallel path.
+"""--ring_attn_size 2 at world 2 (torchrun) against world 1 (the plain-torch engine, ZeRO-0's arithmetic), fp32, 3
+optimizer steps of the tiny demo model: the same losses and final weights (issue 20, acceptance 3). SFT packs its
+samples and runs on DeepSpeed, DPO pads them and runs on FSDP2: both layouts and both backends go through the
+trainers' sequence-parallel path.
 
 World 2 with a ring of 2 is one data-parallel rank: both ranks run every micro-batch of the step, each on half of
 every sample's tokens; the gradient arithmetic is docs/distributed.md's (Long context). The function-level parity
@@ -33,14 +34,14 @@ def test_sft_packed_split_over_two_ranks_matches_one_rank(demo_assets, tmp_path,
     assert_same_weights(one, two)
 
 
-def test_dpo_padded_split_over_two_ranks_matches_one_rank(demo_assets, tmp_path, world_of_one):
+def test_dpo_padded_split_over_two_fsdp2_ranks_matches_one_rank(demo_assets, tmp_path, world_of_one):
     from rlhfkit.config.base import parse_config
     from rlhfkit.config.preference import DPOConfig
     from rlhfkit.trainers.dpo import run_dpo
 
     one, two = tmp_path / "one", tmp_path / "two"
     run_dpo(parse_config(DPOConfig, dpo_flags(demo_assets, one, *STEPS, "--zero_stage", "0"), "test"))
-    torchrun("rlhfkit.cli.train_dpo", dpo_flags(demo_assets, two, *STEPS, "--zero_stage", "0",
+    torchrun("rlhfkit.cli.train_dpo", dpo_flags(demo_assets, two, *STEPS, "--backend", "fsdp2",
                                                 "--ds.ring_attn_size", "2"))
     reference = losses(one)
     assert len(reference) == 3

@@ -64,10 +64,13 @@ def dpo_loss_value(model, batch) -> torch.Tensor:
     return dpo_loss(logps[:2], logps[2:], reference[:2], reference[2:], beta=0.1)[0]
 
 
-def loss_and_grads(kind: str, packing: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def loss_and_grads(kind: str, packing: bool, checkpointing: bool = False
+                   ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     from rlhfkit.data.collate import collate_samples
 
     model = tiny_llama()
+    if checkpointing:  # the backward recomputes each layer, all-to-alls included
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     batch = collate_samples(samples(kind == "dpo"), pad_id=0, packing=packing)
     if kind == "sft":
         loss = sft_loss_value(model, batch, int(batch["loss_mask"][:, 1:].sum()))
@@ -83,21 +86,21 @@ def _check_group(group, size: int, where: str) -> None:
 
     from rlhfkit.models.sequence_parallel import set_sequence_parallel_group
 
-    for kind in ("sft", "dpo"):
-        for packing in (False, True):
-            set_sequence_parallel_group(None)
-            ref_loss, ref_grads = loss_and_grads(kind, packing)
-            set_sequence_parallel_group(group)
-            loss, grads = loss_and_grads(kind, packing)
-            if kind == "sft":  # each rank holds its tokens' share of the loss
-                dist.all_reduce(loss, group=group)
-            for g in grads:
-                dist.all_reduce(g, group=group)
-                g /= size if kind == "dpo" else 1
-            case = f"{kind} packing={packing} {where}"
-            torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5, msg=case)
-            for g, ref in zip(grads, ref_grads):
-                torch.testing.assert_close(g, ref, rtol=1e-5, atol=1e-5, msg=case)
+    cases = [(kind, packing, False) for kind in ("sft", "dpo") for packing in (False, True)]
+    for kind, packing, checkpointing in [*cases, ("sft", True, True)]:
+        set_sequence_parallel_group(None)
+        ref_loss, ref_grads = loss_and_grads(kind, packing)
+        set_sequence_parallel_group(group)
+        loss, grads = loss_and_grads(kind, packing, checkpointing)
+        if kind == "sft":  # each rank holds its tokens' share of the loss
+            dist.all_reduce(loss, group=group)
+        for g in grads:
+            dist.all_reduce(g, group=group)
+            g /= size if kind == "dpo" else 1
+        case = f"{kind} packing={packing} checkpointing={checkpointing} {where}"
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5, msg=case)
+        for g, ref in zip(grads, ref_grads):
+            torch.testing.assert_close(g, ref, rtol=1e-5, atol=1e-5, msg=case)
 
 
 def _rank_main(rank: int, world: int, port: int) -> None:
