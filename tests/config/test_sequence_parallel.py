@@ -57,3 +57,17 @@ def test_strategy_stops_before_any_process_group_when_the_ring_does_not_divide_t
     args = parse_config(SFTConfig, ["--ring_attn_size", "2", "--train_batch_size", "8",
                                     "--micro_train_batch_size", "1"], "t").strategy
     assert DeepSpeedStrategy(args).accumulation_steps == 4
+
+
+def test_cli_stops_with_one_line_and_exit_2_when_the_ring_does_not_divide_the_world(monkeypatch, tmp_path, capsys):
+    """The launcher's world size is known before any data or model loads: `make_strategy` stops the run."""
+    from rlhfkit.cli.common import run_cli
+    from rlhfkit.cli.train_sft import main as sft_main
+    from tests.helpers import error_lines
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.chdir(tmp_path)
+    code = run_cli(sft_main, ["--pretrain", "m", "--dataset", "d.jsonl", "--ring_attn_size", "3",
+                              "--train_batch_size", "4", "--micro_train_batch_size", "1"], prog="p")
+    err = error_lines(capsys.readouterr().err)
+    assert code == 2 and len(err) == 1 and "--ring_attn_size 3 does not divide the world size 4" in err[0], err
