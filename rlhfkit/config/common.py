@@ -131,8 +131,8 @@ class StrategyArgs:
                                  "each holding a contiguous slice of its tokens; attention exchanges heads with one "
                                  "all-to-all per layer (DeepSpeed-Ulysses, exact; gloo or NCCL). The data-parallel "
                                  "world is world size / this; it must divide the world size and the model's "
-                                 "attention heads. train_sft and train_dpo (padded and packed samples), DeepSpeed or "
-                                 "--backend fsdp2.")
+                                 "attention heads. train_sft, train_rm and train_dpo (padded and packed samples), "
+                                 "DeepSpeed or --backend fsdp2.")
     ring_head_stride: int = arg(1, "OpenRLHF's ring-flash-attn head stride; rlhfkit's sequence parallelism is "
                                    "Ulysses (no ring), so only 1 is accepted.")
 

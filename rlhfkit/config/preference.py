@@ -186,7 +186,7 @@ class RMConfig:
         if self.model.use_liger_kernel:
             raise UserError("--use_liger_kernel patches the trained causal LM (train_sft, train_dpo, train_kto and "
                             "the RL actor); train_rm trains a value model: drop it")
-        refuse_ring_attn(self.strategy, "train_rm")
+        check_ring_combinations(self.strategy, 0.0)
 
     def check_inputs(self) -> None:
         """What the run needs besides valid flags (the trainer calls it before reading anything)."""

@@ -13,7 +13,7 @@ from typing import Any
 from rlhfkit.errors import UserError
 
 #: The trainers whose forward passes split a sample over the sequence-parallel group.
-SP_TRAINERS = ("train_sft", "train_dpo")
+SP_TRAINERS = ("train_sft", "train_rm", "train_dpo")
 
 
 def check_ring_flags(size: int, head_stride: int) -> None:
@@ -47,7 +47,7 @@ def refuse_ring_attn(strategy: Any, command: str) -> None:
     """A trainer whose forward passes do not split samples yet stops on --ring_attn_size > 1."""
     if getattr(strategy, "ring_attn_size", 1) > 1:
         raise UserError(f"--ring_attn_size is not supported by {command} yet (sequence parallelism covers "
-                        f"{' and '.join(SP_TRAINERS)}); drop it")
+                        f"{', '.join(SP_TRAINERS)}); drop it")
 
 
 def check_ring_combinations(strategy: Any, aux_loss_coef: float) -> None:

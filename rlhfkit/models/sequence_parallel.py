@@ -188,6 +188,7 @@ def _full_layout(batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor
     whole sample, keeps a target whose label sits on the next rank's slice."""
     ids = batch["input_ids"]
     rows, width = ids.shape
+    batch = {"loss_mask": torch.zeros_like(ids), **batch}  # a reward model's batch needs no targets
     if "sample_ids" in batch:  # packed (docs/CONVENTIONS.md): positions restart per sample
         sample_ids, positions = batch["sample_ids"], batch["position_ids"]
         targets = shifted_target_mask(batch["loss_mask"], sample_ids)
@@ -224,23 +225,45 @@ def block_causal_mask(sample_ids: torch.Tensor) -> torch.Tensor:
     return (causal & (sample_ids[:, :, None] == sample_ids[:, None, :]))[:, None]
 
 
-def sequence_parallel_logprobs(model: nn.Module, batch: dict[str, torch.Tensor], fp32: bool = False
-                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """This rank's slice of a padded or packed batch through `model`, all ranks of the group together:
-    (log p(label) [R, T/P] (0 off target), targets bool [R, T/P], owner sample [R, T/P], number of samples).
-    The slices of the group's ranks, in rank order, are the whole batch (padded to a multiple of P columns)."""
+def split_for_rank(batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor, int, int]:
+    """This rank's slice of a padded or packed batch: (its columns of `_full_layout`, the whole batch's boolean
+    mask [R, 1, T, T], its first column, the number of samples). The slices of the group's ranks, in rank order,
+    are the whole batch padded to a multiple of P columns."""
     p, rank = sequence_parallel_size(), sequence_parallel_rank()
     layout, num_samples = _full_layout(batch)
     layout = _padded_to(layout, p)
     n = layout["input_ids"].shape[1] // p
     mine = {k: v[:, rank * n:(rank + 1) * n] for k, v in layout.items()}
+    return mine, block_causal_mask(layout["sample_ids"]), rank * n, num_samples
+
+
+def sequence_parallel_logprobs(model: nn.Module, batch: dict[str, torch.Tensor], fp32: bool = False
+                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """This rank's slice of a padded or packed batch through `model`, all ranks of the group together:
+    (log p(label) [R, T/P] (0 off target), targets bool [R, T/P], owner sample [R, T/P], number of samples)."""
+    mine, mask, _, num_samples = split_for_rank(batch)
     use_ulysses_attention(model)
-    logits = model(input_ids=mine["input_ids"], position_ids=mine["position_ids"],
-                   attention_mask=block_causal_mask(layout["sample_ids"]), use_cache=False).logits
+    logits = model(input_ids=mine["input_ids"], position_ids=mine["position_ids"], attention_mask=mask,
+                   use_cache=False).logits
     if fp32:
         logits = logits.float()
     labels = mine["labels"].masked_fill(~mine["targets"], -100)  # token_logprobs: 0 and no gradient off target
     return token_logprobs(logits, labels), mine["targets"], mine["owner"], num_samples
+
+
+def sequence_parallel_token_values(backbone: nn.Module, head: nn.Module, batch: dict[str, torch.Tensor]
+                                   ) -> torch.Tensor:
+    """A value head over the whole batch, [R, T] on every rank of the group (differentiable): each rank runs the
+    backbone and head on its slice, and a sum over the group of the slices, zero-padded to T, assembles the rows.
+    A reward model reads it at each sample's last token, wherever that token's rank is."""
+    mine, mask, first, _ = split_for_rank(batch)
+    use_ulysses_attention(backbone)
+    hidden = backbone(input_ids=mine["input_ids"], position_ids=mine["position_ids"], attention_mask=mask,
+                      use_cache=False).last_hidden_state
+    local = head(hidden).squeeze(-1).float()
+    padded_width = local.shape[1] * sequence_parallel_size()
+    whole = F.pad(local, (first, padded_width - first - local.shape[1]))
+    return sum_over_group(whole)[:, :batch["input_ids"].shape[1]]
 
 
 def sequence_parallel_sample_logps(model: nn.Module, batch: dict[str, torch.Tensor], fp32: bool = False

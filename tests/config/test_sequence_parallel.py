@@ -15,6 +15,7 @@ from rlhfkit.errors import UserError
 
 def test_openrlhf_spellings_set_the_ring_size():
     assert parse_config(SFTConfig, ["--ring_attn_size", "2"], "t").strategy.ring_attn_size == 2
+    assert parse_config(RMConfig, ["--ring_attn_size", "2"], "t").strategy.ring_attn_size == 2
     dpo = parse_config(DPOConfig, ["--ds.ring_attn_size", "4", "--ds.ring_attn_head_stride", "1"], "t")
     assert (dpo.strategy.ring_attn_size, dpo.strategy.ring_head_stride) == (4, 1)
 
@@ -26,7 +27,8 @@ def test_openrlhf_spellings_set_the_ring_size():
     (SFTConfig, ["--ring_attn_size", "2", "--aux_loss_coef", "0.01"], "--aux_loss_coef with --ring_attn_size"),
     (DPOConfig, ["--ring_attn_size", "2", "--use_dynamic_batch", "--max_tokens_per_gpu", "4096"],
      "--use_dynamic_batch with --ring_attn_size"),
-    (RMConfig, ["--ring_attn_size", "2"], "--ring_attn_size is not supported by train_rm yet"),
+    (RMConfig, ["--ring_attn_size", "2", "--use_dynamic_batch", "--max_tokens_per_gpu", "4096"],
+     "--use_dynamic_batch with --ring_attn_size"),
     (KTOConfig, ["--ring_attn_size", "2"], "--ring_attn_size is not supported by train_kto yet"),
     (PPOConfig, ["--ring_attn_size", "2"], "--ring_attn_size is not supported by train_ppo_ray yet"),
 ])

@@ -1,14 +1,17 @@
 """Sequence parallelism (Ulysses, `rlhfkit.models.sequence_parallel`): one batch split over 2 and 4 gloo ranks gives
-the one-rank SFT and DPO losses and gradients to 1e-5 in fp32, padded and packed (issue 20, acceptance 3).
+the one-rank SFT, DPO and reward-model losses and gradients to 1e-5 in fp32, padded and packed (issue 20,
+acceptance 3).
 
 Each spawned rank builds the same seeded tiny Llama (4 query heads, 2 key/value heads: at 4 ranks the key/value
 heads are repeated before the all-to-all), computes the one-rank reference with the group unset (the trainers'
-own forward: `forward_logits` + `sft_loss`, `sequence_logps` + `dpo_loss`), then the sequence-parallel loss, and
+own forward: `forward_logits` + `sft_loss`, `sequence_logps` + `dpo_loss`, `sequence_rewards` +
+`pairwise_rm_loss`), then the sequence-parallel loss, and
 compares. The gradient rules checked are the ones the trainers rely on (docs/distributed.md, Long context):
 - SFT: each rank's loss is its own tokens' NLL over the step's target count; the ranks' gradients sum to the
   one-rank gradient.
-- DPO: every rank computes the same loss from group-summed sequence log-probs; the ranks' gradients sum to
-  P x the one-rank gradient (the trainers divide P out through the data-parallel world).
+- DPO and RM: every rank computes the same loss from group-summed sequence log-probs (DPO) or token values (RM);
+  the ranks' gradients sum to P x the one-rank gradient (the trainers divide P out through the data-parallel
+  world).
 """
 
 from __future__ import annotations
@@ -21,14 +24,15 @@ PROMPT_AND_RESPONSES = [([5, 6, 7, 8, 9], [10, 11, 12]), ([5, 6, 13], [14, 15, 1
                         ([20, 21, 22, 23], [24]), ([25, 26], [27, 28, 29, 30, 31, 32, 33])]
 
 
-def tiny_llama() -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
+def tiny_llama(reward_model: bool = False) -> torch.nn.Module:
+    """A causal LM, or a reward model (backbone + scalar `score` head, as `load_value_model` builds it)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         attn_implementation="sdpa")
-    return LlamaForCausalLM(config).float()
+                         attn_implementation="sdpa", num_labels=1, pad_token_id=0)
+    return (LlamaForSequenceClassification if reward_model else LlamaForCausalLM)(config).float()
 
 
 def samples(pairs: bool) -> list[dict]:
@@ -64,16 +68,26 @@ def dpo_loss_value(model, batch) -> torch.Tensor:
     return dpo_loss(logps[:2], logps[2:], reference[:2], reference[2:], beta=0.1)[0]
 
 
+def rm_loss_value(model, batch) -> torch.Tensor:
+    from rlhfkit.algorithms.preference_losses import pairwise_rm_loss
+    from rlhfkit.models.value_model import sequence_rewards
+
+    rewards = sequence_rewards(model, batch)
+    return pairwise_rm_loss(rewards[:2], rewards[2:], None)
+
+
 def loss_and_grads(kind: str, packing: bool, checkpointing: bool = False
                    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     from rlhfkit.data.collate import collate_samples
 
-    model = tiny_llama()
+    model = tiny_llama(reward_model=kind == "rm")
     if checkpointing:  # the backward recomputes each layer, all-to-alls included
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    batch = collate_samples(samples(kind == "dpo"), pad_id=0, packing=packing)
+    batch = collate_samples(samples(kind != "sft"), pad_id=0, packing=packing)
     if kind == "sft":
         loss = sft_loss_value(model, batch, int(batch["loss_mask"][:, 1:].sum()))
+    elif kind == "rm":
+        loss = rm_loss_value(model, batch)
     else:
         loss = dpo_loss_value(model, batch)
     loss.backward()
@@ -86,7 +100,7 @@ def _check_group(group, size: int, where: str) -> None:
 
     from rlhfkit.models.sequence_parallel import set_sequence_parallel_group
 
-    cases = [(kind, packing, False) for kind in ("sft", "dpo") for packing in (False, True)]
+    cases = [(kind, packing, False) for kind in ("sft", "dpo", "rm") for packing in (False, True)]
     for kind, packing, checkpointing in [*cases, ("sft", True, True)]:
         set_sequence_parallel_group(None)
         ref_loss, ref_grads = loss_and_grads(kind, packing)
@@ -96,7 +110,7 @@ def _check_group(group, size: int, where: str) -> None:
             dist.all_reduce(loss, group=group)
         for g in grads:
             dist.all_reduce(g, group=group)
-            g /= size if kind == "dpo" else 1
+            g /= 1 if kind == "sft" else size
         case = f"{kind} packing={packing} checkpointing={checkpointing} {where}"
         torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5, msg=case)
         for g, ref in zip(grads, ref_grads):
