@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from rlhfkit.config.base import arg
 from rlhfkit.config.devices import ATTN_CHOICES, ATTN_HELP, AUTO, BF16_HELP, check_gpu_only
+from rlhfkit.config.sequence_parallel import check_ring_flags
 from rlhfkit.errors import UserError
 
 OPTIMIZERS = ("adam", "muon")
@@ -126,6 +127,14 @@ class StrategyArgs:
     max_nonfinite_steps: int = arg(10, "Stop the run (exit 2) after this many optimizer steps in a row whose loss "
                                        "or gradient was NaN/inf; each such update is skipped on every rank (weights "
                                        "unchanged) and counted in the metrics as nonfinite_skipped.")
+    ring_attn_size: int = arg(1, "Sequence parallelism (OpenRLHF's flag name): this many ranks share each sample, "
+                                 "each holding a contiguous slice of its tokens; attention exchanges heads with one "
+                                 "all-to-all per layer (DeepSpeed-Ulysses, exact; gloo or NCCL). The data-parallel "
+                                 "world is world size / this; it must divide the world size and the model's "
+                                 "attention heads. train_sft, train_rm and train_dpo (padded and packed samples), "
+                                 "DeepSpeed or --backend fsdp2.")
+    ring_head_stride: int = arg(1, "OpenRLHF's ring-flash-attn head stride; rlhfkit's sequence parallelism is "
+                                   "Ulysses (no ring), so only 1 is accepted.")
 
     def validate(self) -> None:
         """Out-of-range numbers fail at parse time, before any model loads (NaN fails every `ok` test)."""
@@ -145,6 +154,7 @@ class StrategyArgs:
         if self.use_dynamic_batch and self.max_tokens_per_gpu is None:
             raise UserError("--use_dynamic_batch needs --max_tokens_per_gpu N: the tokens of one micro-batch per "
                             "device")
+        check_ring_flags(self.ring_attn_size, self.ring_head_stride)
         if self.max_tokens_per_gpu is not None:
             _need(self.max_tokens_per_gpu >= 1, "max_tokens_per_gpu", self.max_tokens_per_gpu, "at least 1 token")
 

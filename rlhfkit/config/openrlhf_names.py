@@ -78,6 +78,8 @@ ALIASES: dict[str, str | tuple[str, ...]] = {
     "ds.grad_accum_dtype": "grad_accum_dtype",
     "ds.enable_sleep": "deepspeed_enable_sleep",
     "ds.packing_samples": "packing_samples",
+    "ds.ring_attn_size": "ring_attn_size",
+    "ds.ring_attn_head_stride": "ring_head_stride",
     "ds.use_universal_ckpt": "use_ds_universal_ckpt",
     "train.batch_size": "train_batch_size",
     "train.micro_batch_size": "micro_train_batch_size",
@@ -306,22 +308,17 @@ ADAPTED: tuple[Adapted, ...] = (
 # -- no equivalent yet --------------------------------------------------------------------------------------
 _ROLLOUT_BUDGET = ("rlhfkit has one token budget for training and scoring forwards: --max_tokens_per_gpu "
                    "(--train.max_tokens_per_gpu)")
-_RING = "ring attention / sequence parallelism is not implemented"
 _TP = "DeepSpeed tensor parallelism is not implemented; use ZeRO (--zero_stage 3)"
 _VLM = "vision-language models are not supported"
 
 NOT_SUPPORTED: dict[str, str] = {
     # flat (OpenRLHF 0.8/0.9) flags
     "rollout_max_tokens_per_gpu": _ROLLOUT_BUDGET,
-    "ring_attn_size": _RING,
-    "ring_head_stride": _RING,
     "ds_tensor_parallel_size": _TP,
     "disable_ds_ckpt": "checkpoints always hold the DeepSpeed states needed to resume",
     "use_ms": "ModelScope downloads are not supported; pass a local model directory",
     # dotted (OpenRLHF 0.10.2+) flags
     "rollout.max_tokens_per_gpu": _ROLLOUT_BUDGET,
-    "ds.ring_attn_size": _RING,
-    "ds.ring_attn_head_stride": _RING,
     "ds.tensor_parallel_size": _TP,
     "ds.experts_implementation": "MoE expert kernels are chosen by Transformers",
     "vllm.sync_with_ray": "weights reach the engines over --vllm_sync_backend or the Ray object store as chosen "

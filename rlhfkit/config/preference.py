@@ -26,6 +26,7 @@ from rlhfkit.config.common import (
 from rlhfkit.config.devices import ATTN_CHOICES, ATTN_HELP, AUTO
 from rlhfkit.config.names import DPO_LOSS_TYPES, REFERENCE_FREE_DPO_LOSSES, RM_LOSS_KINDS
 from rlhfkit.config.paths import check_output_paths
+from rlhfkit.config.sequence_parallel import check_ring_combinations, refuse_ring_attn
 from rlhfkit.errors import UserError
 
 #: serve_rm's bearer token when --api_key is not given (the HTTP reward client reads it too).
@@ -185,6 +186,7 @@ class RMConfig:
         if self.model.use_liger_kernel:
             raise UserError("--use_liger_kernel patches the trained causal LM (train_sft, train_dpo, train_kto and "
                             "the RL actor); train_rm trains a value model: drop it")
+        check_ring_combinations(self.strategy, 0.0)
 
     def check_inputs(self) -> None:
         """What the run needs besides valid flags (the trainer calls it before reading anything)."""
@@ -209,6 +211,7 @@ class DPOConfig:
         validate_sections(self)
         check_token_budget(self.strategy, 2 * self.data.max_len, "2 x --max_len: a chosen and a rejected row")
         check_aux_loss_flags(self.train.aux_loss_coef, self.data.packing_samples)
+        check_ring_combinations(self.strategy, self.train.aux_loss_coef)
         if self.pairs.margin_key:
             raise UserError("--margin_key applies to train_rm only; DPO has no reward margin")
         if self.train.loss_type in REFERENCE_FREE_DPO_LOSSES and (self.reference.ref_pretrain or
@@ -244,6 +247,7 @@ class KTOConfig:
         if self.strategy.micro_train_batch_size < 2:
             raise UserError("KTO needs --micro_train_batch_size >= 2: its KL reference point pairs each prompt with "
                             "another sample's completion from the same micro batch")
+        refuse_ring_attn(self.strategy, "train_kto")
         check_aux_loss_flags(self.train.aux_loss_coef, self.data.packing_samples)
 
     def check_inputs(self) -> None:

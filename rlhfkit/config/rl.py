@@ -54,6 +54,7 @@ from rlhfkit.config.rl_sections import (
     RolloutArgs,
     UserCodeArgs,
 )
+from rlhfkit.config.sequence_parallel import refuse_ring_attn
 from rlhfkit.config.specs import CRITIC_HEAD_HINT as CRITIC_HEAD_HINT
 from rlhfkit.errors import UserError
 
@@ -83,6 +84,7 @@ class PPOConfig:
         """Every flag rule (UserError, one line): the sections' own, then the ones that join sections."""
         validate_sections(self)
         refuse_fsdp2_for_rl(self.strategy)
+        refuse_ring_attn(self.strategy, "train_ppo_ray")
         _validate_reward_flags(self)
         validate_resources(self)  # before the batch arithmetic, which divides by the actor's device count
         _validate_batches(self)

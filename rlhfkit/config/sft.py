@@ -17,6 +17,7 @@ from rlhfkit.config.common import (
     check_token_budget,
 )
 from rlhfkit.config.paths import check_output_paths
+from rlhfkit.config.sequence_parallel import check_ring_combinations
 from rlhfkit.errors import UserError
 
 
@@ -53,6 +54,7 @@ class SFTConfig:
         validate_sections(self)
         check_token_budget(self.strategy, self.data.max_len, "--max_len")
         check_aux_loss_flags(self.train.aux_loss_coef, self.data.packing_samples)
+        check_ring_combinations(self.strategy, self.train.aux_loss_coef)
 
     def check_inputs(self) -> None:
         """What the run needs besides valid flags (the trainer calls it before reading anything)."""

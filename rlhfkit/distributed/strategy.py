@@ -22,10 +22,12 @@ import torch.distributed as dist
 from torch import nn
 
 from rlhfkit.config.common import StrategyArgs, check_batch_split
+from rlhfkit.config.sequence_parallel import check_ring_world
 from rlhfkit.distributed import optimizers
 from rlhfkit.distributed.determinism import enable_full_determinism, flag_from_env, note_gpu_limits
 from rlhfkit.distributed.launch import default_ds_accelerator, init_distributed, world_size_from_env
 from rlhfkit.distributed.plain_torch_engine import PlainTorchEngine
+from rlhfkit.models.sequence_parallel import check_heads, set_sequence_parallel_group
 
 default_ds_accelerator()
 
@@ -63,8 +65,11 @@ class DeepSpeedStrategy:
         self.bf16 = bf16
         self.gradient_checkpointing = gradient_checkpointing
         self.gradient_checkpointing_use_reentrant = gradient_checkpointing_use_reentrant
-        self.accumulation_steps = check_batch_split(args.train_batch_size, args.micro_train_batch_size,
-                                                    world_size_from_env())
+        # --ring_attn_size ranks share each sample (sequence parallelism): the batch splits over world / that
+        sp = args.ring_attn_size
+        self.accumulation_steps = check_batch_split(
+            args.train_batch_size, args.micro_train_batch_size, check_ring_world(sp, world_size_from_env()),
+            "world size" if sp == 1 else f"data-parallel world size (world / --ring_attn_size {sp})")
 
     # -- process group -------------------------------------------------------------------------------------
     def setup_distributed(self) -> None:
@@ -76,6 +81,17 @@ class DeepSpeedStrategy:
             if not in_ray_worker:
                 note_gpu_limits(self.print)
         set_seed(self.args.seed)
+        self._join_sequence_parallel_group()
+
+    def _join_sequence_parallel_group(self) -> None:
+        """Ranks [k x size, (k + 1) x size) form sequence-parallel group k (`rlhfkit.models.sequence_parallel`);
+        every rank creates every group, as torch.distributed.new_group is collective."""
+        size = self.args.ring_attn_size
+        if size == 1:
+            set_sequence_parallel_group(None)
+            return
+        groups = [dist.new_group(list(range(first, first + size))) for first in range(0, self.world_size, size)]
+        set_sequence_parallel_group(groups[self.rank // size])
 
     @property
     def rank(self) -> int:
@@ -84,6 +100,16 @@ class DeepSpeedStrategy:
     @property
     def world_size(self) -> int:
         return dist.get_world_size() if dist.is_initialized() else 1
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's data-parallel index: the ranks of a sequence-parallel group share it (and their samples)."""
+        return self.rank // self.args.ring_attn_size
+
+    @property
+    def dp_world_size(self) -> int:
+        """Data-parallel ranks: world size / --ring_attn_size."""
+        return self.world_size // self.args.ring_attn_size
 
     @property
     def is_rank0(self) -> bool:
@@ -136,7 +162,9 @@ class DeepSpeedStrategy:
         if train and a.adam_offload:
             zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
         config: dict[str, Any] = {
-            "train_batch_size": a.train_batch_size,
+            # DeepSpeed checks train = micro x accumulation x world, counting every rank as data-parallel; the
+            # --ring_attn_size ranks of a sequence-parallel group share their samples
+            "train_batch_size": a.train_batch_size * a.ring_attn_size,
             "train_micro_batch_size_per_gpu": a.micro_train_batch_size,
             "gradient_accumulation_steps": self.accumulation_steps,
             "gradient_clipping": a.max_norm,
@@ -177,6 +205,8 @@ class DeepSpeedStrategy:
         if self.gradient_checkpointing and enable_checkpointing is not None:
             enable_checkpointing(
                 gradient_checkpointing_kwargs={"use_reentrant": self.gradient_checkpointing_use_reentrant})
+        if self.args.ring_attn_size > 1:
+            check_heads(model, self.args.ring_attn_size)
         if self.args.backend == "fsdp2":
             from rlhfkit.distributed.fsdp2_engine import prepare_fsdp2
 

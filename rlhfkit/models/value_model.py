@@ -18,6 +18,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrai
 from rlhfkit.errors import UserError
 from rlhfkit.models.loading import _from_pretrained
 from rlhfkit.models.policy import attn_implementation_of, model_dtype, model_inputs
+from rlhfkit.models.sequence_parallel import sequence_parallel_size, sequence_parallel_token_values
 
 
 def load_value_model(path: str, *, value_head_prefix: str = "score", attn_implementation: str = "sdpa",
@@ -98,6 +99,8 @@ def token_values(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tens
     prefix = getattr(inner.config, "value_head_prefix", "score")
     backbone = getattr(inner, inner.base_model_prefix)
     head = getattr(inner, prefix)
+    if sequence_parallel_size() > 1:  # each rank runs its slice of the tokens; the rows come back whole
+        return sequence_parallel_token_values(backbone, head, batch)
     inputs = model_inputs(batch, attn_implementation_of(inner), model_dtype(inner))
     hidden = backbone(**inputs, use_cache=False).last_hidden_state
     return head(hidden).squeeze(-1).float()

@@ -123,7 +123,7 @@ class OfflineTrainer(Trainer):
 
     def step_micro_batches(self, global_batch: Sequence[int]) -> list[list[int]]:
         """This rank's micro-batches (sample indices) of one optimizer step; [] is a zero-weight filler."""
-        rank, world = self.strategy.rank, self.strategy.world_size
+        rank, world = self.strategy.dp_rank, self.strategy.dp_world_size  # a sequence-parallel group shares samples
         if not self.args.use_dynamic_batch:
             return micro_batches_for_rank(list(global_batch), self.args.micro_train_batch_size, rank, world)
         lengths, widths = zip(*(self.sample_size(self.train_samples[i]) for i in global_batch))
@@ -146,7 +146,8 @@ class OfflineTrainer(Trainer):
         collective: a rank whose shard runs out (an eval set whose size is not a multiple of world size x micro
         batch) pads with sample 0, marked is_real False, and the caller leaves that batch out of its metrics."""
         n = len(samples) if limit is None or limit < 0 else min(limit, len(samples))
-        rank, world, m = self.strategy.rank, self.strategy.world_size, self.args.micro_train_batch_size
+        # by data-parallel rank: the ranks of a sequence-parallel group run the same batches together
+        rank, world, m = self.strategy.dp_rank, self.strategy.dp_world_size, self.args.micro_train_batch_size
         mine = list(range(rank, n, world))
         num_batches = math.ceil(math.ceil(n / world) / m)
         for b in range(num_batches):

@@ -31,6 +31,7 @@ from rlhfkit.models.policy import (
     model_dtype,
     model_inputs,
 )
+from rlhfkit.models.sequence_parallel import sequence_parallel_sample_logps, sequence_parallel_size
 from rlhfkit.models.shared_prefix import after_prefix, share_prefixes, shared_prefix_logits
 from rlhfkit.run.setup import OfflineRun
 from rlhfkit.trainers.offline import OfflineTrainer
@@ -88,7 +89,9 @@ class PreferenceTrainer(OfflineTrainer):
         """One optimizer step. The losses are means over samples: a micro-batch's weight in the step is its share of
         the step's samples (x world size, as DeepSpeed averages over ranks), whatever the split."""
         sums: dict[str, list[float]] = {}
-        per_rank = len(global_batch) / self.strategy.world_size
+        # the ranks of a sequence-parallel group share a micro-batch, and its loss's backward sums their
+        # gradients (`sum_over_group`): so the share is by data-parallel rank
+        per_rank = len(global_batch) / self.strategy.dp_world_size
         for (batch, real), indices in zip(self.micro_batches(micro, global_batch), micro):
             self.micro_scale = len(indices) / per_rank
             part = self.micro_step(batch)
@@ -152,6 +155,8 @@ def sequence_logps(model: nn.Module, batch: dict[str, torch.Tensor], fp32: bool 
     a padded or packed batch, from one forward pass. Log-probs are float32 (`token_logprobs`); `fp32` also runs
     the logits in float32 first. A padded batch runs as fewer, fuller rows where it can (`dense_rows`), and the LM
     head and the last decoder layer skip the prompt columns that no row predicts from (`forward_logits`)."""
+    if sequence_parallel_size() > 1:  # this rank's slice of every sample; sums over the group (no MoE aux loss)
+        return (*sequence_parallel_sample_logps(model, batch, fp32), None)
     inner = getattr(model, "module", model)
     shared = _shared_prompt_logps(model, batch, fp32) if "sample_ids" not in batch else None
     if shared is not None:

@@ -21,6 +21,7 @@ from rlhfkit.config.sft import SFTConfig
 from rlhfkit.data.tokens import as_long
 from rlhfkit.models.moe import router_aux_loss
 from rlhfkit.models.policy import dense_rows, first_target_position, forward_logits, from_position
+from rlhfkit.models.sequence_parallel import sequence_parallel_logprobs, sequence_parallel_size
 from rlhfkit.trainers.offline import Collate, OfflineTrainer, to_device
 
 
@@ -46,6 +47,10 @@ class SFTTrainer(OfflineTrainer):
         load-balancing loss (`rlhfkit.models.moe`) counts with aux_loss_coef x the micro-batch's share of those
         tokens, so micro-batches of any size add up to the step's loss."""
         targets = int(batch["loss_mask"][:, 1:].sum())
+        if sequence_parallel_size() > 1:  # this rank's slice of the tokens: the group's parts sum to the loss
+            logps, _, _, _ = sequence_parallel_logprobs(self.engine, batch)
+            ce = -logps.sum() / (step_tokens or max(targets, 1))
+            return ce, ce, None
         # The same loss, cheaper: fewer, fuller rows where the padding allows, and no LM head on prompt columns
         batch = dense_rows(self.engine, batch)
         start = first_target_position(batch)
@@ -94,6 +99,7 @@ class SFTTrainer(OfflineTrainer):
         self.micro_scale = 1.0
         elapsed = max(time.perf_counter() - started, 1e-9)
         totals = self.strategy.all_reduce(torch.tensor([tokens, loss_tokens], dtype=torch.float64), "sum")
+        totals /= self.args.ring_attn_size  # the ranks of a sequence-parallel group counted the same tokens
         metrics = {
             # Each rank's parts sum to its tokens' NLL / per_rank, so the step's token mean is their sum / world.
             "loss": self.strategy.all_reduce(loss_sum.item(), "sum") / self.strategy.world_size,

@@ -44,6 +44,9 @@ ALLOWED_UNREAD = {
     # The deepspeed launcher appends --local_rank=N to every rank's command line, so the flag must parse; the rank
     # itself is taken from the LOCAL_RANK environment variable that every launcher (deepspeed, torchrun) sets.
     "local_rank": "set by the deepspeed launcher; the rank comes from $LOCAL_RANK",
+    # OpenRLHF's ring-flash-attn knob: parsed so its commands run, and checked (only 1) by the config layer, since
+    # rlhfkit's sequence parallelism (Ulysses all-to-all) has no ring to stride
+    "ring_head_stride": "only its default is accepted (rlhfkit.config.sequence_parallel.check_ring_flags)",
 }
 
 

@@ -96,7 +96,7 @@ def test_boolean_aliases_are_booleans():
 
 
 @pytest.mark.parametrize("main, flags, needle", [
-    (ppo_ray_main, ["--ds.ring_attn_size", "2"], "--ds.ring_attn_size is not supported yet by rlhfkit (ring"),
+    (ppo_ray_main, ["--ds.ring_attn_size", "2"], "--ring_attn_size is not supported by train_ppo_ray yet"),
     (ppo_ray_main, ["--rollout.max_tokens_per_gpu", "64"], "--rollout.max_tokens_per_gpu is not supported yet"),
     (ppo_ray_main, ["--ds.param_dtype", "fp16"], "--ds.param_dtype fp16 is not supported yet"),
     (ppo_ray_main, ["--ds.use_liger_kernel"], "--use_liger_kernel needs a CUDA GPU"),
@@ -139,8 +139,8 @@ def test_config_file_with_nested_and_dotted_openrlhf_keys(tmp_path):
     assert (cfg.strategy.zero_stage, cfg.strategy.seed, cfg.rollout.rollout_batch_size) == (3, 7, 4)
     assert cfg.algo.use_kl_loss and cfg.algo.kl_estimator == "k3"
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"ds": {"ring_attn_size": 2}}))
-    with pytest.raises(UserError, match="ds.ring_attn_size is not supported yet by rlhfkit"):
+    bad.write_text(json.dumps({"ds": {"experts_implementation": "grouped_mm"}}))
+    with pytest.raises(UserError, match="ds.experts_implementation is not supported yet by rlhfkit"):
         parse_config(PPOConfig, ["--config", str(bad)], "t")
 
 

@@ -46,7 +46,7 @@ def test_eval_shards_run_the_same_number_of_forwards_on_every_rank():
 
     def shards(rank: int, n: int = 5, world: int = 2, limit: int | None = None) -> list[tuple[list[int], bool]]:
         loop = OfflineTrainer.__new__(OfflineTrainer)
-        loop.strategy = SimpleNamespace(rank=rank, world_size=world)
+        loop.strategy = SimpleNamespace(dp_rank=rank, dp_world_size=world)  # data-parallel: no sequence groups
         loop.args = SimpleNamespace(micro_train_batch_size=2)
         loop.collate = list
         return list(loop.sharded_batches(list(range(n)), limit))
