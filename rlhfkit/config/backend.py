@@ -38,11 +38,12 @@ def check_backend(cfg: Any, given: frozenset[str]) -> None:
                         "checkpoint) already resume at another world size: drop it")
 
 
-def refuse_fsdp2_for_rl(strategy: Any) -> None:
-    """The RL roles (actor, critic, reference, reward) still train and score on DeepSpeed only."""
-    if strategy.backend == "fsdp2":
-        raise UserError("--backend fsdp2 trains SFT, RM, DPO and KTO so far; the RL roles run on DeepSpeed: drop "
-                        "--backend fsdp2")
+def check_fsdp2_for_rl(cfg: Any) -> None:
+    """The RL roles run on FSDP2 (actor and critic trained, reference and reward sharded for their forwards),
+    except a LoRA actor: its engine weights are merged adapters, which would need the whole model on one rank."""
+    if cfg.strategy.backend == "fsdp2" and cfg.model.lora_rank > 0:
+        raise UserError("--lora_rank is not supported with --backend fsdp2 for the RL roles yet (the adapters are "
+                        "merged into full weights for the rollout engines); drop one of them")
 
 
 def layout_name(strategy: Any) -> str:

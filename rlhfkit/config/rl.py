@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlhfkit.config.backend import refuse_fsdp2_for_rl
+from rlhfkit.config.backend import check_fsdp2_for_rl
 from rlhfkit.config.base import validate_sections
 from rlhfkit.config.common import (
     CheckpointArgs,
@@ -83,7 +83,7 @@ class PPOConfig:
     def validate(self) -> None:
         """Every flag rule (UserError, one line): the sections' own, then the ones that join sections."""
         validate_sections(self)
-        refuse_fsdp2_for_rl(self.strategy)
+        check_fsdp2_for_rl(self)
         refuse_ring_attn(self.strategy, "train_ppo_ray")
         _validate_reward_flags(self)
         validate_resources(self)  # before the batch arithmetic, which divides by the actor's device count

@@ -72,19 +72,24 @@ def tied_duplicates(model: nn.Module) -> set[str]:
     return duplicates
 
 
-def shard_model(model: nn.Module, bf16: bool, offload: bool) -> nn.Module:
-    """`fully_shard` each decoder layer, then the root (embeddings, final norm, head), over all ranks."""
+def shard_model(model: nn.Module, bf16: bool, offload: bool, master_fp32: bool = True) -> nn.Module:
+    """`fully_shard` each decoder layer, then the root (embeddings, final norm, head), over all ranks.
+
+    A trained model's shards are fp32 (`master_fp32`: the copy AdamW updates; bf16 is a compute dtype). A frozen
+    one (reference, reward: `prepare_frozen`) keeps the dtype it was loaded in, so a bf16 model holds bf16 shards."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     mesh = init_device_mesh(device_type, (dist.get_world_size(),))
-    model = model.float()  # the sharded parameters are the fp32 master copy; bf16 is a compute dtype here
+    if master_fp32:
+        model = model.float()
     if device_type == "cuda" and not offload:
         model = model.to(torch.device("cuda", torch.cuda.current_device()))
     kwargs: dict[str, Any] = {
         "mesh": mesh,
-        "mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32),
+        "mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 and master_fp32 else None,
+                                          reduce_dtype=torch.float32),
         "offload_policy": CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload else OffloadPolicy(),
     }
     for unit in units_to_shard(model):
@@ -204,3 +209,12 @@ def prepare_fsdp2(strategy: Any, model: nn.Module, learning_rate: float, num_upd
     engine = FSDP2Engine(model, optimizer, scheduler, strategy.accumulation_steps, a.max_norm, a.train_batch_size)
     engine.export_dtype = torch.bfloat16 if strategy.bf16 else torch.float32
     return engine
+
+
+def prepare_frozen(model: nn.Module) -> nn.Module:
+    """A frozen model (reference, reward) sharded over all ranks for its forwards: each rank keeps 1/world of every
+    weight and a decoder layer is gathered only while it runs (ZeRO-3 inference's layout). Every forward is then a
+    collective, which `rlhfkit.rl.role_forward.per_chunk` accounts for (the same number of forwards per rank)."""
+    model.requires_grad_(False)
+    model.eval()
+    return shard_model(model, bf16=False, offload=False, master_fp32=False)

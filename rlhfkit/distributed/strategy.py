@@ -229,9 +229,14 @@ class DeepSpeedStrategy:
         return engine
 
     def prepare_eval(self, model: nn.Module) -> nn.Module:
-        """A frozen model for inference (reference / reward): a ZeRO-3 engine shards it, else plain module."""
+        """A frozen model for inference (reference / reward): sharded by FSDP2 or a ZeRO-3 engine, else a plain
+        module."""
         model.requires_grad_(False)
         model.eval()
+        if self.args.backend == "fsdp2":
+            from rlhfkit.distributed.fsdp2_engine import prepare_frozen
+
+            return prepare_frozen(model.to(dtype=torch.bfloat16 if self.bf16 else torch.float32))
         if self.args.zero_stage == 3:
             import deepspeed
 

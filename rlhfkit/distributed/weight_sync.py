@@ -1,8 +1,9 @@
 """Moving weights and states: actor -> rollout engines after every update, and DeepSpeed sleep between phases.
 
 Weight sync streams the actor's parameters one at a time: under ZeRO-3 each parameter is gathered from its
-shards with `deepspeed.zero.GatheredParameters` (all ranks take part, rank 0 keeps a CPU copy), so no actor rank
-holds more than one gathered parameter plus the buckets in flight. (The engines stage the whole set on the CPU
+shards with `deepspeed.zero.GatheredParameters`, under FSDP2 (`--backend fsdp2`) with the DTensor's
+`full_tensor()` (all ranks take part, rank 0 keeps a CPU copy), so no actor rank holds more than one gathered
+parameter plus the buckets in flight. (The engines stage the whole set on the CPU
 before applying it, see below.) Rank 0 sends them by one of two transports:
 
 - object store (what `--vllm_sync_backend nccl` falls back to without GPUs, and the path for LoRA policies):
@@ -156,6 +157,8 @@ def iter_full_parameters(module: nn.Module, keep: bool = True) -> Iterator[tuple
     Names are Transformers names (the DeepSpeed engine's `module.` prefix removed). A rank with `keep` gets a CPU
     copy made while the parameter is gathered; the others get None (they only take part in the gather).
     """
+    from torch.distributed.tensor import DTensor
+
     inner = getattr(module, "module", module)
     zero3 = _zero_stage(module) == 3
     for name, param in inner.named_parameters():
@@ -164,6 +167,10 @@ def iter_full_parameters(module: nn.Module, keep: bool = True) -> Iterator[tuple
 
             with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
                 yield name, (param.data.detach().to("cpu", copy=True) if keep else None)
+        elif isinstance(param, DTensor):  # FSDP2: all-gather this one parameter; the full copy dies with the step
+            full = param.detach().full_tensor()
+            yield name, (full.to("cpu", copy=True) if keep else None)
+            del full
         else:
             yield name, (param.data.detach().to("cpu", copy=True) if keep else None)
 
@@ -186,7 +193,8 @@ def policy_weights(role: Any, keep: bool) -> Iterator[tuple[str, torch.Tensor | 
 
 
 def weight_metas(role: Any) -> list[tuple[str, str, tuple[int, ...]]] | None:
-    """(name, dtype name, full shape) of every policy parameter, without gathering (ZeRO-3 keeps `ds_shape`);
+    """(name, dtype name, full shape) of every policy parameter, without gathering (ZeRO-3 keeps `ds_shape`, an
+    FSDP2 DTensor's `shape` is the full one);
     None for a LoRA policy, whose merged weights are only known after merging (object-store sync then)."""
     if _is_peft(policy_module(role)):
         return None

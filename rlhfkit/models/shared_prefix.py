@@ -78,9 +78,12 @@ def supports_shared_prefix(model: nn.Module) -> bool:
 
 
 def _zero3_across_ranks(model: nn.Module) -> bool:
-    """ZeRO-3 over several ranks makes every forward a collective, so each rank must run as many as the others:
-    sharing, which turns one forward into two only where rows repeat a prefix, is left off there."""
-    partitioned = any(hasattr(p, "ds_id") for p in model.parameters())
+    """ZeRO-3 or FSDP2 (DTensor parameters) over several ranks makes every forward a collective, so each rank must
+    run as many as the others: sharing, which turns one forward into two only where rows repeat a prefix, is left
+    off there."""
+    from torch.distributed.tensor import DTensor
+
+    partitioned = any(hasattr(p, "ds_id") or isinstance(p, DTensor) for p in model.parameters())
     return partitioned and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
 
 
