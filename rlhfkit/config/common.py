@@ -74,7 +74,8 @@ class StrategyArgs:
                                     "checkpoints through torch.distributed.checkpoint that resume at another "
                                     "world size). With fsdp2, --bf16 computes in bf16 over fp32 shards and "
                                     "--adam_offload keeps shards and optimizer state in CPU memory; every trainer "
-                                    "and RL role (actor, critic, reference, reward; not a LoRA RL actor).", choices=("deepspeed", "fsdp2"))
+                                    "and RL role (actor, critic, reference, reward; not a LoRA RL actor).",
+                       choices=("deepspeed", "fsdp2"))
     zero_stage: int = arg(2, "DeepSpeed ZeRO stage.", choices=(0, 1, 2, 3))
     adam_offload: bool = arg(False, "Keep optimizer states on the CPU (DeepSpeed CPU Adam).")
     train_batch_size: int = arg(128, "Global training batch size (samples per optimizer step, all ranks).")

@@ -228,12 +228,13 @@ class DeepSpeedStrategy:
             engine.compile()
         return engine
 
-    def prepare_eval(self, model: nn.Module) -> nn.Module:
-        """A frozen model for inference (reference / reward): sharded by FSDP2 or a ZeRO-3 engine, else a plain
-        module."""
+    def prepare_eval(self, model: nn.Module, shard_fsdp2: bool = False) -> nn.Module:
+        """A frozen model for inference (reference / reward): a ZeRO-3 engine shards it, and so does FSDP2 where
+        the caller asks (`shard_fsdp2`: the RL roles; DPO/KTO's reference stays a whole copy per rank), else a
+        plain module."""
         model.requires_grad_(False)
         model.eval()
-        if self.args.backend == "fsdp2":
+        if self.args.backend == "fsdp2" and shard_fsdp2:
             from rlhfkit.distributed.fsdp2_engine import prepare_frozen
 
             return prepare_frozen(model.to(dtype=torch.bfloat16 if self.bf16 else torch.float32))

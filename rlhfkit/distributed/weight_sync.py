@@ -21,6 +21,7 @@ DeepSpeed sleep (`--deepspeed_enable_sleep`): `offload_states(role)` moves every
 CPU memory (`engine.offload_states()`: parameters, gradients, optimizer states; ZeRO 1-3) and plain modules with
 `.to("cpu")`; `reload_states` brings them back. On a CPU-only machine the states already live in CPU memory: the
 same walk over the role runs, counts what it would move, and moves nothing (`SLEEP_STATS` records both).
+An FSDP2 engine (`--backend fsdp2`) is a plain module here: its shards move with `.to()`, its AdamW state stays.
 `--ref_reward_offload` uses the same calls for the reference and reward roles (plain modules below ZeRO-3; a
 ZeRO-3 inference engine stays sharded where it is).
 """

@@ -360,7 +360,7 @@ class ReferenceRole(_Role):
     def __init__(self, spec: ReferenceSpec):
         super().__init__(spec)
         model = load_causal_lm(check_model_path(spec.path), attn_implementation=_attn(spec), dtype=_dtype(spec))
-        self.model = self.strategy.prepare_eval(model)
+        self.model = self.strategy.prepare_eval(model, shard_fsdp2=True)
         self.temperature = spec.temperature
 
     @dispatch("split")
@@ -382,7 +382,7 @@ class RewardModelRole(_Role):
         path = check_model_path(spec.path, "--reward_pretrain")
         model = load_value_model(path, value_head_prefix=spec.value_head_prefix,
                                  attn_implementation=_attn(spec), dtype=_dtype(spec), flag="--reward_pretrain")
-        self.model = self.strategy.prepare_eval(model)
+        self.model = self.strategy.prepare_eval(model, shard_fsdp2=True)
         self.normalize = spec.normalize
 
     @dispatch("split")

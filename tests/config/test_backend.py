@@ -43,6 +43,10 @@ def test_bad_combinations_stop_with_one_line(flags, message):
     parse(SFTConfig, flags)  # fine on DeepSpeed
 
 
-def test_rl_roles_stay_on_deepspeed():
-    with pytest.raises(UserError, match="RL roles run on DeepSpeed"):
-        parse(PPOConfig, RL + "--backend fsdp2")
+def test_rl_roles_take_fsdp2_but_not_a_lora_actor():
+    assert layout_name(parse(PPOConfig, RL + "--backend fsdp2 --actor_num_gpus_per_node 2").strategy) == "FSDP2"
+    with pytest.raises(UserError, match="--lora_rank is not supported with --backend fsdp2") as raised:
+        parse(PPOConfig, RL + "--backend fsdp2 --lora_rank 4")
+    assert "\n" not in str(raised.value)
+    with pytest.raises(UserError, match="--zero_stage is a DeepSpeed flag"):
+        parse(PPOConfig, RL + "--backend fsdp2 --zero_stage 3")

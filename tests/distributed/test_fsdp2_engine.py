@@ -87,3 +87,29 @@ def test_lora_trains_like_the_plain_engine_and_exports_merged(world_of_one):
     assert merged.keys() == reference.keys()
     for name, w in reference.items():
         torch.testing.assert_close(merged[name], w, rtol=1e-5, atol=1e-6)
+
+
+def test_frozen_roles_shard_and_the_weight_stream_gathers_one_full_tensor_at_a_time(world_of_one):
+    """The RL roles on FSDP2: a reference/reward model sharded by `prepare_eval` computes the plain model's logits;
+    the actor's weights stream to the engines as full tensors (`full_tensor()` per parameter) under the names and
+    shapes `weight_metas` announced, equal to the unsharded weights."""
+    from types import SimpleNamespace
+
+    from torch.distributed.tensor import DTensor
+
+    from rlhfkit.distributed.weight_sync import iter_full_parameters, weight_metas
+
+    plain, ids = tiny_llama(), torch.randint(0, 64, (2, 7))
+    frozen = strategy("fsdp2").prepare_eval(tiny_llama(), shard_fsdp2=True)
+    assert all(isinstance(p, DTensor) and not p.requires_grad for p in frozen.parameters())
+    with torch.no_grad():
+        torch.testing.assert_close(frozen(input_ids=ids).logits, plain(input_ids=ids).logits, rtol=1e-5, atol=1e-6)
+    actor = SimpleNamespace(engine=strategy("fsdp2").prepare_train(tiny_llama(), 1e-2, 4))
+    streamed = dict(iter_full_parameters(actor.engine))
+    expected = dict(plain.named_parameters())
+    assert [(n, tuple(t.shape)) for n, t in streamed.items() if t is not None] == \
+        [(n, shape) for n, _, shape in weight_metas(actor) or []]
+    assert streamed.keys() == expected.keys()
+    for name, tensor in streamed.items():
+        assert tensor is not None and not isinstance(tensor, DTensor)
+        torch.testing.assert_close(tensor, expected[name].detach(), rtol=0, atol=0)

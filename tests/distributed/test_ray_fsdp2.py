@@ -50,6 +50,9 @@ def test_grpo_actor_and_reference_on_two_fsdp2_ranks_match_zero0_at_world_1(ray_
                                              "2", "--ref_num_gpus_per_node", "2"), "test"))
     base, sharded = rows(one), rows(two)
     assert len(base) == len(sharded) == STEPS
+    keys = ("train/actor/policy_loss", "train/actor/kl_loss")
+    print("max loss gap", max(abs(a[k] - b[k]) for a, b in zip(base, sharded) for k in keys),
+          "max engine/trainer log-prob gap", max(b["train/rollout_logprob_diff"] for b in sharded))
     for a, b in zip(base, sharded):
         for key in ("train/actor/policy_loss", "train/actor/kl_loss", "train/reward"):
             assert b[key] == pytest.approx(a[key], abs=1e-5), (a["step"], key)
@@ -58,4 +61,24 @@ def test_grpo_actor_and_reference_on_two_fsdp2_ranks_match_zero0_at_world_1(ray_
     a, b = load_file(str(one / "model.safetensors")), load_file(str(two / "model.safetensors"))
     assert a.keys() == b.keys()
     assert all(b[k].dtype == torch.float32 for k in b)
-    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
+    gap = max(float((a[k] - b[k]).abs().max()) for k in a)
+    print("max weight gap", gap, "largest step", max(float(x["train/actor/policy_loss"]) for x in base))
+    assert gap < 1e-5
+
+
+@pytest.mark.limit(300)
+def test_gae_critic_and_reward_model_on_two_fsdp2_ranks(ray_cluster, demo_assets, demo_reward_model, tmp_path):
+    """PPO with a critic (trained) and a reward model (forward only), both on 2 FSDP2 ranks: one step runs."""
+    out = tmp_path / "gae"
+    flags = argv(demo_assets, out, "--backend", "fsdp2", "--actor_num_gpus_per_node", "2",
+                 "--ref_num_gpus_per_node", "2", "--critic_num_gpus_per_node", "2", "--reward_num_gpus_per_node",
+                 "2", "--colocate_all_models", "--max_rl_steps", "1")
+    flags = [f for f in flags if f != "--use_kl_loss"]
+    i = flags.index("--advantage_estimator")
+    flags[i + 1] = "gae"
+    i = flags.index("--remote_rm_url")
+    flags[i:i + 2] = ["--reward_pretrain", str(demo_reward_model), "--critic_pretrain", str(demo_assets.model_dir),
+                      "--critic_init_head", "--critic_learning_rate", "5e-3"]
+    run_ppo_ray(parse_config(PPOConfig, flags, "test"))
+    (step,) = rows(out)
+    assert "train/critic/value_loss" in step and step["train/rollout_logprob_diff"] < 1e-4
