@@ -169,7 +169,8 @@ def iter_full_parameters(module: nn.Module, keep: bool = True) -> Iterator[tuple
             with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
                 yield name, (param.data.detach().to("cpu", copy=True) if keep else None)
         elif isinstance(param, DTensor):  # FSDP2: all-gather this one parameter; the full copy dies with the step
-            full = param.detach().full_tensor()
+            with torch.no_grad():
+                full = param.full_tensor()
             yield name, (full.to("cpu", copy=True) if keep else None)
             del full
         else:
