@@ -11,6 +11,7 @@ rank's own `ru_maxrss` at the end of the run (the larger of the two ranks). Resu
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import statistics
@@ -119,7 +120,8 @@ def main() -> None:
                     f"{f['cpu']:.3f} | {z['cpu']:.3f} | **{f['cpu'] / z['cpu']:.2f}** | {f['rss']:.0f} | "
                     f"{z['rss']:.0f} | **{f['rss'] / z['rss']:.2f}** |")
     text = ["# FSDP2 vs DeepSpeed ZeRO-3 at world 2 (bench/fsdp2_vs_zero3.py)", "",
-            f"Machine: {machine()}; {versions()}. Load average (1/5/15 min) at start {started}, at end {load()} "
+            f"Run {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC. Machine: {machine()}; "
+            f"{versions()}. Load average (1/5/15 min) at start {started}, at end {load()} "
             "(a shared machine: wall times are noisy, CPU time per step is the steadier figure).", "",
             f"Settings: 25M-parameter Llama, {BATCH} samples per step (8 per rank, one micro-batch), max_len "
             f"{MAX_LEN}, fp32, AdamW, {STEPS} steps ({WARMUP} warm-up), {args.threads} torch thread(s) per rank, "
