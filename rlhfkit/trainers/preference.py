@@ -153,7 +153,8 @@ def sequence_logps(model: nn.Module, batch: dict[str, torch.Tensor], fp32: bool 
     the logits in float32 first. A padded batch runs as fewer, fuller rows where it can (`dense_rows`), and the LM
     head and the last decoder layer skip the prompt columns that no row predicts from (`forward_logits`)."""
     inner = getattr(model, "module", model)
-    shared = _shared_prompt_logps(model, batch, fp32) if "sample_ids" not in batch else None
+    # the shared-prompt forward runs ids only: a batch with images (or packed) takes the plain path
+    shared = _shared_prompt_logps(model, batch, fp32) if not {"sample_ids", "pixel_values"} & set(batch) else None
     if shared is not None:
         return (*shared, None)
     batch = dense_rows(model, batch)
