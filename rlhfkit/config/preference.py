@@ -26,6 +26,7 @@ from rlhfkit.config.common import (
 from rlhfkit.config.devices import ATTN_CHOICES, ATTN_HELP, AUTO
 from rlhfkit.config.names import DPO_LOSS_TYPES, REFERENCE_FREE_DPO_LOSSES, RM_LOSS_KINDS
 from rlhfkit.config.paths import check_output_paths
+from rlhfkit.config.vision import VisionArgs, check_vision_flags
 from rlhfkit.errors import UserError
 
 #: serve_rm's bearer token when --api_key is not given (the HTTP reward client reads it too).
@@ -198,6 +199,7 @@ class DPOConfig:
     reference: ReferenceArgs = field(default_factory=ReferenceArgs)
     strategy: DPOStrategyArgs = field(default_factory=DPOStrategyArgs)
     data: DPODataArgs = field(default_factory=DPODataArgs)
+    vision: VisionArgs = field(default_factory=VisionArgs)
     pairs: PairDataArgs = field(default_factory=PairDataArgs)
     train: DPOTrainArgs = field(default_factory=DPOTrainArgs)
     logging: LoggingArgs = field(default_factory=LoggingArgs)
@@ -209,6 +211,7 @@ class DPOConfig:
         validate_sections(self)
         check_token_budget(self.strategy, 2 * self.data.max_len, "2 x --max_len: a chosen and a rejected row")
         check_aux_loss_flags(self.train.aux_loss_coef, self.data.packing_samples)
+        check_vision_flags(self.vision, self.data.packing_samples)
         if self.pairs.margin_key:
             raise UserError("--margin_key applies to train_rm only; DPO has no reward margin")
         if self.train.loss_type in REFERENCE_FREE_DPO_LOSSES and (self.reference.ref_pretrain or
@@ -228,6 +231,7 @@ class KTOConfig:
     reference: ReferenceArgs = field(default_factory=ReferenceArgs)
     strategy: DPOStrategyArgs = field(default_factory=DPOStrategyArgs)
     data: DPODataArgs = field(default_factory=DPODataArgs)
+    vision: VisionArgs = field(default_factory=VisionArgs)
     unpaired: UnpairedDataArgs = field(default_factory=UnpairedDataArgs)
     train: KTOTrainArgs = field(default_factory=KTOTrainArgs)
     logging: LoggingArgs = field(default_factory=LoggingArgs)
@@ -245,6 +249,7 @@ class KTOConfig:
             raise UserError("KTO needs --micro_train_batch_size >= 2: its KL reference point pairs each prompt with "
                             "another sample's completion from the same micro batch")
         check_aux_loss_flags(self.train.aux_loss_coef, self.data.packing_samples)
+        check_vision_flags(self.vision, self.data.packing_samples)
 
     def check_inputs(self) -> None:
         """What the run needs besides valid flags (the trainer calls it before reading anything)."""

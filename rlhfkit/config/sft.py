@@ -17,6 +17,7 @@ from rlhfkit.config.common import (
     check_token_budget,
 )
 from rlhfkit.config.paths import check_output_paths
+from rlhfkit.config.vision import VisionArgs, check_vision_flags
 from rlhfkit.errors import UserError
 
 
@@ -43,6 +44,7 @@ class SFTConfig:
     model: ModelArgs = field(default_factory=ModelArgs)
     strategy: StrategyArgs = field(default_factory=StrategyArgs)
     data: SFTDataArgs = field(default_factory=SFTDataArgs)
+    vision: VisionArgs = field(default_factory=VisionArgs)
     train: SFTTrainArgs = field(default_factory=SFTTrainArgs)
     logging: LoggingArgs = field(default_factory=LoggingArgs)
     checkpoint: CheckpointArgs = field(default_factory=CheckpointArgs)
@@ -53,6 +55,7 @@ class SFTConfig:
         validate_sections(self)
         check_token_budget(self.strategy, self.data.max_len, "--max_len")
         check_aux_loss_flags(self.train.aux_loss_coef, self.data.packing_samples)
+        check_vision_flags(self.vision, self.data.packing_samples)
 
     def check_inputs(self) -> None:
         """What the run needs besides valid flags (the trainer calls it before reading anything)."""

@@ -11,7 +11,7 @@ tokens). `add_multimodal_positions` fills `mm_token_type_ids` in from the ids, s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -20,6 +20,7 @@ from rlhfkit.data.images import VisionTokens
 from rlhfkit.errors import UserError
 
 VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+M = TypeVar("M", bound=nn.Module)
 
 
 def is_vision_config(config: Any) -> bool:
@@ -76,7 +77,7 @@ def _fill_mm_token_type_ids(module: nn.Module, args: tuple, kwargs: dict) -> tup
     return args, kwargs
 
 
-def add_multimodal_positions(model: nn.Module) -> nn.Module:
+def add_multimodal_positions(model: M) -> M:
     """Give a Qwen2-VL-family model's forward the `mm_token_type_ids` its M-RoPE positions need (from the ids)."""
     model.register_forward_pre_hook(_fill_mm_token_type_ids, with_kwargs=True)
     return model
@@ -106,3 +107,12 @@ def vision_parameter_names(model: nn.Module) -> list[str]:
     """Names (in `model.named_parameters()`) of the vision tower's tensors."""
     tower = {id(p) for p in vision_tower(model).parameters()}
     return [n for n, p in model.named_parameters() if id(p) in tower]
+
+
+def record_images(config: Any, path: str, tokenizer: Any, image_key: str, max_images: int) -> Any:
+    """The data layer's reader of `--image_key` images for the vision-language model at `path` whose Transformers
+    config is `config` (a UserError for a text-only model or an unsupported family)."""
+    from rlhfkit.data.images import RecordImages
+
+    check_vision_family(config, path)
+    return RecordImages(vision_tokens(config, tokenizer), load_image_processor(path), image_key, max_images)

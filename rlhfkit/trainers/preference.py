@@ -291,15 +291,17 @@ def load_pair_datasets(cfg: RMConfig | DPOConfig, tokenizer: Any, need_margin: b
     """Tokenised (train, eval or None) PreferenceDatasets from the data and pair sections of `cfg`."""
     from rlhfkit.data.preference_dataset import PreferenceDataset
     from rlhfkit.data.readers import load_mixture
+    from rlhfkit.run.setup import load_record_images
 
     d, p = cfg.data, cfg.pairs
+    images = load_record_images(cfg, tokenizer)  # None for train_rm, which has no --image_key
 
     def build(spec: str, probs: str | None, split: str, max_samples: int | None, flag: str) -> PreferenceDataset:
         records = load_mixture(spec, probs, split, max_samples, cfg.strategy.seed, arg_name=flag)
         return PreferenceDataset(records, tokenizer, d.max_len, prompt_key=p.prompt_key, chosen_key=p.chosen_key,
                                  rejected_key=p.rejected_key, margin_key=p.margin_key if need_margin else None,
                                  input_template=d.input_template, apply_chat_template=d.apply_chat_template,
-                                 tokenizer_chat_template=d.tokenizer_chat_template)
+                                 tokenizer_chat_template=d.tokenizer_chat_template, images=images)
 
     train = build(required(d.dataset, "dataset"), d.dataset_probs, d.dataset_split, d.max_samples, "--dataset")
     evalset = build(d.eval_dataset, None, d.eval_split, None, "--eval_dataset") if d.eval_dataset else None
