@@ -21,6 +21,7 @@ import binascii
 import copy
 import io
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from rlhfkit.errors import UserError
 IMAGE_MARK = "<image>"
 # What PIL reads and vision-language processors are trained on; PIL opens more (PPM, TGA, ICO, ...), refused here.
 SUPPORTED_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
+_BASE64 = re.compile(r"[A-Za-z0-9+/]{16,}={0,2}")  # no dot, so never a file name with an extension
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ def _image_bytes(value: Any, where: str, source: str | None) -> tuple[bytes, str
     if value.startswith("data:"):
         return _from_base64(value, where), "a data URL"
     path = _local_path(value, source)
-    if path is None and len(value) > 200:  # a long string with no such file: base64 without the data: prefix
+    if path is None and _BASE64.fullmatch(value) and len(value) % 4 == 0:  # no such file: base64 without data:
         return _from_base64(value, where), "base64 text"
     if path is None or not path.is_file():
         raise UserError(f"{where}: image file {value} does not exist")
