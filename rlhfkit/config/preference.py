@@ -26,7 +26,7 @@ from rlhfkit.config.common import (
 from rlhfkit.config.devices import ATTN_CHOICES, ATTN_HELP, AUTO
 from rlhfkit.config.names import DPO_LOSS_TYPES, REFERENCE_FREE_DPO_LOSSES, RM_LOSS_KINDS
 from rlhfkit.config.paths import check_output_paths
-from rlhfkit.config.vision import VisionArgs, check_vision_flags
+from rlhfkit.config.vision import VisionArgs, check_vision_flags, vision_inert_flags
 from rlhfkit.errors import UserError
 
 #: serve_rm's bearer token when --api_key is not given (the HTTP reward client reads it too).
@@ -219,6 +219,10 @@ class DPOConfig:
             raise UserError(f"--loss_type {self.train.loss_type} is reference-free and loads no reference model; "
                             "drop --ref_pretrain / --ref_offload")
 
+    def inert_flags(self) -> dict[str, str]:
+        """Flags given that cannot act with the others (`rlhfkit.config.base.refuse_inert_flags`)."""
+        return vision_inert_flags(self.vision)
+
     def check_inputs(self) -> None:
         """What the run needs besides valid flags (the trainer calls it before reading anything)."""
         _require_dataset(self.data, "preference pairs")
@@ -250,6 +254,10 @@ class KTOConfig:
                             "another sample's completion from the same micro batch")
         check_aux_loss_flags(self.train.aux_loss_coef, self.data.packing_samples)
         check_vision_flags(self.vision, self.data.packing_samples)
+
+    def inert_flags(self) -> dict[str, str]:
+        """Flags given that cannot act with the others (`rlhfkit.config.base.refuse_inert_flags`)."""
+        return vision_inert_flags(self.vision)
 
     def check_inputs(self) -> None:
         """What the run needs besides valid flags (the trainer calls it before reading anything)."""

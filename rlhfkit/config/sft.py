@@ -17,7 +17,7 @@ from rlhfkit.config.common import (
     check_token_budget,
 )
 from rlhfkit.config.paths import check_output_paths
-from rlhfkit.config.vision import VisionArgs, check_vision_flags
+from rlhfkit.config.vision import VisionArgs, check_vision_flags, vision_inert_flags
 from rlhfkit.errors import UserError
 
 
@@ -56,6 +56,10 @@ class SFTConfig:
         check_token_budget(self.strategy, self.data.max_len, "--max_len")
         check_aux_loss_flags(self.train.aux_loss_coef, self.data.packing_samples)
         check_vision_flags(self.vision, self.data.packing_samples)
+
+    def inert_flags(self) -> dict[str, str]:
+        """Flags given that cannot act with the others (`rlhfkit.config.base.refuse_inert_flags`)."""
+        return vision_inert_flags(self.vision)
 
     def check_inputs(self) -> None:
         """What the run needs besides valid flags (the trainer calls it before reading anything)."""

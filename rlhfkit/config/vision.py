@@ -31,3 +31,11 @@ def check_vision_flags(vision: VisionArgs, packing_samples: bool) -> None:
     if vision.image_key and packing_samples:
         raise UserError("--packing_samples with --image_key is not supported yet: packed rows do not carry "
                         "images; drop --packing_samples (padded batches and --use_dynamic_batch work)")
+
+
+def vision_inert_flags(vision: VisionArgs) -> dict[str, str]:
+    """Flags that cannot act without --image_key (see `rlhfkit.config.base.refuse_inert_flags`)."""
+    if vision.image_key:
+        return {}
+    return {"max_images_per_prompt": "counts the images under --image_key, which is not given: add --image_key or "
+                                     "drop --max_images_per_prompt"}

@@ -85,3 +85,8 @@ def test_packing_with_images_is_refused(vlm_assets, tmp_path, capsys):
     code, err = call_in_process("train_sft", ["--pretrain", str(vlm_assets.model_dir), "--dataset", "d.jsonl",
                                               "--image_key", "images", "--packing_samples"], capsys)
     assert_one_line_error(code, err, ("--packing_samples with --image_key is not supported",))
+
+
+def test_max_images_without_an_image_key_is_refused(capsys):
+    code, err = call_in_process("train_dpo", ["--dataset", "d.jsonl", "--max_images_per_prompt", "2"], capsys)
+    assert_one_line_error(code, err, ("--max_images_per_prompt", "add --image_key"))
