@@ -105,3 +105,23 @@ def test_freezing_the_visual_encoder_trains_the_language_model_only(vlm_assets, 
     after = dict(model.named_parameters())
     assert all(torch.equal(before[n], after[n]) for n in vision)
     assert sum(not torch.equal(before[n], after[n]) for n in before if n not in vision) > 0
+
+
+def test_multiturn_sft_places_each_image_in_its_turn_and_trains_on_the_answers_only(vlm_assets, vlm):
+    from rlhfkit.data.readers import Record
+
+    model, tokenizer, _ = vlm
+    path = str(vlm_assets.model_dir)
+    images = record_images(load_model_config(path), path, tokenizer, "images", 2)
+    image = str(vlm_assets.data_dir / vlm_assets.read("sft_train")[0]["images"][0])
+    conversation = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many dots?"}]},
+                    {"role": "assistant", "content": "3"},
+                    {"role": "user", "content": [{"type": "text", "text": "And here?"}, {"type": "image"}]},
+                    {"role": "assistant", "content": "2"}]
+    record = Record({"conv": conversation, "images": [image, image]}, "x.jsonl", 0)
+    sample = SFTDataset([record], tokenizer, 128, input_key="conv", multiturn=True, images=images)[0]
+    ids, mask = sample["input_ids"], sample["loss_mask"]
+    assert tokenizer.decode(ids[mask.bool()]) == "3</s>2</s>"
+    vision = (ids == model.config.image_token_id).nonzero().flatten().tolist()
+    second_turn = int((ids == tokenizer.convert_tokens_to_ids("<|user|>")).nonzero()[1])
+    assert len(vision) == 8 and vision[3] < second_turn < vision[4]
