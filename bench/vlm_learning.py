@@ -2,7 +2,7 @@
 (rlhfkit/demo/vlm_assets.py) before and after SFT on image prompts (held-out exact match, greedy), then DPO from the
 SFT model (held-out pairwise accuracy of DPO's implicit reward, `eval_acc` of train_dpo).
 
-    nice .venv/bin/python bench/vlm_learning.py [--seeds 0 1] [--sft_steps 400] [--dpo_steps 150]
+    nice .venv/bin/python bench/vlm_learning.py [--seeds 0 1] [--sft_steps 120] [--dpo_steps 40]
 
 Writes bench/results/vlm_learning.md. Commands run through the CLIs in subprocesses, exactly as a user types them.
 """
@@ -81,7 +81,8 @@ def one_seed(seed: int, work: Path, sft_steps: int, dpo_steps: int) -> dict:
     cli("train_sft", "--pretrain", str(assets.model_dir), "--dataset", str(assets.split("sft_train")),
         "--input_key", "prompt", "--output_key", "answer", "--train_batch_size", "32", "--micro_train_batch_size",
         "32", "--learning_rate", "1e-3", "--lr_scheduler", "constant", "--max_epochs", "20", "--max_steps",
-        str(sft_steps), "--seed", str(seed), "--save_path", str(sft), *COMMON)
+        str(sft_steps), "--seed", str(seed), "--save_path", str(sft), "--ckpt_path", str(work / f"ckpt_sft_{seed}"),
+        *COMMON)
     result["sft_s"] = time.time() - t
     result["sft"] = exact_match(sft, assets.split("sft_eval"))
     dpo = work / f"dpo_{seed}"
@@ -89,7 +90,8 @@ def one_seed(seed: int, work: Path, sft_steps: int, dpo_steps: int) -> dict:
     cli("train_dpo", "--pretrain", str(sft), "--dataset", str(assets.split("pref_train")), "--eval_dataset",
         str(assets.split("pref_eval")), "--eval_split", "train", "--prompt_key", "prompt", "--train_batch_size",
         "32", "--micro_train_batch_size", "16", "--learning_rate", "2e-4", "--max_epochs", "5", "--max_steps",
-        str(dpo_steps), "--eval_steps", str(dpo_steps), "--seed", str(seed), "--save_path", str(dpo), *COMMON)
+        str(dpo_steps), "--eval_steps", str(dpo_steps), "--seed", str(seed), "--save_path", str(dpo), "--ckpt_path",
+        str(work / f"ckpt_dpo_{seed}"), *COMMON)
     result["dpo_s"] = time.time() - t
     result["dpo_eval_acc"] = last_eval(dpo, "eval/acc")
     return result
@@ -120,8 +122,8 @@ def write(results: list[dict], args: argparse.Namespace, load_start: str) -> Pat
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
-    p.add_argument("--sft_steps", type=int, default=400)
-    p.add_argument("--dpo_steps", type=int, default=150)
+    p.add_argument("--sft_steps", type=int, default=120)
+    p.add_argument("--dpo_steps", type=int, default=40)
     p.add_argument("--workdir", default="/tmp/rlhfkit_vlm_bench")
     args = p.parse_args()
     load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
