@@ -61,6 +61,14 @@ def demo_assets(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def vlm_assets(tmp_path_factory):
+    """The tiny Qwen2-VL and a few image-task records of each split (rlhfkit/demo/vlm_assets.py), once per session."""
+    from rlhfkit.demo.vlm_assets import build_vlm_assets
+
+    return build_vlm_assets(tmp_path_factory.mktemp("vlm_assets"), seed=0, n_sft=16, n_eval=8, n_pref=16, n_rl=8)
+
+
+@pytest.fixture(scope="session")
 def demo_reward_model(demo_assets, tmp_path_factory):
     """The demo backbone with a seeded value head and its tokenizer, saved as train_rm saves a reward model (a
     plain language model is refused as --reward_pretrain)."""

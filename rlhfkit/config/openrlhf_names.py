@@ -68,6 +68,10 @@ ALIASES: dict[str, str | tuple[str, ...]] = {
     "reward.overlong_penalty_factor": "overlong_penalty_factor",
     "reward.stop_properly_penalty_coef": "stop_properly_penalty_coef",
     "algo.advantage.is_correction_type": "vllm_is_correction_type",
+    # vision-language models (train_sft, train_dpo, train_kto; the other commands refuse them with ONLY_SOME)
+    "data.image_key": "image_key",
+    "data.max_images_per_prompt": "max_images_per_prompt",
+    "actor.freeze_visual_encoder": "freeze_visual_encoder",
     "algo.advantage.is_correction_threshold": "vllm_is_truncated_threshold",
     "actor.policy_loss_type": "policy_loss_type",
     # DeepSpeed and optimizer
@@ -309,7 +313,8 @@ ADAPTED: tuple[Adapted, ...] = (
 _ROLLOUT_BUDGET = ("rlhfkit has one token budget for training and scoring forwards: --max_tokens_per_gpu "
                    "(--train.max_tokens_per_gpu)")
 _TP = "DeepSpeed tensor parallelism is not implemented; use ZeRO (--zero_stage 3)"
-_VLM = "vision-language models are not supported"
+_VLM = ("images train with train_sft, train_dpo and train_kto so far; RL (train_ppo, train_ppo_ray), train_rm "
+        "and batch_inference do not take images yet")
 
 NOT_SUPPORTED: dict[str, str] = {
     # flat (OpenRLHF 0.8/0.9) flags
@@ -328,6 +333,10 @@ NOT_SUPPORTED: dict[str, str] = {
     "dataloader_num_workers": "data is tokenised up front in the main process; there is no loader to parallelise",
     "ckpt.disable_ds": "checkpoints always hold the DeepSpeed states needed to resume",
     "model.margin_loss_enable": "train_rm reads a per-pair margin from the record key named by --margin_key",
+}
+
+# Their flags that only some commands take: the reason the others give.
+ONLY_SOME: dict[str, str] = {
     "data.image_key": _VLM,
     "data.max_images_per_prompt": _VLM,
     "actor.freeze_visual_encoder": _VLM,
@@ -375,7 +384,7 @@ def not_supported_reason(flag: str, fields: set[str] | frozenset[str]) -> str | 
         return NOT_SUPPORTED[flag]
     known = flag in ALIASES or any(a.flag == flag for a in ADAPTED)
     if known and alias_target(flag, fields) is None and adapted_for(flag, fields) is None:
-        return "this command has no equivalent option"
+        return ONLY_SOME.get(flag, "this command has no equivalent option")
     return None
 
 

@@ -27,6 +27,7 @@ from rlhfkit.config.devices import ATTN_CHOICES, ATTN_HELP, AUTO
 from rlhfkit.config.names import DPO_LOSS_TYPES, REFERENCE_FREE_DPO_LOSSES, RM_LOSS_KINDS
 from rlhfkit.config.paths import check_output_paths
 from rlhfkit.config.sequence_parallel import check_ring_combinations, refuse_ring_attn
+from rlhfkit.config.vision import VisionArgs, check_vision_flags, vision_inert_flags
 from rlhfkit.errors import UserError
 
 #: serve_rm's bearer token when --api_key is not given (the HTTP reward client reads it too).
@@ -200,6 +201,7 @@ class DPOConfig:
     reference: ReferenceArgs = field(default_factory=ReferenceArgs)
     strategy: DPOStrategyArgs = field(default_factory=DPOStrategyArgs)
     data: DPODataArgs = field(default_factory=DPODataArgs)
+    vision: VisionArgs = field(default_factory=VisionArgs)
     pairs: PairDataArgs = field(default_factory=PairDataArgs)
     train: DPOTrainArgs = field(default_factory=DPOTrainArgs)
     logging: LoggingArgs = field(default_factory=LoggingArgs)
@@ -212,12 +214,17 @@ class DPOConfig:
         check_token_budget(self.strategy, 2 * self.data.max_len, "2 x --max_len: a chosen and a rejected row")
         check_aux_loss_flags(self.train.aux_loss_coef, self.data.packing_samples)
         check_ring_combinations(self.strategy, self.train.aux_loss_coef)
+        check_vision_flags(self.vision, self.data.packing_samples, self.strategy.ring_attn_size)
         if self.pairs.margin_key:
             raise UserError("--margin_key applies to train_rm only; DPO has no reward margin")
         if self.train.loss_type in REFERENCE_FREE_DPO_LOSSES and (self.reference.ref_pretrain or
                                                                   self.reference.ref_offload):
             raise UserError(f"--loss_type {self.train.loss_type} is reference-free and loads no reference model; "
                             "drop --ref_pretrain / --ref_offload")
+
+    def inert_flags(self) -> dict[str, str]:
+        """Flags given that cannot act with the others (`rlhfkit.config.base.refuse_inert_flags`)."""
+        return vision_inert_flags(self.vision)
 
     def check_inputs(self) -> None:
         """What the run needs besides valid flags (the trainer calls it before reading anything)."""
@@ -231,6 +238,7 @@ class KTOConfig:
     reference: ReferenceArgs = field(default_factory=ReferenceArgs)
     strategy: DPOStrategyArgs = field(default_factory=DPOStrategyArgs)
     data: DPODataArgs = field(default_factory=DPODataArgs)
+    vision: VisionArgs = field(default_factory=VisionArgs)
     unpaired: UnpairedDataArgs = field(default_factory=UnpairedDataArgs)
     train: KTOTrainArgs = field(default_factory=KTOTrainArgs)
     logging: LoggingArgs = field(default_factory=LoggingArgs)
@@ -249,6 +257,11 @@ class KTOConfig:
                             "another sample's completion from the same micro batch")
         refuse_ring_attn(self.strategy, "train_kto")
         check_aux_loss_flags(self.train.aux_loss_coef, self.data.packing_samples)
+        check_vision_flags(self.vision, self.data.packing_samples, self.strategy.ring_attn_size)
+
+    def inert_flags(self) -> dict[str, str]:
+        """Flags given that cannot act with the others (`rlhfkit.config.base.refuse_inert_flags`)."""
+        return vision_inert_flags(self.vision)
 
     def check_inputs(self) -> None:
         """What the run needs besides valid flags (the trainer calls it before reading anything)."""

@@ -18,6 +18,7 @@ from rlhfkit.config.common import (
 )
 from rlhfkit.config.paths import check_output_paths
 from rlhfkit.config.sequence_parallel import check_ring_combinations
+from rlhfkit.config.vision import VisionArgs, check_vision_flags, vision_inert_flags
 from rlhfkit.errors import UserError
 
 
@@ -44,6 +45,7 @@ class SFTConfig:
     model: ModelArgs = field(default_factory=ModelArgs)
     strategy: StrategyArgs = field(default_factory=StrategyArgs)
     data: SFTDataArgs = field(default_factory=SFTDataArgs)
+    vision: VisionArgs = field(default_factory=VisionArgs)
     train: SFTTrainArgs = field(default_factory=SFTTrainArgs)
     logging: LoggingArgs = field(default_factory=LoggingArgs)
     checkpoint: CheckpointArgs = field(default_factory=CheckpointArgs)
@@ -55,6 +57,11 @@ class SFTConfig:
         check_token_budget(self.strategy, self.data.max_len, "--max_len")
         check_aux_loss_flags(self.train.aux_loss_coef, self.data.packing_samples)
         check_ring_combinations(self.strategy, self.train.aux_loss_coef)
+        check_vision_flags(self.vision, self.data.packing_samples, self.strategy.ring_attn_size)
+
+    def inert_flags(self) -> dict[str, str]:
+        """Flags given that cannot act with the others (`rlhfkit.config.base.refuse_inert_flags`)."""
+        return vision_inert_flags(self.vision)
 
     def check_inputs(self) -> None:
         """What the run needs besides valid flags (the trainer calls it before reading anything)."""

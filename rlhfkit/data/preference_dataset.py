@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from rlhfkit.data.images import RecordImages
 from rlhfkit.data.templates import (
     PromptFormatter,
     as_messages,
@@ -69,10 +70,11 @@ class _PromptResponses:
 class _TruncatingDataset:
     """Shared bookkeeping: cut responses to fit max_len, count and explain dropped samples."""
 
-    def __init__(self, max_len: int):
+    def __init__(self, max_len: int, images: RecordImages | None = None):
         if max_len < 2:
             raise ValueError(f"max_len must be >= 2 (got {max_len}): a sample needs a token and the one it predicts")
         self.max_len = max_len
+        self.images = images  # --image_key: the prompt's images; samples also carry their pixel tensors
         self.samples: list[dict[str, Any]] = []
         self._dropped = 0
         self._shortest_need: int | None = None
@@ -85,6 +87,24 @@ class _TruncatingDataset:
             self._shortest_need = need if self._shortest_need is None else min(self._shortest_need, need)
             return None
         return [as_long(r[:budget]) for r in responses]
+
+    def _with_images(self, record: Any, key: str | None, flag: str, where: str
+                     ) -> tuple[Any, dict[str, torch.Tensor] | None]:
+        """The record with its images' placeholders in the prompt field `key`, and their pixels (None without)."""
+        if self.images is None:
+            return record, None
+        images = self.images.read(record, where)
+        if not images:
+            return record, None
+        if key is None:
+            raise UserError(f"{where} has images but no prompt field to put them in; set {flag}")
+        return self.images.marked(record, key, len(images), where, flag), self.images.pixels(images)
+
+    def _expand(self, prompt_ids: list[int], pixels: dict[str, torch.Tensor] | None, where: str) -> list[int]:
+        """The prompt ids with each image-pad token repeated for its vision tokens."""
+        if pixels is None or self.images is None:
+            return prompt_ids
+        return self.images.expand(prompt_ids, [0] * len(prompt_ids), pixels, where)[0]
 
     def _check_not_empty(self, records: Sequence[Any]) -> None:
         if self.samples:
@@ -113,11 +133,12 @@ class PreferenceDataset(_TruncatingDataset):
     def __init__(self, records: Sequence[Any], tokenizer: Any, max_len: int, *, prompt_key: str | None = None,
                  chosen_key: str = "chosen", rejected_key: str = "rejected", margin_key: str | None = None,
                  input_template: str | None = None, apply_chat_template: bool = False,
-                 tokenizer_chat_template: str | None = None):
-        super().__init__(max_len)
+                 tokenizer_chat_template: str | None = None, images: RecordImages | None = None):
+        super().__init__(max_len, images)
         encode_pair = _PromptResponses(tokenizer, input_template, apply_chat_template, tokenizer_chat_template)
         for i, record in enumerate(records):
             where = locate(record, i)
+            record, pixels = self._with_images(record, prompt_key, "--prompt_key", where)
             prompt = require_field(record, prompt_key, where, "--prompt_key") if prompt_key else None
             chosen = require_field(record, chosen_key, where, "--chosen_key")
             rejected = require_field(record, rejected_key, where, "--rejected_key")
@@ -126,24 +147,26 @@ class PreferenceDataset(_TruncatingDataset):
                                 f"pair says nothing about preference; fix or remove this record")
             prompt_ids, responses = encode_pair(prompt, [(chosen, "--chosen_key"), (rejected, "--rejected_key")],
                                                 where, "--prompt_key")
+            prompt_ids = self._expand(prompt_ids, pixels, where)
             fitted = self._fit(prompt_ids, responses)
             if fitted is None:
                 continue
             margin = _number(require_field(record, margin_key, where, "--margin_key"), where, "--margin_key") \
                 if margin_key else 0.0
             self.samples.append({"prompt_ids": as_long(prompt_ids), "chosen_ids": fitted[0],
-                                 "rejected_ids": fitted[1], "margin": margin})
+                                 "rejected_ids": fitted[1], "margin": margin, **(pixels or {})})
         self._check_not_empty(records)
 
     @classmethod
-    def from_args(cls, records: Sequence[Any], tokenizer: Any, args: Any) -> PreferenceDataset:
+    def from_args(cls, records: Sequence[Any], tokenizer: Any, args: Any,
+                  images: RecordImages | None = None) -> PreferenceDataset:
         """Build from a config with DataArgs fields plus prompt_key/chosen_key/rejected_key (margin_key)."""
         return cls(records, tokenizer, args.max_len, prompt_key=getattr(args, "prompt_key", None),
                    chosen_key=getattr(args, "chosen_key", "chosen"),
                    rejected_key=getattr(args, "rejected_key", "rejected"),
                    margin_key=getattr(args, "margin_key", None), input_template=args.input_template,
                    apply_chat_template=args.apply_chat_template,
-                   tokenizer_chat_template=args.tokenizer_chat_template)
+                   tokenizer_chat_template=args.tokenizer_chat_template, images=images)
 
 
 class UnpairedDataset(_TruncatingDataset):
@@ -152,26 +175,31 @@ class UnpairedDataset(_TruncatingDataset):
 
     def __init__(self, records: Sequence[Any], tokenizer: Any, max_len: int, *, input_key: str = "input",
                  output_key: str = "output", label_key: str = "label", input_template: str | None = None,
-                 apply_chat_template: bool = False, tokenizer_chat_template: str | None = None):
-        super().__init__(max_len)
+                 apply_chat_template: bool = False, tokenizer_chat_template: str | None = None,
+                 images: RecordImages | None = None):
+        super().__init__(max_len, images)
         encode_one = _PromptResponses(tokenizer, input_template, apply_chat_template, tokenizer_chat_template)
         for i, record in enumerate(records):
             where = locate(record, i)
+            record, pixels = self._with_images(record, input_key, "--input_key", where)
             prompt = require_field(record, input_key, where, "--input_key")
             output = require_field(record, output_key, where, "--output_key")
             label = _label(require_field(record, label_key, where, "--label_key"), where)
             prompt_ids, responses = encode_one(prompt, [(output, "--output_key")], where, "--input_key")
+            prompt_ids = self._expand(prompt_ids, pixels, where)
             fitted = self._fit(prompt_ids, responses)
             if fitted is not None:
-                self.samples.append({"prompt_ids": as_long(prompt_ids), "response_ids": fitted[0], "label": label})
+                self.samples.append({"prompt_ids": as_long(prompt_ids), "response_ids": fitted[0], "label": label,
+                                     **(pixels or {})})
         self._check_not_empty(records)
 
     @classmethod
-    def from_args(cls, records: Sequence[Any], tokenizer: Any, args: Any) -> UnpairedDataset:
+    def from_args(cls, records: Sequence[Any], tokenizer: Any, args: Any,
+                  images: RecordImages | None = None) -> UnpairedDataset:
         return cls(records, tokenizer, args.max_len, input_key=args.input_key,
                    output_key=args.output_key or "output", label_key=getattr(args, "label_key", None) or "label",
                    input_template=args.input_template, apply_chat_template=args.apply_chat_template,
-                   tokenizer_chat_template=args.tokenizer_chat_template)
+                   tokenizer_chat_template=args.tokenizer_chat_template, images=images)
 
 
 def _number(value: Any, where: str, flag: str) -> float:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from rlhfkit.data.images import RecordImages
 from rlhfkit.data.templates import (
     PromptFormatter,
     as_messages,
@@ -41,7 +42,7 @@ class SFTDataset:
     def __init__(self, records: Sequence[Any], tokenizer: Any, max_len: int, *, input_key: str = "input",
                  output_key: str | None = None, input_template: str | None = None,
                  apply_chat_template: bool = False, tokenizer_chat_template: str | None = None,
-                 multiturn: bool = False, pretrain_mode: bool = False):
+                 multiturn: bool = False, pretrain_mode: bool = False, images: RecordImages | None = None):
         if max_len < 2:
             raise ValueError(f"max_len must be >= 2 (got {max_len}): a sample needs a token and the one it predicts")
         self.tokenizer = tokenizer
@@ -51,6 +52,7 @@ class SFTDataset:
         self.multiturn = multiturn
         self.pretrain_mode = pretrain_mode
         self.chat = apply_chat_template or multiturn
+        self.images = images  # --image_key: samples also carry pixel_values and image_grid_thw
         # continued pretraining reads the raw text: no template (OpenRLHF's SFT dataset drops it there too)
         template = None if pretrain_mode else input_template
         self.format_prompt = PromptFormatter(tokenizer, template, self.chat, tokenizer_chat_template)
@@ -60,27 +62,33 @@ class SFTDataset:
         shortest_need: int | None = None
         for i, record in enumerate(records):
             where = locate(record, i)
+            record, pixels = self._with_images(record, where)
             ids, mask = join_pieces(self._pieces(record, where))
+            if pixels is not None and self.images is not None:
+                ids, mask = self.images.expand(ids, mask, pixels, where)
             start = first_target(mask)
             if start is None:
                 self._dropped_no_target += 1
                 continue
-            if start >= max_len:  # truncation from the end would cut every target token
+            # truncation from the end would cut every target token (or a part of an image's vision tokens)
+            keep = start if pixels is None else max(start, _last_image_token(ids, self.images))
+            if keep >= max_len:
                 self._dropped_too_long += 1
-                shortest_need = start + 1 if shortest_need is None else min(shortest_need, start + 1)
+                shortest_need = keep + 1 if shortest_need is None else min(shortest_need, keep + 1)
                 continue
-            self.samples.append(token_sample(ids[:max_len], mask[:max_len]))
+            self.samples.append({**token_sample(ids[:max_len], mask[:max_len]), **(pixels or {})})
         if not self.samples:
             self._raise_all_dropped(records, shortest_need)
 
     @classmethod
-    def from_args(cls, records: Sequence[Any], tokenizer: Any, data_args: Any) -> SFTDataset:
-        """Build from a `rlhfkit.config.common.DataArgs`."""
+    def from_args(cls, records: Sequence[Any], tokenizer: Any, data_args: Any,
+                  images: RecordImages | None = None) -> SFTDataset:
+        """Build from a `rlhfkit.config.common.DataArgs` (and the images of --image_key)."""
         a = data_args
         return cls(records, tokenizer, a.max_len, input_key=a.input_key, output_key=a.output_key,
                    input_template=a.input_template, apply_chat_template=a.apply_chat_template,
                    tokenizer_chat_template=a.tokenizer_chat_template, multiturn=a.multiturn,
-                   pretrain_mode=a.pretrain_mode)
+                   pretrain_mode=a.pretrain_mode, images=images)
 
     # -- sequence protocol ----------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -97,6 +105,16 @@ class SFTDataset:
     @property
     def num_dropped_too_long(self) -> int:
         return self._dropped_too_long
+
+    def _with_images(self, record: Any, where: str) -> tuple[Any, dict[str, torch.Tensor] | None]:
+        """The record with its images' placeholders in --input_key, and their pixels (None without images)."""
+        if self.images is None:
+            return record, None
+        images = self.images.read(record, where)
+        if not images:
+            return record, None
+        marked = self.images.marked(record, self.input_key, len(images), where, "--input_key")
+        return marked, self.images.pixels(images)
 
     # -- one record -----------------------------------------------------------------------------------------
     def _pieces(self, record: Any, where: str) -> list[Piece]:
@@ -183,3 +201,9 @@ class SFTDataset:
                             f"(shortest needs {shortest_need} tokens)")
         raise UserError(f"no record in {files} has a response to train on (--multiturn puts the loss on "
                         "assistant messages; none was found)")
+
+
+def _last_image_token(ids: Sequence[int], images: Any) -> int:
+    """Index of the last vision token in `ids` (0 when there is none)."""
+    token = images.tokens.image_token_id
+    return max((t for t, x in enumerate(ids) if x == token), default=0)

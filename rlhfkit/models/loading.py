@@ -20,6 +20,7 @@ from transformers import (
 from rlhfkit.config.common import ModelArgs
 from rlhfkit.errors import UserError
 from rlhfkit.models.gguf import is_gguf_path, resolve_pretrain
+from rlhfkit.models.vision import add_multimodal_positions, check_vision_family, is_vision_config
 
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
@@ -133,6 +134,12 @@ def load_causal_lm(path: str, *, attn_implementation: str = "sdpa", dtype: torch
     extra: dict[str, Any] = {}
     if quantization is not None:  # bitsandbytes places quantised weights at load time: straight onto this GPU
         extra = {"quantization_config": quantization, "device_map": {"": torch.cuda.current_device()}}
+    if is_vision_config(config):  # a vision-language model: its image-text-to-text class, with M-RoPE positions
+        from transformers import AutoModelForImageTextToText
+
+        check_vision_family(config, path, flag)
+        return add_multimodal_positions(_from_pretrained(AutoModelForImageTextToText, path, flag, dtype=dtype,
+                                                         attn_implementation=attn_implementation, **extra))
     model = _from_pretrained(AutoModelForCausalLM, path, flag, dtype=dtype,
                              attn_implementation=attn_implementation, **extra)
     return model

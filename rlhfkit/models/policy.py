@@ -28,24 +28,27 @@ def dense_rows(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, to
     """`batch` for a forward pass whose caller reduces over target tokens by sample (SFT, DPO, KTO): a right-padded
     batch re-laid out by `pack_rows` into fewer rows of the same width when that drops rows (the padding of
     short-answer batches is 10-30% of the tokens), else `batch` itself. Same log-probs: every sample keeps its
-    positions and sees only itself. Left alone: packed batches, flash-attention (it reads one packed row) and
+    positions and sees only itself. Left alone: packed batches, batches with images (their M-RoPE positions
+    follow the rows), flash-attention (it reads one packed row) and
     mixture-of-experts models (their router loss counts every row's tokens)."""
     inner = getattr(model, "module", model)
     config = getattr(inner, "config", None)
-    if ("sample_ids" in batch or "attention_mask" not in batch or "loss_mask" not in batch
+    if ("sample_ids" in batch or "pixel_values" in batch or "attention_mask" not in batch or "loss_mask" not in batch
             or attn_implementation_of(inner) not in ("sdpa", "eager") or hasattr(config, "output_router_logits")):
         return batch
     return pack_rows(batch) or batch
 
 
 def model_inputs(batch: dict[str, torch.Tensor], attn_implementation: str, dtype: torch.dtype) -> dict:
-    """Keyword arguments for a HF forward pass from a padded or packed batch."""
+    """Keyword arguments for a HF forward pass from a padded or packed batch, with its images' `pixel_values` and
+    `image_grid_thw` when it has some (`rlhfkit.models.vision` adds their M-RoPE positions)."""
+    images = {k: batch[k] for k in ("pixel_values", "image_grid_thw") if k in batch}
     if "sample_ids" in batch:
         inputs = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"]}
         if attn_implementation != "flash_attention_2":
             inputs["attention_mask"] = packed_attention_mask(batch["sample_ids"], dtype)
-        return inputs
-    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        return {**inputs, **images}
+    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], **images}
 
 
 def model_dtype(model: nn.Module) -> torch.dtype:

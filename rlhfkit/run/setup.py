@@ -33,6 +33,7 @@ from rlhfkit.models.loading import (
     apply_liger_kernel,
     check_model_path,
     load_causal_lm,
+    load_model_config,
     load_tokenizer_for,
     quantization_config,
     resolve_attn_implementation,
@@ -166,6 +167,7 @@ class OfflineRun:
     logger: MetricsLogger
     run: RunInfo  # the identity the trainer's checkpoints carry
     attn: str  # the attention implementation the flags resolve to (for more models, e.g. a reference)
+    processor_dir: str | None = None  # where the model's image processor is (a vision-language model's)
 
     def fit_and_save(self, trainer: Fits, save_path: str, kind: str,
                      before_save: Callable[[], None] | None = None) -> None:
@@ -176,9 +178,32 @@ class OfflineRun:
             if before_save is not None:
                 before_save()
             self.strategy.save_hf_model(self.engine, self.tokenizer, save_path)
+            copy_image_processor(self.processor_dir, save_path, self.strategy.is_rank0)
         finally:
             self.logger.close()
         self.strategy.print(f"{kind}: model saved to {save_path}; metrics in {self.logger.path}")
+
+
+def copy_image_processor(source: str | None, save_path: str, rank0: bool) -> None:
+    """A vision-language model's `preprocessor_config.json` next to its saved weights, so the saved directory is a
+    complete `--pretrain` for the next stage (the tokenizer is saved with the model already)."""
+    import shutil
+
+    config = os.path.join(source, "preprocessor_config.json") if source else ""
+    if rank0 and config and os.path.isfile(config):
+        shutil.copy(config, os.path.join(save_path, "preprocessor_config.json"))
+
+
+def load_record_images(cfg: OfflineConfig, tokenizer: Any) -> Any:
+    """The reader of --image_key images (`rlhfkit.data.images.RecordImages`) for the run's model; None without
+    --image_key. A text-only --pretrain is a UserError here, before any model loads."""
+    vision = getattr(cfg, "vision", None)
+    if vision is None or not vision.image_key:
+        return None
+    from rlhfkit.models.vision import record_images
+
+    path = check_model_path(cfg.model.pretrain)
+    return record_images(load_model_config(path), path, tokenizer, vision.image_key, vision.max_images_per_prompt)
 
 
 def assemble_offline(cfg: C, kind: str, load_datasets: Callable[[C, Any], tuple[Any, Any]], *,
@@ -205,9 +230,15 @@ def assemble_offline(cfg: C, kind: str, load_datasets: Callable[[C, Any], tuple[
     strategy.setup_distributed()
     steps = (len(train) // cfg.strategy.train_batch_size) * cfg.train.max_epochs
     model = load_model(cfg) if load_model is not None else load_trainable_lm(cfg.model)
+    vision = getattr(cfg, "vision", None)
+    if vision is not None and vision.freeze_visual_encoder:
+        from rlhfkit.models.vision import freeze_visual_encoder
+
+        strategy.print(f"{kind}: --freeze_visual_encoder: {freeze_visual_encoder(model)} vision tensors frozen")
     engine = strategy.prepare_train(model, cfg.strategy.learning_rate, steps)
     logger = make_logger(strategy, cfg.logging, cfg.checkpoint.save_path, kind, cfg)
-    return OfflineRun(strategy, tokenizer, train, evalset, steps, engine, logger, run, attn)
+    return OfflineRun(strategy, tokenizer, train, evalset, steps, engine, logger, run, attn,
+                      processor_dir=check_model_path(cfg.model.pretrain))
 
 
 # -- the RL runs (train_ppo, train_ppo_ray) ------------------------------------------------------------------

@@ -77,15 +77,17 @@ def load_unpaired_datasets(cfg: KTOConfig, tokenizer: Any) -> tuple[Any, Any]:
     """Tokenised (train, eval or None) UnpairedDatasets from --dataset / --eval_dataset and the KTO keys."""
     from rlhfkit.data.preference_dataset import UnpairedDataset
     from rlhfkit.data.readers import load_mixture
+    from rlhfkit.run.setup import load_record_images
 
     d = cfg.data
+    images = load_record_images(cfg, tokenizer)
 
     def build(spec: str, probs: str | None, split: str, max_samples: int | None, flag: str) -> UnpairedDataset:
         records = load_mixture(spec, probs, split, max_samples, cfg.strategy.seed, arg_name=flag)
         return UnpairedDataset(records, tokenizer, d.max_len, input_key=d.input_key,
                                output_key=d.output_key or "output", label_key=cfg.unpaired.label_key,
                                input_template=d.input_template, apply_chat_template=d.apply_chat_template,
-                               tokenizer_chat_template=d.tokenizer_chat_template)
+                               tokenizer_chat_template=d.tokenizer_chat_template, images=images)
 
     train = build(required(d.dataset, "dataset"), d.dataset_probs, d.dataset_split, d.max_samples, "--dataset")
     evalset = build(d.eval_dataset, None, d.eval_split, None, "--eval_dataset") if d.eval_dataset else None

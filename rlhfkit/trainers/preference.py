@@ -158,7 +158,8 @@ def sequence_logps(model: nn.Module, batch: dict[str, torch.Tensor], fp32: bool 
     if sequence_parallel_size() > 1:  # this rank's slice of every sample; sums over the group (no MoE aux loss)
         return (*sequence_parallel_sample_logps(model, batch, fp32), None)
     inner = getattr(model, "module", model)
-    shared = _shared_prompt_logps(model, batch, fp32) if "sample_ids" not in batch else None
+    # the shared-prompt forward runs ids only: a batch with images (or packed) takes the plain path
+    shared = _shared_prompt_logps(model, batch, fp32) if not {"sample_ids", "pixel_values"} & set(batch) else None
     if shared is not None:
         return (*shared, None)
     batch = dense_rows(model, batch)
@@ -295,15 +296,17 @@ def load_pair_datasets(cfg: RMConfig | DPOConfig, tokenizer: Any, need_margin: b
     """Tokenised (train, eval or None) PreferenceDatasets from the data and pair sections of `cfg`."""
     from rlhfkit.data.preference_dataset import PreferenceDataset
     from rlhfkit.data.readers import load_mixture
+    from rlhfkit.run.setup import load_record_images
 
     d, p = cfg.data, cfg.pairs
+    images = load_record_images(cfg, tokenizer)  # None for train_rm, which has no --image_key
 
     def build(spec: str, probs: str | None, split: str, max_samples: int | None, flag: str) -> PreferenceDataset:
         records = load_mixture(spec, probs, split, max_samples, cfg.strategy.seed, arg_name=flag)
         return PreferenceDataset(records, tokenizer, d.max_len, prompt_key=p.prompt_key, chosen_key=p.chosen_key,
                                  rejected_key=p.rejected_key, margin_key=p.margin_key if need_margin else None,
                                  input_template=d.input_template, apply_chat_template=d.apply_chat_template,
-                                 tokenizer_chat_template=d.tokenizer_chat_template)
+                                 tokenizer_chat_template=d.tokenizer_chat_template, images=images)
 
     train = build(required(d.dataset, "dataset"), d.dataset_probs, d.dataset_split, d.max_samples, "--dataset")
     evalset = build(d.eval_dataset, None, d.eval_split, None, "--eval_dataset") if d.eval_dataset else None

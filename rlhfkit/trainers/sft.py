@@ -144,12 +144,14 @@ def load_sft_datasets(cfg: SFTConfig, tokenizer: Any) -> tuple[Any, Any]:
     """Tokenised (train, eval or None) SFTDatasets from --dataset / --eval_dataset."""
     from rlhfkit.data.readers import load_mixture
     from rlhfkit.data.sft_dataset import SFTDataset
+    from rlhfkit.run.setup import load_record_images
 
     d = cfg.data
+    images = load_record_images(cfg, tokenizer)
 
     def tokenised(spec: str, probs: str | None, split: str, max_samples: int, flag: str) -> SFTDataset:
         records = load_mixture(spec, probs, split, max_samples, cfg.strategy.seed, arg_name=flag)
-        return SFTDataset.from_args(records, tokenizer, d)
+        return SFTDataset.from_args(records, tokenizer, d, images)
 
     train = tokenised(required(d.dataset, "dataset"), d.dataset_probs, d.dataset_split, d.max_samples, "--dataset")
     evalset = tokenised(d.eval_dataset, None, d.eval_split, 10**9, "--eval_dataset") if d.eval_dataset else None

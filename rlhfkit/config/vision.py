@@ -1,0 +1,45 @@
+"""The vision-language flags of the offline trainers (train_sft, train_dpo, train_kto): images under a record key,
+how many one record may hold, and training the language model only. The data format is in docs/vlm.md."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlhfkit.config.base import arg
+from rlhfkit.errors import UserError
+
+VISION_COMMANDS = "train_sft, train_dpo and train_kto"
+
+
+@dataclass
+class VisionArgs:
+    image_key: str | None = arg(None, "Record key of the prompt's images for a vision-language --pretrain "
+                                      "(Qwen2-VL / Qwen2.5-VL): a path, file:// URL or base64 text, or a list of "
+                                      "them; `<image>` in the prompt marks where each goes (default: first).")
+    max_images_per_prompt: int = arg(1, "Most images one record may hold under --image_key; a record with more "
+                                        "stops the run, naming the record.")
+    freeze_visual_encoder: bool = arg(False, "Train the language model only: the vision tower of a "
+                                             "vision-language --pretrain keeps its loaded weights.")
+
+    def validate(self) -> None:
+        if self.max_images_per_prompt < 1:
+            raise UserError(f"--max_images_per_prompt {self.max_images_per_prompt}: must be at least 1")
+
+
+def check_vision_flags(vision: VisionArgs, packing_samples: bool, ring_attn_size: int = 1) -> None:
+    """Rules joining the vision flags with the data and layout flags: packed rows do not carry images yet, and the
+    sequence-parallel attention does not split vision-language (M-RoPE) forwards."""
+    if vision.image_key and packing_samples:
+        raise UserError("--packing_samples with --image_key is not supported yet: packed rows do not carry "
+                        "images; drop --packing_samples (padded batches and --use_dynamic_batch work)")
+    if vision.image_key and ring_attn_size > 1:
+        raise UserError(f"--ring_attn_size {ring_attn_size} with --image_key is not supported yet: sequence "
+                        "parallelism does not split vision-language forwards; drop --ring_attn_size")
+
+
+def vision_inert_flags(vision: VisionArgs) -> dict[str, str]:
+    """Flags that cannot act without --image_key (see `rlhfkit.config.base.refuse_inert_flags`)."""
+    if vision.image_key:
+        return {}
+    return {"max_images_per_prompt": "counts the images under --image_key, which is not given: add --image_key or "
+                                     "drop --max_images_per_prompt"}

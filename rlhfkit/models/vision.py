@@ -1,0 +1,118 @@
+"""Vision-language models (the Qwen2-VL / Qwen2.5-VL family): what the data layer needs of them, their image
+processor, the forward hook that gives them multimodal rotary positions, and freezing the vision tower.
+
+Qwen2-VL places text and image tokens with multimodal rotary position ids (M-RoPE, Wang et al. 2024, "Qwen2-VL:
+Enhancing Vision-Language Model's Perception of the World at Any Resolution"): an image's tokens share one temporal
+index and take their row and column as the other two, text continues after the image's largest index. Transformers
+computes them inside the forward pass from `input_ids`, `image_grid_thw` and `mm_token_type_ids` (1 on image
+tokens). `add_multimodal_positions` fills `mm_token_type_ids` in from the ids, so every forward of the code base
+(log-probs, value heads, generation) only passes `pixel_values` and `image_grid_thw` along.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from rlhfkit.data.images import VisionTokens
+from rlhfkit.errors import UserError
+
+VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+M = TypeVar("M", bound=nn.Module)
+
+
+def is_vision_config(config: Any) -> bool:
+    """Whether a Transformers config is a vision-language model's (it has a vision tower)."""
+    return getattr(config, "vision_config", None) is not None
+
+
+def check_vision_family(config: Any, path: str, flag: str = "--pretrain") -> None:
+    """A UserError unless `config` is a vision-language model rlhfkit can feed images to."""
+    kind = getattr(config, "model_type", None)
+    if not is_vision_config(config):
+        raise UserError(f"--image_key needs a vision-language model, but {flag} {path} is a text-only {kind} model; "
+                        f"use a {' / '.join(VISION_FAMILIES)} model or drop --image_key")
+    if kind not in VISION_FAMILIES:
+        raise UserError(f"{flag} {path} is a {kind} vision-language model; rlhfkit feeds images to "
+                        f"{', '.join(VISION_FAMILIES)} models so far")
+
+
+def vision_tokens(config: Any, tokenizer: Any) -> VisionTokens:
+    """The image placeholder of a Qwen2-VL-family model: vision-start, one image-pad, vision-end (the pad token is
+    repeated per vision token after tokenisation)."""
+    ids = (config.vision_start_token_id, config.image_token_id, config.vision_end_token_id)
+    placeholder = "".join(tokenizer.convert_ids_to_tokens(list(ids)))
+    return VisionTokens(image_token_id=int(config.image_token_id), placeholder=placeholder,
+                        merge_size=int(config.vision_config.spatial_merge_size))
+
+
+def load_image_processor(path: str, flag: str = "--pretrain") -> Any:
+    """The model's image processor (`preprocessor_config.json`). Qwen2-VL's PIL implementation: the default one
+    needs torchvision, which the CPU install does not have, and both give the same pixels."""
+    import json
+    import os
+
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
+
+    config_path = os.path.join(path, "preprocessor_config.json")
+    if not os.path.isfile(config_path):
+        raise UserError(f"{flag} {path}: no preprocessor_config.json (the image processor); save the model's "
+                        "processor next to its weights")
+    with open(config_path, encoding="utf-8") as f:
+        settings = json.load(f)
+    keep = ("min_pixels", "max_pixels", "patch_size", "merge_size", "temporal_patch_size", "image_mean",
+            "image_std", "size", "do_resize", "do_rescale", "rescale_factor", "do_normalize", "do_convert_rgb")
+    return Qwen2VLImageProcessorPil(**{k: settings[k] for k in keep if k in settings})
+
+
+def _fill_mm_token_type_ids(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    ids = kwargs.get("input_ids")
+    if ids is None and args:
+        ids = args[0]
+    if kwargs.get("image_grid_thw") is not None and kwargs.get("mm_token_type_ids") is None and ids is not None:
+        image_token_id = module.config.image_token_id  # type: ignore[union-attr]
+        kwargs["mm_token_type_ids"] = (ids == image_token_id).to(torch.int)
+    return args, kwargs
+
+
+def add_multimodal_positions(model: M) -> M:
+    """Give a Qwen2-VL-family model's forward the `mm_token_type_ids` its M-RoPE positions need (from the ids)."""
+    model.register_forward_pre_hook(_fill_mm_token_type_ids, with_kwargs=True)
+    return model
+
+
+def vision_tower(model: nn.Module) -> nn.Module:
+    """The vision encoder (with its patch merger) of a Qwen2-VL-family model, plain or PEFT-wrapped."""
+    for owner in (model, getattr(model, "model", None), getattr(getattr(model, "base_model", None), "model", None)):
+        for candidate in (owner, getattr(owner, "model", None)):
+            tower = getattr(candidate, "visual", None)
+            if isinstance(tower, nn.Module):
+                return tower
+    raise UserError(f"{type(model).__name__} has no vision tower (`visual`) to freeze")
+
+
+def freeze_visual_encoder(model: nn.Module) -> int:
+    """`--freeze_visual_encoder`: the vision tower stops training (the optimizer sees only the language model);
+    returns how many tensors were frozen."""
+    frozen = 0
+    for p in vision_tower(model).parameters():
+        p.requires_grad_(False)
+        frozen += 1
+    return frozen
+
+
+def vision_parameter_names(model: nn.Module) -> list[str]:
+    """Names (in `model.named_parameters()`) of the vision tower's tensors."""
+    tower = {id(p) for p in vision_tower(model).parameters()}
+    return [n for n, p in model.named_parameters() if id(p) in tower]
+
+
+def record_images(config: Any, path: str, tokenizer: Any, image_key: str, max_images: int) -> Any:
+    """The data layer's reader of `--image_key` images for the vision-language model at `path` whose Transformers
+    config is `config` (a UserError for a text-only model or an unsupported family)."""
+    from rlhfkit.data.images import RecordImages
+
+    check_vision_family(config, path)
+    return RecordImages(vision_tokens(config, tokenizer), load_image_processor(path), image_key, max_images)
