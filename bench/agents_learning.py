@@ -222,6 +222,7 @@ def main() -> None:
     p.add_argument("--sft_steps", type=int, default=None, help="default: retry 450, calc 300, tools 800")
     p.add_argument("--rl_steps", type=int, default=None, help="default: retry 60, calc 120")
     p.add_argument("--eval_samples", type=int, default=2, help="episodes per held-out prompt")
+    p.add_argument("--reuse_sft", action="store_true", help="keep <out>/<task>_seed<seed>/sft from an earlier run")
     a = p.parse_args()
     from rlhfkit.demo.assets import build_demo_assets
 
@@ -250,8 +251,11 @@ def main() -> None:
         sft_data, rl_data = write_jsonl(out / "sft.jsonl", sft_records), write_jsonl(out / "rl.jsonl", rl_records)
         template = None
     start_model = str(out / "base") if a.task == "tools" else str(assets.model_dir)
-    sft_dir = sft(start_model, sft_data, out / "sft", sft_steps, a.seed, template,
-                  {"retry": 64, "calc": 96, "tools": 160}[a.task])
+    if a.reuse_sft and (out / "sft" / "model.safetensors").is_file():
+        sft_dir = out / "sft"  # a run that stopped after SFT: the same data and seed made it
+    else:
+        sft_dir = sft(start_model, sft_data, out / "sft", sft_steps, a.seed, template,
+                      {"retry": 64, "calc": 96, "tools": 160}[a.task])
     sft_time = time.time() - started
     before = evaluate(sft_dir, a.task, held_out, a.eval_samples, a.seed, max_steps, max_len)
     print("before", json.dumps(before), flush=True)
