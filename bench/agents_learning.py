@@ -72,8 +72,8 @@ def sft(base: str, data: Path, out: Path, steps: int, seed: int, template: str |
             "--zero_stage", "0", "--seed", str(seed), "--save_path", str(out), "--logging_steps", "50",
             "--ckpt_path", str(out.parent / f"{out.name}_ckpt"),
             "--adam_betas", "0.9", "0.98", "--disable_progress_bar"]
-    if template:
-        args += ["--input_template", template]
+    # train_sft's default template is OpenRLHF's "User: {}\nAssistant: "; records already rendered take none
+    args += ["--input_template", template or ""]
     module(args, out.parent / f"{out.name}.log")
     return out
 
