@@ -47,7 +47,7 @@ def check_tensor_parallel(cfg: Any) -> None:
     tp = getattr(strategy, "ds_tensor_parallel_size", 1)
     if tp < 1:
         raise UserError(f"{FLAG} {tp}: expected a positive size")
-    if tp == 1:
+    if tp == 1 or strategy is None:
         return
     if strategy.backend != "fsdp2":
         raise UserError(f"{FLAG} {tp} needs --backend fsdp2 (torch tensor parallel); rlhfkit does not use "

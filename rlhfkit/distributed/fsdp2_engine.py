@@ -90,7 +90,9 @@ def shard_model(model: nn.Module, bf16: bool, offload: bool, master_fp32: bool =
     if device_type == "cuda" and not offload:
         model = model.to(torch.device("cuda", torch.cuda.current_device()))
     if tp > 1:
-        parallelize_decoder([m for m in units_to_shard(model) if hasattr(m, "self_attn")], tp)
+        config = getattr(model, "config", None)
+        shape = config.to_dict() if config is not None else {}
+        parallelize_decoder([m for m in units_to_shard(model) if hasattr(m, "self_attn")], tp, shape)
         mesh = training_mesh(tp)["dp"]
     else:
         mesh = init_device_mesh(device_type, (dist.get_world_size(),))

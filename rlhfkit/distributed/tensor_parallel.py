@@ -53,13 +53,14 @@ def dp_group(tp: int) -> Any:
     return training_mesh(tp)["dp"].get_group() if tp > 1 else None
 
 
-def parallelize_decoder(layers: list[nn.Module], tp: int) -> None:
-    """Split each decoder layer's projections over the TP axis of `training_mesh(tp)` (in place)."""
+def parallelize_decoder(layers: list[nn.Module], tp: int, shape: dict[str, Any]) -> None:
+    """Split each decoder layer's projections over the TP axis of `training_mesh(tp)` (in place); `shape` is the
+    model's config (a dict)."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     if not layers:
         raise UserError("--ds_tensor_parallel_size: the model lists no decoder layers (_no_split_modules)")
-    problem = shape_problem(tp, layers[0].self_attn.config.to_dict()) if hasattr(layers[0], "self_attn") else None
+    problem = shape_problem(tp, shape.get("text_config", shape))
     if problem:  # a hub model, whose config.json the config layer could not read
         raise UserError(f"--ds_tensor_parallel_size {tp} does not divide {problem}")
     mesh = training_mesh(tp)["tp"]
