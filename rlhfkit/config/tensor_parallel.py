@@ -56,6 +56,9 @@ def check_tensor_parallel(cfg: Any) -> None:
     if world % tp:
         raise UserError(f"{FLAG} {tp} does not divide the world size ({world}); the data-parallel size is world / "
                         "tensor parallel size")
+    if getattr(strategy, "ring_attn_size", 1) > 1:
+        raise UserError(f"{FLAG} {tp} with --ring_attn_size: sequence and tensor parallelism do not combine yet; "
+                        "pick one")
     model = getattr(cfg, "model", None)
     if getattr(model, "lora_rank", 0) > 0:
         raise UserError(f"{FLAG} {tp} does not take LoRA (--lora_rank): the adapters would need splitting too; "

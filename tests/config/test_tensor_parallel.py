@@ -54,6 +54,7 @@ def test_both_spellings_take_tensor_parallel_on_fsdp2(model, monkeypatch):
     (4, "--backend fsdp2 --ds_tensor_parallel_size 4", "does not divide the model's KV heads \\(2\\)"),
     (2, "--backend fsdp2 --ds_tensor_parallel_size 2 --lora_rank 8", "does not take LoRA"),
     (2, "--backend fsdp2 --ds_tensor_parallel_size 0", "expected a positive size"),
+    (4, "--backend fsdp2 --ds_tensor_parallel_size 2 --ring_attn_size 2", "do not combine yet"),
 ])
 def test_bad_combinations_stop_with_one_line(model, monkeypatch, world, flags, message):
     monkeypatch.setenv("WORLD_SIZE", str(world))
