@@ -80,7 +80,7 @@ class StrategyArgs:
     ds_tensor_parallel_size: int = arg(1, "Tensor parallel size (OpenRLHF's flag): each decoder layer's attention "
                                           "and MLP projections split over this many ranks (torch tensor parallel, "
                                           "column- then row-wise) and FSDP2 shards over the rest (world size / "
-                                          "this). Needs --backend fsdp2 (DeepSpeed AutoTP is not used); SFT, RM, "
+                                          "this). Needs --backend fsdp2 (DeepSpeed AutoTP is not wired yet); SFT, RM, "
                                           "DPO and KTO only. Must divide the world size, the attention and KV "
                                           "heads and the MLP intermediate size.")
     adam_offload: bool = arg(False, "Keep optimizer states on the CPU (DeepSpeed CPU Adam).")

@@ -4,7 +4,9 @@ Tensor parallelism runs on `--backend fsdp2` only (torch's tensor parallel on a 
 `rlhfkit/distributed/tensor_parallel.py`); DeepSpeed's AutoTP is not used. It splits the attention heads, the KV
 heads and the MLP's intermediate features over the TP ranks, so the TP size must divide each of them (read from the
 model's config.json when --pretrain is a local directory) and the world size (the launcher's WORLD_SIZE), whose
-quotient is the data-parallel size. The RL roles do not take it yet.
+quotient is the data-parallel size. The RL roles do not take it yet. DeepSpeed 0.19.8's AutoTP does train on
+CPU/gloo (one step of the demo model with `tensor_parallel.autotp_size` 2 ran), but rlhfkit's DeepSpeed path (its
+export and checkpoints gather ZeRO shards, not AutoTP's) does not drive it yet.
 """
 
 from __future__ import annotations
@@ -50,8 +52,8 @@ def check_tensor_parallel(cfg: Any) -> None:
     if tp == 1 or strategy is None:
         return
     if strategy.backend != "fsdp2":
-        raise UserError(f"{FLAG} {tp} needs --backend fsdp2 (torch tensor parallel); rlhfkit does not use "
-                        "DeepSpeed's AutoTP: add --backend fsdp2")
+        raise UserError(f"{FLAG} {tp} needs --backend fsdp2 (torch tensor parallel); DeepSpeed's AutoTP is not "
+                        "wired into rlhfkit yet: add --backend fsdp2")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world % tp:
         raise UserError(f"{FLAG} {tp} does not divide the world size ({world}); the data-parallel size is world / "
