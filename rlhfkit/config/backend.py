@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlhfkit.config.tensor_parallel import check_tensor_parallel, refuse_tensor_parallel_for_rl
 from rlhfkit.errors import UserError
 
 #: DeepSpeed-only StrategyArgs flags, refused with --backend fsdp2 when the command gives them
@@ -23,6 +24,7 @@ _DEEPSPEED_ONLY = {
 
 def check_backend(cfg: Any, given: frozenset[str]) -> None:
     """Stop (UserError, one line) on a flag or feature that --backend fsdp2 does not take."""
+    check_tensor_parallel(cfg)
     strategy = getattr(cfg, "strategy", None)
     if strategy is None or getattr(strategy, "backend", "deepspeed") != "fsdp2":
         return
@@ -40,7 +42,9 @@ def check_backend(cfg: Any, given: frozenset[str]) -> None:
 
 def check_fsdp2_for_rl(cfg: Any) -> None:
     """The RL roles run on FSDP2 (actor and critic trained, reference and reward sharded for their forwards),
-    except a LoRA actor: its engine weights are merged adapters, which would need the whole model on one rank."""
+    except a LoRA actor: its engine weights are merged adapters, which would need the whole model on one rank; and
+    without tensor parallelism on any backend (`refuse_tensor_parallel_for_rl`)."""
+    refuse_tensor_parallel_for_rl(cfg.strategy)
     if cfg.strategy.backend == "fsdp2" and cfg.model.lora_rank > 0:
         raise UserError("--lora_rank is not supported with --backend fsdp2 for the RL roles yet (the adapters are "
                         "merged into full weights for the rollout engines); drop one of them")

@@ -77,6 +77,12 @@ class StrategyArgs:
                                     "and RL role (actor, critic, reference, reward; not a LoRA RL actor).",
                        choices=("deepspeed", "fsdp2"))
     zero_stage: int = arg(2, "DeepSpeed ZeRO stage.", choices=(0, 1, 2, 3))
+    ds_tensor_parallel_size: int = arg(1, "Tensor parallel size (OpenRLHF's flag): each decoder layer's attention "
+                                          "and MLP projections split over this many ranks (torch tensor parallel, "
+                                          "column- then row-wise) and FSDP2 shards over the rest (world size / "
+                                          "this). Needs --backend fsdp2 (DeepSpeed AutoTP is not wired yet); SFT, RM, "
+                                          "DPO and KTO only. Must divide the world size, the attention and KV "
+                                          "heads and the MLP intermediate size.")
     adam_offload: bool = arg(False, "Keep optimizer states on the CPU (DeepSpeed CPU Adam).")
     train_batch_size: int = arg(128, "Global training batch size (samples per optimizer step, all ranks).")
     micro_train_batch_size: int = arg(8, "Samples per forward/backward on one rank; gradient accumulation "

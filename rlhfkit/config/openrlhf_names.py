@@ -78,6 +78,7 @@ ALIASES: dict[str, str | tuple[str, ...]] = {
     "ds.zero_stage": "zero_stage",
     "ds.adam_offload": "adam_offload",
     "ds.zpg": "zpg",
+    "ds.tensor_parallel_size": "ds_tensor_parallel_size",
     "ds.overlap_comm": "overlap_comm",
     "ds.grad_accum_dtype": "grad_accum_dtype",
     "ds.enable_sleep": "deepspeed_enable_sleep",
@@ -312,19 +313,16 @@ ADAPTED: tuple[Adapted, ...] = (
 # -- no equivalent yet --------------------------------------------------------------------------------------
 _ROLLOUT_BUDGET = ("rlhfkit has one token budget for training and scoring forwards: --max_tokens_per_gpu "
                    "(--train.max_tokens_per_gpu)")
-_TP = "DeepSpeed tensor parallelism is not implemented; use ZeRO (--zero_stage 3)"
 _VLM = ("images train with train_sft, train_dpo and train_kto so far; RL (train_ppo, train_ppo_ray), train_rm "
         "and batch_inference do not take images yet")
 
 NOT_SUPPORTED: dict[str, str] = {
     # flat (OpenRLHF 0.8/0.9) flags
     "rollout_max_tokens_per_gpu": _ROLLOUT_BUDGET,
-    "ds_tensor_parallel_size": _TP,
     "disable_ds_ckpt": "checkpoints always hold the DeepSpeed states needed to resume",
     "use_ms": "ModelScope downloads are not supported; pass a local model directory",
     # dotted (OpenRLHF 0.10.2+) flags
     "rollout.max_tokens_per_gpu": _ROLLOUT_BUDGET,
-    "ds.tensor_parallel_size": _TP,
     "ds.experts_implementation": "MoE expert kernels are chosen by Transformers",
     "vllm.sync_with_ray": "weights reach the engines over --vllm_sync_backend or the Ray object store as chosen "
                           "by rlhfkit",

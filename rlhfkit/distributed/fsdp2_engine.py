@@ -72,20 +72,30 @@ def tied_duplicates(model: nn.Module) -> set[str]:
     return duplicates
 
 
-def shard_model(model: nn.Module, bf16: bool, offload: bool, master_fp32: bool = True) -> nn.Module:
-    """`fully_shard` each decoder layer, then the root (embeddings, final norm, head), over all ranks.
+def shard_model(model: nn.Module, bf16: bool, offload: bool, master_fp32: bool = True, tp: int = 1) -> nn.Module:
+    """`fully_shard` each decoder layer, then the root (embeddings, final norm, head), over all ranks; with `tp`
+    > 1 the decoder layers are first split over the TP axis of a (dp, tp) mesh and FSDP2 shards over dp only
+    (`rlhfkit.distributed.tensor_parallel`).
 
     A trained model's shards are fp32 (`master_fp32`: the copy AdamW updates; bf16 is a compute dtype). A frozen
     one (reference, reward: `prepare_frozen`) keeps the dtype it was loaded in, so a bf16 model holds bf16 shards."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+    from rlhfkit.distributed.tensor_parallel import parallelize_decoder, training_mesh
+
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    mesh = init_device_mesh(device_type, (dist.get_world_size(),))
     if master_fp32:
         model = model.float()
     if device_type == "cuda" and not offload:
         model = model.to(torch.device("cuda", torch.cuda.current_device()))
+    if tp > 1:
+        config = getattr(model, "config", None)
+        shape = config.to_dict() if config is not None else {}
+        parallelize_decoder([m for m in units_to_shard(model) if hasattr(m, "self_attn")], tp, shape)
+        mesh = training_mesh(tp)["dp"]
+    else:
+        mesh = init_device_mesh(device_type, (dist.get_world_size(),))
     kwargs: dict[str, Any] = {
         "mesh": mesh,
         "mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 and master_fp32 else None,
@@ -107,8 +117,27 @@ class FSDP2Engine(PlainTorchEngine):
     def _total_norm(self, grads: list[torch.Tensor]) -> torch.Tensor:
         from torch.distributed.tensor import DTensor
 
-        norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
-        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+        # with tensor parallelism the gradients live on two meshes (dp for whole weights, dp x tp for split
+        # ones): each mesh's norm is reduced over its own ranks, then the norms combine
+        by_mesh: dict[Any, list[torch.Tensor]] = {}
+        for g in grads:
+            by_mesh.setdefault(g.device_mesh if isinstance(g, DTensor) else None, []).append(g)
+        norms = []
+        for group in by_mesh.values():
+            norm = torch.nn.utils.get_total_norm(group)
+            norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        return torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros(())
+
+    def _clip(self, params: list[torch.Tensor], norm: torch.Tensor) -> None:
+        """Clip each mesh's gradients apart: torch's foreach scaling takes one mesh at a time (with tensor
+        parallelism the whole weights are on the dp mesh, the split ones on dp x tp)."""
+        from torch.distributed.tensor import DTensor
+
+        by_mesh: dict[Any, list[torch.Tensor]] = {}
+        for p in params:
+            by_mesh.setdefault(p.device_mesh if isinstance(p, DTensor) else None, []).append(p)
+        for group in by_mesh.values():
+            torch.nn.utils.clip_grads_with_norm_(group, self.max_norm, norm)
 
     def zero_optimization_stage(self) -> int:
         return 3  # parameters are sharded: callers that gather weights (export, weight sync) must do so
@@ -203,7 +232,7 @@ def prepare_fsdp2(strategy: Any, model: nn.Module, learning_rate: float, num_upd
     from rlhfkit.distributed import optimizers
 
     a = strategy.args
-    model = shard_model(model, strategy.bf16, a.adam_offload)
+    model = shard_model(model, strategy.bf16, a.adam_offload, tp=a.ds_tensor_parallel_size)
     optimizer = optimizers.make_optimizer(dataclasses.replace(a, adam_offload=False), model, learning_rate)
     scheduler = optimizers.make_scheduler(a, optimizer, num_update_steps)
     engine = FSDP2Engine(model, optimizer, scheduler, strategy.accumulation_steps, a.max_norm, a.train_batch_size)

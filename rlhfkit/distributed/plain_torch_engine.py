@@ -73,6 +73,10 @@ class PlainTorchEngine(nn.Module):
         """The 2-norm of all gradients (an FSDP2 engine's are shards: it reduces them over ranks)."""
         return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
 
+    def _clip(self, params: list[torch.Tensor], norm: torch.Tensor) -> None:
+        """Scale the gradients by min(1, max_norm / (norm + 1e-6)) (DeepSpeed's formula)."""
+        torch.nn.utils.clip_grads_with_norm_(params, self.max_norm, norm)
+
     def step(self) -> None:
         """Count a micro-batch; at the accumulation boundary clip, step the optimizer and the LR schedule."""
         if self.is_gradient_accumulation_boundary():
@@ -86,7 +90,7 @@ class PlainTorchEngine(nn.Module):
                 self.skipped_steps += 1
             else:
                 if self.max_norm > 0 and params:
-                    torch.nn.utils.clip_grads_with_norm_(params, self.max_norm, norm)
+                    self._clip(params, norm)
                 self.optimizer.step()
                 if self.lr_scheduler is not None:
                     self.lr_scheduler.step()

@@ -23,7 +23,7 @@ from torch import nn
 
 from rlhfkit.config.common import StrategyArgs, check_batch_split
 from rlhfkit.config.sequence_parallel import check_ring_world
-from rlhfkit.distributed import optimizers
+from rlhfkit.distributed import optimizers, tensor_parallel
 from rlhfkit.distributed.determinism import enable_full_determinism, flag_from_env, note_gpu_limits
 from rlhfkit.distributed.launch import default_ds_accelerator, init_distributed, world_size_from_env
 from rlhfkit.distributed.plain_torch_engine import PlainTorchEngine
@@ -65,11 +65,16 @@ class DeepSpeedStrategy:
         self.bf16 = bf16
         self.gradient_checkpointing = gradient_checkpointing
         self.gradient_checkpointing_use_reentrant = gradient_checkpointing_use_reentrant
-        # --ring_attn_size ranks share each sample (sequence parallelism): the batch splits over world / that
+        # --ring_attn_size ranks share each sample (sequence parallelism) and --ds_tensor_parallel_size ranks each
+        # sample and its whole computation (`rank` and `world_size` leave TP's duplicates out): the batch splits
+        # over world / both
+        self.tp = getattr(args, "ds_tensor_parallel_size", 1)
         sp = args.ring_attn_size
         self.accumulation_steps = check_batch_split(
-            args.train_batch_size, args.micro_train_batch_size, check_ring_world(sp, world_size_from_env()),
-            "world size" if sp == 1 else f"data-parallel world size (world / --ring_attn_size {sp})")
+            args.train_batch_size, args.micro_train_batch_size,
+            check_ring_world(sp, world_size_from_env() // self.tp),
+            "world size" if sp == self.tp == 1 else
+            f"data-parallel world size (world / --ring_attn_size {sp} / --ds_tensor_parallel_size {self.tp})")
 
     # -- process group -------------------------------------------------------------------------------------
     def setup_distributed(self) -> None:
@@ -95,11 +100,13 @@ class DeepSpeedStrategy:
 
     @property
     def rank(self) -> int:
-        return dist.get_rank() if dist.is_initialized() else 0
+        """The process rank with tensor parallelism's duplicates left out (global rank // TP size)."""
+        return tensor_parallel.dp_rank(self.tp)
 
     @property
     def world_size(self) -> int:
-        return dist.get_world_size() if dist.is_initialized() else 1
+        """The ranks that see different data or parts of it: world / --ds_tensor_parallel_size."""
+        return tensor_parallel.dp_size(self.tp)
 
     @property
     def dp_rank(self) -> int:
@@ -113,7 +120,7 @@ class DeepSpeedStrategy:
 
     @property
     def is_rank0(self) -> bool:
-        return self.rank == 0
+        return not dist.is_initialized() or dist.get_rank() == 0
 
     @property
     def device(self) -> torch.device:
@@ -135,13 +142,13 @@ class DeepSpeedStrategy:
     def all_reduce(self, value: torch.Tensor, op: str = "mean") -> torch.Tensor: ...
 
     def all_reduce(self, value: float | torch.Tensor, op: str = "mean") -> float | torch.Tensor:
-        """Reduce a number or tensor over ranks (`mean`, `sum` or `max`)."""
+        """Reduce a number or tensor over ranks, one per TP group (`mean`, `sum` or `max`)."""
         is_number = not isinstance(value, torch.Tensor)
         t = (value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(value, dtype=torch.float64)).clone()
         if self.world_size > 1:
             reduce_op = {"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
             device_t = t.to(self.device)
-            dist.all_reduce(device_t, op=reduce_op)
+            dist.all_reduce(device_t, op=reduce_op, group=tensor_parallel.dp_group(self.tp))
             t = device_t.cpu()
             if op == "mean":
                 t = t / self.world_size
