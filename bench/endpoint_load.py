@@ -6,8 +6,9 @@ delay (so the figures measure the server, not a model), and
    request while they are open;
 2. 64 episodes driven at once by the official `openai` client (two chat turns each): wall time and p50/p99 latency;
 3. fairness (issue 25 acceptance 4): 19 clients x 200 small one-turn requests alone, then beside a 20th client
-   sending 1 MB requests (a million-token prompt for the stand-in tokenizer, far past any run's context) the whole
-   time: the small requests' p99 beside it over their p99 alone (target < 2x);
+   sending 1 MB requests (a million-token prompt for the stand-in tokenizer, within its 1.1M-token context) the whole
+   time: the small requests' p99 beside it over their p99 alone (target < 2x); then the same beside 4 MB requests,
+   past the context (refused with a 400 before the engine, the trace or the reply see them);
 4. 50 MB bodies, to a served episode's URL and to an unknown key: 413 before the body is read.
 Writes bench/results/endpoint_load.md. Run: `.venv/bin/python bench/endpoint_load.py` (about a minute).
 """
@@ -40,6 +41,7 @@ class Tokenizer:
     """Just enough of a tokenizer: one id per character, a chat template of role-prefixed lines."""
 
     eos_token, eos_token_id, bos_token_id, chat_template = "$", 36, None, ""
+    model_max_length = 1_100_000  # a long-context model: 1 MB prompts fit, 4 MB ones are refused before the engine
 
     def encode(self, text, add_special_tokens=False):
         # In C, like a run's (Rust) tokenizer: a pure-Python loop here would hold the GIL for seconds per big request
@@ -113,14 +115,14 @@ def small_requests(loop, count: int) -> list[float]:
     return times
 
 
-def big_requests(loop, stop: threading.Event) -> int:
-    """1 MB prompts until `stop`: how many were served."""
+def big_requests(loop, stop: threading.Event, chars: int) -> tuple[int, int]:
+    """Prompts of `chars` characters until `stop`: (served, refused with a 400)."""
     import httpx
 
     from rlhfkit.agents import endpoint_server as es
     from rlhfkit.agents.openai_endpoint import EpisodeEndpoint, Trace
 
-    content, served = "x" * BIG_CHARS, 0
+    content, served, refused = "x" * chars, 0, 0
     with httpx.Client(timeout=300) as http:
         while not stop.is_set():
             url, key = es.server().register(EpisodeEndpoint(Trace(Tokenizer(), 100), Engine(), {}, loop))
@@ -128,20 +130,22 @@ def big_requests(loop, stop: threading.Event) -> int:
                 {"role": "user", "content": content}]})
             es.server().unregister(key)
             served += reply.status_code == 200
-    return served
+            refused += reply.status_code == 400
+    return served, refused
 
 
 def p99(times: list[float]) -> float:
     return sorted(times)[int(0.99 * (len(times) - 1))]
 
 
-def fairness(loop) -> tuple[float, float, int]:
-    """(p99 of the small requests alone, p99 beside the big client, big requests served meanwhile)."""
+def fairness(loop, chars: int) -> tuple[float, float, tuple[int, int]]:
+    """(p99 of the small requests alone, p99 beside a client sending `chars`-character prompts, (its requests
+    served, refused))."""
     with ThreadPoolExecutor(19) as pool:
         alone = [t for times in pool.map(lambda _: small_requests(loop, 200), range(19)) for t in times]
     stop = threading.Event()
     with ThreadPoolExecutor(20) as pool:
-        big = pool.submit(big_requests, loop, stop)
+        big = pool.submit(big_requests, loop, stop, chars)
         time.sleep(0.5)
         beside = [t for times in pool.map(lambda _: small_requests(loop, 200), range(19)) for t in times]
         stop.set()
@@ -180,7 +184,8 @@ def main() -> None:
         latencies = [t for times in pool.map(lambda _: episode(loop), range(64)) for t in times]
     wall = time.perf_counter() - started
     latencies.sort()
-    alone, beside, served = fairness(loop)
+    alone, beside, (served, _) = fairness(loop, BIG_CHARS)
+    alone4, beside4, (_, refused4) = fairness(loop, 4 * BIG_CHARS)
     from rlhfkit.agents.openai_endpoint import EpisodeEndpoint, Trace
 
     url, key = es.server().register(EpisodeEndpoint(Trace(Tokenizer(), 100), Engine(), {}, loop))
@@ -203,6 +208,8 @@ def main() -> None:
         f"| 19 clients x 200 small requests alone: p99 | {alone * 1000:.0f} ms |",
         f"| the same beside a 20th client sending 1 MB requests: p99 | {beside * 1000:.0f} ms: "
         f"{beside / alone:.2f}x alone (target < 2x); {served} big requests served meanwhile |",
+        f"| the same alone, then beside a client sending 4 MB requests (over the context): p99 | "
+        f"{alone4 * 1000:.0f} ms, then {beside4 * 1000:.0f} ms: {beside4 / alone4:.2f}x; {refused4} refused (400) |",
         f"| a 50 MB body to a served episode / to an unknown key | {too_big[0]} / {too_big[1]} |",
         "",
     ]

@@ -96,6 +96,13 @@ class Trace:
         return context
 
 
+def context_limit(tokenizer: Any) -> int | None:
+    """The model's context in tokens, from its tokenizer's `model_max_length` (None when unset: Transformers then
+    holds a huge sentinel)."""
+    limit = getattr(tokenizer, "model_max_length", None)
+    return limit if isinstance(limit, int) and 0 < limit < 10**9 else None
+
+
 def _continues(new: Any, old: Any) -> bool:
     if isinstance(old, list):
         return isinstance(new, list) and new[:len(old)] == old
@@ -201,6 +208,11 @@ class EpisodeEndpoint:
         wanted = body.max_completion_tokens or body.max_tokens
         budget = min(room, int(wanted)) if wanted else room
         context = first_ids if episode is None else episode.prompt_ids + episode.response_ids + feedback
+        limit = context_limit(self.trace.tokenizer)
+        if limit is not None and len(context) >= limit:  # refused before the engine, the trace or the reply see it
+            raise EndpointError(f"the conversation has {len(context)} tokens, at or over the model's context of "
+                                f"{limit} (its tokenizer's model_max_length): shorten it")
+        budget = min(budget, limit - len(context)) if limit is not None else budget
         future = asyncio.run_coroutine_threadsafe(self.llm_engine.generate(context, budget, self.sampling), self.loop)
         sample = future.result(timeout=GENERATE_TIMEOUT_S)
         return sample, self.trace.record(first_ids, feedback, sample)

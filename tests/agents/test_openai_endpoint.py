@@ -162,3 +162,25 @@ def test_one_rl_step_trains_on_http_driven_episodes(demo_assets, tmp_path):
     # the actor's log-probs of every action token (the second turn's too, past the feedback) are the engine's
     assert step["train/rollout_logprob_diff"] < 1e-4
     assert (save / "model.safetensors").is_file()
+
+
+class LongPrompt(OpenAIAgentExecutor):
+    """Sends a conversation past the model's context, then a short one."""
+
+    def run_agent(self, base_url: str, prompt: str, label) -> float:
+        self.error = refused(f"{base_url}/chat/completions", {"messages": [{"role": "user", "content": "7 " * 600}]})
+        self.reply = post(f"{base_url}/chat/completions", {"messages": [{"role": "user", "content": prompt}],
+                                                           "max_tokens": 3})
+        return 1.0
+
+
+def test_a_conversation_past_the_model_s_context_is_refused_before_the_engine(policy):
+    tok, generate, calls = policy
+    calls.clear()
+    assert tok.model_max_length == 512
+    llm = BatchingGenerator(generate, SAMPLING, seed=0)
+    agent = LongPrompt().bind(max_steps=2, max_length=40, llm_engine=llm, hf_tokenizer=tok, step_timeout=120)
+    llm.active = 1
+    episode = asyncio.run(agent.execute(Prompt("What is 2+3?", [tok.bos_token_id]), "5", dict(SAMPLING)))
+    assert "at or over the model's context of 512" in agent.error
+    assert len(calls) == 1 and agent.reply["prompt_token_ids"] == calls[0][0] == episode.prompt_ids
