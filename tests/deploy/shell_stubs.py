@@ -18,7 +18,7 @@ TOOLS = ("bash", "head", "tail", "cat", "tr", "cut", "wc", "grep", "sed", "awk",
 _END = "\x1e"  # record separator written after each call's NUL-separated argv
 
 _RECORDER = """#!/bin/bash
-{ printf '%s\\0' "${0##*/}" "$@"; printf '\\036\\0'; } >> "$STUB_CALLS"
+printf '%s\\0' "${0##*/}" "$@" $'\\036' >> "$STUB_CALLS"
 """
 
 

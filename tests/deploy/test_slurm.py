@@ -20,7 +20,7 @@ from tests.deploy.test_skypilot import _flat
 REPO = Path(__file__).resolve().parents[2]
 SBATCH = REPO / "deploy" / "slurm" / "ppo.sbatch"
 HEAD_IP = "10.1.2.3"
-RECORD = """{ printf '%s\\0' "${0##*/}" "$@"; printf '\\036\\0'; } >> "$STUB_CALLS"\n"""
+RECORD = """printf '%s\\0' "${0##*/}" "$@" $'\\036' >> "$STUB_CALLS"\n"""
 
 
 def _stub(bin_dir: Path, name: str, body: str) -> None:
