@@ -27,6 +27,7 @@ from common import (
 )
 
 BATCH = 8
+EXTRA: list[str] = []  # more rlhfkit flags for the rlhfkit child (bench/gpu: --backend fsdp2)
 LR = 1e-5
 BF16 = False  # the GPU suite (bench/gpu/suite.py) sets it
 BETA = 0.1
@@ -70,8 +71,8 @@ def child_rlhfkit(model: Path, data: Path, out: Path, max_len: int, steps: int) 
         "--rejected_key", "rejected", "--max_len", str(max_len), "--train_batch_size", str(BATCH),
         "--micro_train_batch_size", str(BATCH), "--max_steps", str(steps), "--max_epochs", "1", "--beta", str(BETA),
         "--learning_rate", str(LR), "--lr_warmup_ratio", "0",
-        *(["--bf16"] if BF16 else []), "--zero_stage", "0", "--save_path", str(out),
-        "--disable_progress_bar", "--logging_steps", "1", "--adam_betas", "0.9", "0.999"], "bench")
+        *(["--bf16"] if BF16 else []), *([] if "fsdp2" in EXTRA else ["--zero_stage", "0"]), "--save_path", str(out),
+        "--disable_progress_bar", "--logging_steps", "1", "--adam_betas", "0.9", "0.999", *EXTRA], "bench")
     run_dpo(cfg)
     return clock
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU suite in one command, for the lent GPU machine (no network; torch and transformers in its image):
 #   bench/gpu/run.sh                 on the device, from the repo root, with the wheels of bench/gpu/README.md in .whl/
+#   PROFILE=1 bench/gpu/run.sh       on the device: bench/gpu/step_profile.py (torch.profiler of SFT/DPO) instead
 #   SMOKE=1 PYTHON=.venv/bin/python bench/gpu/run.sh    here, on CPU: the same path at tiny sizes, with ray and vllm
 #                                    made unimportable (bench/gpu/offline_shim) and the imported modules listed
 # Ends within TOTAL_S seconds (default 450) whatever happens: the suite gets what is left after the install, under
@@ -75,13 +76,17 @@ left=$((TOTAL_S - SECONDS - 25))  # 25 s: kill grace and the copy below
 [ "$left" -lt 120 ] && left=120   # a slow install must not leave the suite nothing
 args=(--workdir "$WORK" --budget_s $((left - 15)))
 [ "$SMOKE" = 1 ] && args+=(--smoke --threads 1)
-timeout -k 10 "$left" "$PY" bench/gpu/suite.py "${args[@]}"
+if [ "${PROFILE:-0}" = 1 ]; then  # bench/gpu/step_profile.py instead of the suite: where SFT/DPO step time goes
+  timeout -k 10 "$left" "$PY" bench/gpu/step_profile.py "${args[@]}" --out "$OUT"
+else
+  timeout -k 10 "$left" "$PY" bench/gpu/suite.py "${args[@]}"
+fi
 rc=$?
 [ $rc = 124 ] && echo "!!! the suite overran its ${left} s and was killed; gpu.md holds the stages that finished"
 mark "stage suite ended: exit $rc"
 
 mark "stage copy"
-if [ "$SMOKE" = 1 ]; then cp "$WORK/gpu_smoke.md" "$OUT/gpu.md" 2>/dev/null; else cp bench/results/gpu.md "$OUT/gpu.md"; fi
+if [ "${PROFILE:-0}" = 1 ]; then :; elif [ "$SMOKE" = 1 ]; then cp "$WORK/gpu_smoke.md" "$OUT/gpu.md" 2>/dev/null; else cp bench/results/gpu.md "$OUT/gpu.md"; fi
 cp "$WORK/gpu_results.json" "$OUT/" 2>/dev/null || echo "no gpu_results.json"
 for f in "$WORK"/logs/*.log; do [ -f "$f" ] && { echo "##### $f"; tail -c 2000000 "$f"; }; done > "$OUT/children.log"
 if [ "$SMOKE" = 1 ] && [ -f "$WORK/imports.txt" ]; then
