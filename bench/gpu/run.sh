@@ -77,7 +77,7 @@ left=$((TOTAL_S - SECONDS - 25))  # 25 s: kill grace and the copy below
 args=(--workdir "$WORK" --budget_s $((left - 15)))
 [ "$SMOKE" = 1 ] && args+=(--smoke --threads 1)
 if [ "${PROFILE:-0}" = 1 ]; then  # bench/gpu/step_profile.py instead of the suite: where SFT/DPO step time goes
-  timeout -k 10 "$left" "$PY" bench/gpu/step_profile.py "${args[@]}" --out "$OUT"
+  timeout -k 10 "$left" "$PY" bench/gpu/step_profile.py "${args[@]}" --out "$OUT" ${STAGES:+--stages "$STAGES"}
 else
   timeout -k 10 "$left" "$PY" bench/gpu/suite.py "${args[@]}"
 fi

@@ -28,12 +28,31 @@ import common  # noqa: E402
 
 MARK = "PROFILE_RESULT "
 # (system, workload, backend): interleaved so a budget cut loses the end of the list, not a whole system
-STAGES = [("rlhfkit", "sft", "deepspeed"), ("trl", "sft", ""), ("rlhfkit", "sft", "fsdp2"),
-          ("rlhfkit", "dpo", "deepspeed"), ("trl", "dpo", ""), ("rlhfkit", "dpo", "fsdp2")]
+# A stage is "system,workload,backend[,variants]" with variants joined by "+": nocudnn (SDPA without its cuDNN
+# kernel, both systems), plain (rlhfkit without its CPU-tuned forwards: no shared-prompt DPO pass, no re-laid-out
+# rows, no trimmed last layer / late LM head).
+STAGES = ["rlhfkit,sft,deepspeed", "trl,sft,", "rlhfkit,sft,fsdp2", "rlhfkit,dpo,deepspeed", "trl,dpo,",
+          "rlhfkit,dpo,fsdp2"]
 
 
-def child(system: str, workload: str, backend: str, args: argparse.Namespace) -> None:
+def apply_variants(variants: list[str]) -> None:
+    import torch
+
+    if "nocudnn" in variants:
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    if "plain" in variants:
+        from rlhfkit.trainers import preference, sft
+
+        preference._shared_prompt_logps = lambda *a, **k: None
+        for module in (preference, sft):
+            module.dense_rows = lambda model, batch: batch
+            module.first_target_position = lambda batch: 0
+
+
+def child(stage: str, args: argparse.Namespace) -> None:
     """One stage in this process: time every step, profile steps warmup+1 and warmup+2, print tables and a result."""
+    system, workload, backend, *rest = stage.split(",")
+    apply_variants(rest[0].split("+") if rest else [])
     import dpo
     import sft
     import suite
@@ -73,7 +92,7 @@ def child(system: str, workload: str, backend: str, args: argparse.Namespace) ->
         prof.stop()
         window.append(time.perf_counter())
     times = result[workload]
-    summary = {"stage": f"{system}-{workload}-{backend or 'trl'}", "median_step_s": statistics.median(times),
+    summary = {"stage": stage, "median_step_s": statistics.median(times),
                "steps": len(times), "peak_gib": result[f"{workload}_peak_gib"]}
     if len(window) == 2:
         events = prof.key_averages()
@@ -93,9 +112,9 @@ def child(system: str, workload: str, backend: str, args: argparse.Namespace) ->
     print(MARK + json.dumps(summary), flush=True)
 
 
-def run_stage(stage: tuple[str, str, str], args: argparse.Namespace, paths: dict, timeout: float, log) -> dict:
-    system, workload, backend = stage
-    cmd = [sys.executable, str(Path(__file__)), "--child", ",".join(stage), "--workdir", args.workdir,
+def run_stage(stage: str, args: argparse.Namespace, paths: dict, timeout: float, log) -> dict:
+    system = stage.split(",")[0]
+    cmd = [sys.executable, str(Path(__file__)), "--child", stage, "--workdir", args.workdir,
            "--paths", json.dumps(paths)] + (["--smoke"] if args.smoke else [])
     env = common.child_env("trl" if system == "trl" else "rlhfkit", args.threads)
     env["PYTHONPATH"] = os.pathsep.join(p for p in [str(HERE.parent), str(HERE), env["PYTHONPATH"],
@@ -109,10 +128,10 @@ def run_stage(stage: tuple[str, str, str], args: argparse.Namespace, paths: dict
     except subprocess.TimeoutExpired as exc:
         out, err, error = str(exc.stdout or ""), str(exc.stderr or ""), f"killed at {timeout:.0f} s"
     took = time.monotonic() - started
-    log.write(f"\n\n======== {'-'.join(stage)} ({took:.0f} s) {error}\n{out}\n--- stderr tail ---\n{err[-6000:]}\n")
+    log.write(f"\n\n======== {stage} ({took:.0f} s) {error}\n{out}\n--- stderr tail ---\n{err[-6000:]}\n")
     log.flush()
     lines = [x for x in out.splitlines() if x.startswith(MARK)]
-    result = json.loads(lines[-1][len(MARK):]) if lines else {"stage": "-".join(stage)}
+    result = json.loads(lines[-1][len(MARK):]) if lines else {"stage": stage}
     result.update(wall_s=round(time.monotonic() - started, 1), error=error)
     return result
 
@@ -124,11 +143,12 @@ def main() -> None:
     p.add_argument("--out", default=str(common.ROOT / "runs" / "gpu_out"))
     p.add_argument("--budget_s", type=float, default=0)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--stages", default=";".join(STAGES), help="stages, ';'-separated (see STAGES)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--paths", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        return child(*args.child.split(","), args)  # type: ignore[call-arg]
+        return child(args.child, args)
     import suite
     import torch
 
@@ -139,12 +159,12 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     with open(out / "profile.log", "w") as log:
-        for stage in STAGES:
-            if stage[0] == "trl" and not (common.TRL_DIR / "trl").is_dir():
+        for stage in args.stages.split(";"):
+            if stage.startswith("trl,") and not (common.TRL_DIR / "trl").is_dir():
                 continue
             left = deadline - time.monotonic()
             if left < 45:
-                rows.append({"stage": "-".join(stage), "error": f"not run: {left:.0f} s left"})
+                rows.append({"stage": stage, "error": f"not run: {left:.0f} s left"})
                 continue
             rows.append(run_stage(stage, args, paths, min(left, 150), log))
             write_summary(out / "profile.md", rows)
