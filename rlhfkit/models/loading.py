@@ -61,7 +61,19 @@ def resolve_attn_implementation(attn_implementation: str, flash_attn: bool) -> s
     return impl
 
 
+def avoid_cudnn_attention(attn_implementation: str | None) -> None:
+    """On a CUDA GPU, SDPA runs without its cuDNN kernel (process-wide): PyTorch 2.11 picks cuDNN attention first on
+    Hopper, and cuDNN builds an execution plan for every new batch shape, which training batches (a new padded
+    length each step) keep asking for. Measured on an H200 (bench/results/gpu.md, 2026-11-27, Qwen2.5-0.5B shape,
+    bf16): with cuDNN, attention took 78% of an rlhfkit SFT step's CPU time; without it SFT steps were 1.37x and
+    TRL's 1.48x faster, DPO likewise. PyTorch then uses its flash (no mask) or memory-efficient (padding mask)
+    kernels. No effect on CPU or with other attention implementations."""
+    if attn_implementation == "sdpa" and torch.cuda.is_available():
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def _from_pretrained(loader: Any, path: str, flag: str, **kwargs: Any) -> Any:
+    avoid_cudnn_attention(kwargs.get("attn_implementation"))
     try:
         return loader.from_pretrained(path, **kwargs)
     except (OSError, ValueError, KeyError) as e:

@@ -76,3 +76,23 @@ def test_nonfinite_update_is_skipped_counted_and_too_many_in_a_row_stop(world_of
     with pytest.raises(NonFiniteStop, match=r"sft stopped at step 5: 2 optimizer steps in a row .* non-finite"):
         guard.after_step(5, engine)
     assert unchanged(before, module)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_weights_finite_finds_one_bad_entry_among_mixed_dtypes(bad):
+    """The fused check (one norm per tensor, one sync per dtype) against the per-entry definition."""
+    from rlhfkit.distributed.nonfinite import weights_finite
+
+    params = [torch.nn.Parameter(torch.randn(5, 3)), torch.nn.Parameter(torch.randn(7).to(torch.bfloat16)),
+              torch.nn.Parameter(torch.randn(2, 2, 2, dtype=torch.float64))]
+    assert weights_finite(params)
+    for p in params:
+        with torch.no_grad():
+            saved = p.view(-1)[1].clone()
+            p.view(-1)[1] = bad
+        assert not weights_finite(params), p.dtype
+        with torch.no_grad():
+            p.view(-1)[1] = saved
+    frozen = torch.nn.Parameter(torch.full((3,), bad), requires_grad=False)  # not trained: not checked
+    assert weights_finite(params + [frozen])
+    assert weights_finite([])

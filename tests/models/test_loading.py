@@ -29,3 +29,24 @@ def test_names_what_is_missing_here():
     assert ("a CUDA GPU" in message) == (not torch.cuda.is_available())
     assert ("bitsandbytes package" in message) == (importlib.util.find_spec("bitsandbytes") is None)
     assert "drop --load_in_4bit" in message and "\n" not in message
+
+
+def test_sdpa_on_a_gpu_runs_without_the_cudnn_kernel(monkeypatch):
+    """bench/results/gpu.md: cuDNN attention re-plans every new batch shape; rlhfkit turns it off where it loads an
+    SDPA model on CUDA, and leaves it alone on CPU and for other kernels."""
+    from rlhfkit.models.loading import avoid_cudnn_attention
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        avoid_cudnn_attention("sdpa")
+        assert torch.backends.cuda.cudnn_sdp_enabled()  # CPU: untouched
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        avoid_cudnn_attention("eager")
+        avoid_cudnn_attention("flash_attention_2")
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        avoid_cudnn_attention("sdpa")
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
