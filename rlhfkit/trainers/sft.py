@@ -45,15 +45,19 @@ class SFTTrainer(OfflineTrainer):
         The cross-entropy part is the micro-batch's summed token NLL divided by `step_tokens` (the optimizer step's
         target count on this rank; default: this micro-batch's own, i.e. its mean), and the MoE router
         load-balancing loss (`rlhfkit.models.moe`) counts with aux_loss_coef x the micro-batch's share of those
-        tokens, so micro-batches of any size add up to the step's loss."""
+        tokens, so micro-batches of any size add up to the step's loss.
+
+        `batch` may still be on the host: the layout decisions (token count, denser rows, first target column) read
+        it there, so a GPU gets the batch with no host sync in between (bench/results/gpu_profile.md)."""
         targets = int(batch["loss_mask"][:, 1:].sum())
         if sequence_parallel_size() > 1:  # this rank's slice of the tokens: the group's parts sum to the loss
-            logps, _, _, _ = sequence_parallel_logprobs(self.engine, batch)
+            logps, _, _, _ = sequence_parallel_logprobs(self.engine, to_device(batch, self.strategy.device))
             ce = -logps.sum() / (step_tokens or max(targets, 1))
             return ce, ce, None
         # The same loss, cheaper: fewer, fuller rows where the padding allows, and no LM head on prompt columns
         batch = dense_rows(self.engine, batch)
         start = first_target_position(batch)
+        batch = to_device(batch, self.strategy.device)
         with router_aux_loss(self.engine, self.aux_loss_coef > 0) as aux:
             logits = forward_logits(self.engine, batch, start)
         step_tokens = step_tokens or max(targets, 1)
@@ -69,10 +73,10 @@ class SFTTrainer(OfflineTrainer):
         """Forward and backward one micro-batch (`micro_loss` with the step's token count); returns the (detached)
         cross-entropy part, the micro-batch's token count and the MoE router loss (None for dense models /
         --aux_loss_coef 0)."""
-        batch = to_device(batch, self.strategy.device)
+        tokens = int(batch["loss_mask"].sum())  # counted on the host batch: no wait for the backward
         loss, ce, aux = self.micro_loss(batch, step_tokens)
         self.backward_and_step(loss)
-        return ce.detach().double(), int(batch["loss_mask"].sum()), None if aux is None else aux.item()
+        return ce.detach().double(), tokens, None if aux is None else aux.item()
 
     def target_tokens(self, indices: Iterable[int]) -> int:
         """Target tokens of these training samples (the first token of a sample is never one)."""
@@ -86,12 +90,12 @@ class SFTTrainer(OfflineTrainer):
         step_tokens = max(self.target_tokens(global_batch), 1)
         # DeepSpeed averages gradients over ranks: each rank's share is normalised by step_tokens / world.
         per_rank = step_tokens / self.strategy.world_size
-        loss_sum, loss_tokens, tokens, aux_losses = torch.zeros((), dtype=torch.float64), 0, 0, []
+        losses, loss_tokens, tokens, aux_losses = [], 0, 0, []
         for batch, real in self.micro_batches(micro, global_batch):
             self.micro_scale = 1.0 if real else 0.0
             loss, n, aux = self.micro_step(batch, per_rank)
             if real:
-                loss_sum += loss.cpu()
+                losses.append(loss)  # kept on the device: one host sync per step, not one per micro-batch
                 tokens += non_pad_tokens(batch)
                 loss_tokens += n
                 if aux is not None:
@@ -102,7 +106,8 @@ class SFTTrainer(OfflineTrainer):
         totals /= self.args.ring_attn_size  # the ranks of a sequence-parallel group counted the same tokens
         metrics = {
             # Each rank's parts sum to its tokens' NLL / per_rank, so the step's token mean is their sum / world.
-            "loss": self.strategy.all_reduce(loss_sum.item(), "sum") / self.strategy.world_size,
+            "loss": self.strategy.all_reduce(float(sum(losses, torch.zeros((), dtype=torch.float64)).cpu()), "sum")
+            / self.strategy.world_size,
             "lr": self.engine.get_lr()[0],
             "tokens_per_s": float(totals[0]) / elapsed,
             "loss_tokens_per_s": float(totals[1]) / elapsed,
