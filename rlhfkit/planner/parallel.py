@@ -133,23 +133,11 @@ def parallel_train_activations(shape: ModelShape, rows: int, seq_len: int, bf16:
     return ActivationTerms(layers, logits, tokens)
 
 
-def ulysses_mask_bytes(rows: int, seq_len: int, bf16: bool, packed: bool) -> float:
-    """The attention mask every rank of a sequence-parallel group builds (`rlhfkit.models.sequence_parallel.
-    block_causal_mask`): boolean [rows, 1, T, T] over the whole sample (T = seq_len; packed: one row of
-    rows x seq_len tokens), which torch's CPU attention converts to an additive mask of the query dtype (2 or 4
-    bytes per element) while it runs: 1 + 2 or 1 + 4 bytes per element, whatever the ring size."""
-    r, t = (1, rows * seq_len) if packed else (rows, seq_len)
-    return float(r) * t * t * (1 + (2 if bf16 else 4))
-
-
 def parallel_activations(shape: ModelShape, rows: int, seq_len: int, bf16: bool, checkpointing: bool,
-                         layout: Layout, *, train: bool, lm_head: bool, packed: bool) -> float:
+                         layout: Layout, *, train: bool, lm_head: bool) -> float:
     """Activation bytes of one rank: a training forward/backward (`parallel_train_activations`, 3 logit copies) or
-    a forward without gradients (one layer's elements and 2 logit copies, as `memory.forward_activations`), plus
-    the Ulysses mask with sequence parallelism."""
+    a forward without gradients (one layer's elements and 2 logit copies, as `memory.forward_activations`). No
+    T x T term: Ulysses attends one causal call per sample (`rlhfkit.models.sequence_parallel.segment_attention`)."""
     copies = 3 if train else 2
     act = parallel_train_activations(shape, rows, seq_len, bf16, checkpointing and train, layout, lm_head, copies)
-    total = act.total if train else act.logits + act.layers / shape.num_layers
-    if layout.sp > 1:
-        total += ulysses_mask_bytes(rows, seq_len, bf16, packed)
-    return total
+    return act.total if train else act.logits + act.layers / shape.num_layers

@@ -205,10 +205,9 @@ def _parallel_act_row(role: str, shape: mem.ModelShape, cfg: TrainConfig, rows: 
                       *, train: bool, lm_head: bool) -> Row:
     """Activations on one rank of a sequence- or tensor-parallel layout (`rlhfkit/planner/parallel.py`)."""
     m, ckpt = cfg.model, cfg.model.gradient_checkpointing and train
-    b = par.parallel_activations(shape, rows, seq, m.bf16, ckpt, layout, train=train, lm_head=lm_head,
-                                 packed=bool(getattr(cfg.data, "packing_samples", False)))
+    b = par.parallel_activations(shape, rows, seq, m.bf16, ckpt, layout, train=train, lm_head=lm_head)
     note = ("" if train else "forward, ") + f"{rows} x {seq} tokens" + (", checkpointed" if ckpt else "") + \
-        (f" / ring {layout.sp} + the whole sample's T x T mask" if layout.sp > 1 else "") + \
+        (f" / ring {layout.sp}" if layout.sp > 1 else "") + \
         (f", projections / TP {layout.tp}" if layout.tp > 1 else "")
     return Row(role, "activations", "train", b, transient=True, note=note)
 
