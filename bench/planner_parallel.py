@@ -190,7 +190,8 @@ def main() -> None:
             f"Run {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC. Machine: {machine()}; "
             f"{versions()}. Load average (1/5/15 min) at start {started}, at end {load()}.", "",
             f"Settings: train_sft on the 25M-parameter Llama (bench/common.py), world 2 (torchrun, gloo), {BATCH} "
-            f"samples per step (8 per rank, one micro-batch), every row {MAX_LEN} tokens (filler text cut at max_len), fp32, AdamW, {args.steps} steps, "
+            f"samples per step (8 per rank, one micro-batch), every row {MAX_LEN} tokens (filler text cut at "
+            f"max_len), fp32, AdamW, {args.steps} steps, "
             f"{args.threads} torch thread(s) per rank. Predicted: the CPU plan's largest process (`--dry_run` "
             "without GPUs); goal: within 25% (0.75-1.25).", "", *rows, ""]
     Path(args.results).write_text("\n".join(text))
