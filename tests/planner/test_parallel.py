@@ -80,3 +80,24 @@ def test_dry_run_fsdp2_and_ring_advice(capsys, tmp_path):
                for line in out.splitlines()), out
     out = dry_run(capsys, [*argv, "--ring_attn_size", "4"])
     assert "ring 4" in out and "/ ring 4" in out and "verdict: FITS" in out
+
+
+# the demo model's shape (rlhfkit/demo/assets.py) with room for 32k positions: bench/planner_parallel.py --long
+DEMO_32K = {"vocab_size": 2048, "hidden_size": 128, "intermediate_size": 344, "num_hidden_layers": 4,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "tie_word_embeddings": True,
+            "max_position_embeddings": 32768}
+
+
+def test_32k_sample_needs_the_ring_within_the_budget(capsys, tmp_path):
+    """Issue 20 acceptance 3's verdicts (the 4-rank training itself is bench/planner_parallel.py --long): one
+    32k-token sample exceeds a 1.5 GB budget on 1 rank, fits split over 4 ranks, and the advice says so."""
+    model = str(write_config(tmp_path / "tiny32k", DEMO_32K))
+    argv = ["--pretrain", model, "--dataset", "d.jsonl", "--max_len", "32768", "--micro_train_batch_size", "1",
+            "--train_batch_size", "1", "--backend", "fsdp2", "--param_dtype", "fp32", "--dry_run",
+            "--dry_run_gpu_memory_gb", "1.5"]
+    one = dry_run(capsys, [*argv, "--dry_run_num_gpus", "1"])
+    assert "verdict: DOES NOT FIT: largest per-device peak 2.01 GiB of 1.50 GiB" in one
+    assert "4 GPUs with --ring_attn_size 4 (--dry_run_num_gpus 4 to plan it): peak 2.01 GiB -> 532.3 MiB (fits)" \
+        in one
+    four = dry_run(capsys, [*argv, "--dry_run_num_gpus", "4", "--ring_attn_size", "4"])
+    assert "verdict: FITS: largest per-device peak 532.3 MiB of 1.50 GiB" in four
