@@ -27,6 +27,14 @@ from dataclasses import dataclass
 from rlhfkit.planner.memory import ModelShape, layer_activation_elements
 
 FSDP2_PREFETCHED_LAYERS = 2  # the running layer plus the next one, gathered ahead (FSDP2's implicit prefetch)
+# On a CPU host, a rank of a multi-process (launcher) run peaks this many full copies of the model's weights (in its
+# load dtype) above its rows: the model each rank loads whole, and the copy that sharding (fully_shard) or
+# DeepSpeed's flattened groups make, whose pages the allocator keeps. Measured 2026-11-27 on the CPU dev machine
+# (bench/planner_parallel.py's settings at max_len 32, where activations are small): the 25M-parameter Llama (88
+# MiB of fp32 weights) at world 2 peaked 193 MiB (FSDP2) and 269 MiB (DeepSpeed ZeRO-2, --ring_attn_size 2) above
+# the rows without this term; the 1M demo model within 30 MiB of them. Not used for one process (world 1), whose
+# baseline `plan.CPU_PROCESS_BASELINE` was measured with it.
+HOST_LOAD_COPIES = 2
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,11 @@ class Layout:
     def shard_ranks(self) -> int:
         """Ranks a parameter's shards spread over: every rank, except the TP ranks that hold different slices."""
         return max(1, self.world // self.tp)
+
+
+def host_load_bytes(shape: ModelShape, bf16: bool) -> float:
+    """HOST_LOAD_COPIES full copies of the weights, 2 or 4 bytes per parameter."""
+    return HOST_LOAD_COPIES * shape.params() * (2 if bf16 else 4)
 
 
 def tp_params(shape: ModelShape, tp: int, lm_head: bool = True) -> float:

@@ -164,8 +164,7 @@ def _fsdp2_rows(role: str, shape: mem.ModelShape, cfg: TrainConfig, layout: par.
                           offload=offload)
     where = f"FSDP2 over {layout.shard_ranks}" + (f", TP {layout.tp}" if layout.tp > 1 else "")
     home, moved = ("host", ", offloaded (CPUOffloadPolicy)") if st.host else (phase, "")
-    rows = [Row(role, "weights", home, st.weights, note=(f"{'fp32' if trained else 'frozen'} shards, {where}"
-                                                         + moved))]
+    rows = [Row(role, "weights", home, st.weights, note=f"{'fp32' if trained else 'frozen'} shards, {where}{moved}")]
     if trained:
         rows += [Row(role, "gradients", home, st.gradients, note=("LoRA only, " if lora else "") + f"fp32, {where}"),
                  Row(role, "optimizer states", home, st.optimizer, note=f"AdamW 8 B/param, {where}" + moved)]
@@ -206,9 +205,8 @@ def _parallel_act_row(role: str, shape: mem.ModelShape, cfg: TrainConfig, rows: 
     """Activations on one rank of a sequence- or tensor-parallel layout (`rlhfkit/planner/parallel.py`)."""
     m, ckpt = cfg.model, cfg.model.gradient_checkpointing and train
     b = par.parallel_activations(shape, rows, seq, m.bf16, ckpt, layout, train=train, lm_head=lm_head)
-    note = ("" if train else "forward, ") + f"{rows} x {seq} tokens" + (", checkpointed" if ckpt else "") + \
-        (f" / ring {layout.sp}" if layout.sp > 1 else "") + \
-        (f", projections / TP {layout.tp}" if layout.tp > 1 else "")
+    note = ("" if train else "forward, ") + f"{rows} x {seq} tokens" + (f" / ring {layout.sp}" if layout.sp > 1
+                                                                      else f", projections / TP {layout.tp}")
     return Row(role, "activations", "train", b, transient=True, note=note)
 
 
@@ -347,7 +345,7 @@ def _to_host(pools: list[Pool], cfg: TrainConfig, trainer: str, world_size: int)
             for row in pool.rows:
                 per_role[row.role] = per_role.get(row.role, 0.0) + row.bytes
             pool.largest_process = CPU_PROCESS_BASELINE + max(per_role.values(), default=0.0)
-        else:  # every rank holds all rows
+        else:
             pool.largest_process = CPU_PROCESS_BASELINE + pool.peak
         for row in pool.rows:
             row.bytes *= _ranks_of(cfg, trainer, row.role, world_size) if trainer == "ppo_ray" else procs
@@ -365,6 +363,9 @@ def plan_pools_for(cfg: TrainConfig, trainer: str, devices: Devices, world_size:
     else:
         pools = _plan_preference(cfg, trainer, world_size)
     if devices.kind == "cpu":
+        if not isinstance(cfg, PPOConfig) and world_size > 1:  # rlhfkit/planner/parallel.py, HOST_LOAD_COPIES
+            pools[0].rows.append(Row("model", "load and sharding copies", "resident", par.host_load_bytes(
+                _shape(cfg.model.pretrain, "--pretrain"), cfg.model.bf16), note="measured, ranks of a launcher"))
         _to_host(pools, cfg, trainer, world_size)
     else:
         for pool in pools:
