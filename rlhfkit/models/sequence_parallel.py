@@ -11,7 +11,8 @@ one-rank run; the all-to-alls' backward is the reverse all-to-all.
 Why Ulysses and not ring attention: ring attention (ring-flash-attn, OpenRLHF's choice) needs flash-attention's
 CUDA kernels for its blockwise softmax; an all-to-all of heads runs on gloo and torch's sdpa, so the same code is
 exact on CPU and GPU. The cost: the head count must split over the group (--ring_attn_size divides the query
-heads; key/value heads that do not split are repeated first), and every rank materialises the sample's T x T mask.
+heads; key/value heads that do not split are repeated first). Attention runs one causal call per sample
+(`segment_attention`), so no rank builds a T x T mask.
 
 Targets: token t's loss reads the logits at t and the label x[t+1], which may live on the next rank; labels and
 target masks are therefore shifted on the full sample before it is sliced (`local_targets`). A sample-level sum
@@ -35,6 +36,8 @@ from rlhfkit.algorithms.sft_loss import shifted_target_mask, token_logprobs
 
 ATTENTION_NAME = "rlhfkit_ulysses"
 _GROUP: list[Any] = [None]  # the sequence-parallel process group of this rank, None without sequence parallelism
+# the sample ids [R, T] of the whole (padded) batch of the forward in progress, set by `split_for_rank`
+_SEGMENTS: list[Any] = [None]
 
 
 def set_sequence_parallel_group(group: Any) -> None:
@@ -145,9 +148,31 @@ def ulysses_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     if k.shape[1] != q.shape[1]:  # grouped-query attention: query head h reads key/value head h // repeat
         repeat = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask.to(q.device), dropout_p=dropout,
-                                         scale=scaling)
+    out = segment_attention(q, k, v, _SEGMENTS[0], dropout, scaling)
     return sequence_to_heads(out, group).transpose(1, 2).contiguous(), None
+
+
+def sample_runs(sample_ids: torch.Tensor) -> list[tuple[int, int]]:
+    """[start, end) of each run of equal ids in one row of sample ids."""
+    edges = (torch.nonzero(sample_ids[1:] != sample_ids[:-1]).flatten() + 1).tolist()
+    bounds = [0, *edges, int(sample_ids.numel())]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sample_ids: torch.Tensor, dropout: float,
+                      scale: float | None) -> torch.Tensor:
+    """Causal attention within each run of equal sample ids ([R, H, T, D] each, sample_ids [R, T]): what
+    `block_causal_mask` allows, without building its [R, 1, T, T] mask. Each sample is one causal
+    scaled_dot_product_attention call, which never materialises T x T (a boolean mask does: torch's CPU attention
+    converts it to a float mask of the query dtype, 5 GiB per rank at 32k fp32 tokens). Two padding runs (-1) apart
+    no longer see each other; no target reads a padding token's output, so the loss and gradients are the same."""
+    rows = []
+    for r in range(q.shape[0]):
+        parts = [F.scaled_dot_product_attention(q[r:r + 1, :, a:b], k[r:r + 1, :, a:b], v[r:r + 1, :, a:b],
+                                                dropout_p=dropout, is_causal=True, scale=scale)
+                 for a, b in sample_runs(sample_ids[r])]
+        rows.append(torch.cat(parts, dim=2))
+    return torch.cat(rows, dim=0)
 
 
 def _register() -> None:
@@ -226,15 +251,21 @@ def block_causal_mask(sample_ids: torch.Tensor) -> torch.Tensor:
 
 
 def split_for_rank(batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor, int, int]:
-    """This rank's slice of a padded or packed batch: (its columns of `_full_layout`, the whole batch's boolean
-    mask [R, 1, T, T], its first column, the number of samples). The slices of the group's ranks, in rank order,
+    """This rank's slice of a padded or packed batch: (its columns of `_full_layout`, a [R, 1, T, T] marker that
+    tells `ulysses_attention` to attend within the samples of the whole batch, its first column, the number of
+    samples). The slices of the group's ranks, in rank order,
     are the whole batch padded to a multiple of P columns."""
     p, rank = sequence_parallel_size(), sequence_parallel_rank()
     layout, num_samples = _full_layout(batch)
     layout = _padded_to(layout, p)
     n = layout["input_ids"].shape[1] // p
     mine = {k: v[:, rank * n:(rank + 1) * n] for k, v in layout.items()}
-    return mine, block_causal_mask(layout["sample_ids"]), rank * n, num_samples
+    _SEGMENTS[0] = layout["sample_ids"]
+    rows, width = layout["sample_ids"].shape
+    # The mask the model is handed only says "sequence-parallel" by its [R, 1, T, T] shape (`ulysses_attention`
+    # attends within `_SEGMENTS`): an expanded view of one element, so no T x T memory.
+    marker = torch.ones((), dtype=torch.bool, device=layout["sample_ids"].device).expand(rows, 1, width, width)
+    return mine, marker, rank * n, num_samples
 
 
 def sequence_parallel_logprobs(model: nn.Module, batch: dict[str, torch.Tensor], fp32: bool = False

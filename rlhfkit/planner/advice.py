@@ -44,6 +44,26 @@ def _together(changes: list[Change]) -> Change:
     return change
 
 
+def _ring_candidates(cfg: TrainConfig, devices: Devices, world_size: int) -> list[tuple[str, Change, int]]:
+    """Larger --ring_attn_size (sequence parallelism: each rank holds 1/size of every sample's activations), on
+    the ranks there are or, planning for GPUs, on as many GPUs as the ring needs (a size the model's heads do not
+    split is refused by the replanning, so not advised)."""
+    s = cfg.strategy
+    if s.ds_tensor_parallel_size > 1:  # sequence and tensor parallelism do not combine yet
+        return []
+    out: list[tuple[str, Change, int]] = []
+    for size in (2, 4, 8, 16):
+        if size <= s.ring_attn_size:
+            continue
+        change = _set("strategy", "ring_attn_size", size)
+        if world_size % size == 0:
+            out.append((f"--ring_attn_size {size}", change, world_size))
+        elif devices.kind == "gpu" and size > world_size:
+            out.append((f"{size} GPUs with --ring_attn_size {size} (--dry_run_num_gpus {size} to plan it)", change,
+                        size))
+    return out
+
+
 def _candidates(cfg: TrainConfig, trainer: str, devices: Devices, world_size: int) -> list[tuple[str, Change, int]]:
     """(flag text, change, world size after it) for every change that could lower the peak, cheapest first."""
     m, s = cfg.model, cfg.strategy
@@ -53,6 +73,8 @@ def _candidates(cfg: TrainConfig, trainer: str, devices: Devices, world_size: in
     if s.micro_train_batch_size > 1:
         half = s.micro_train_batch_size // 2
         out.append((f"--micro_train_batch_size {half}", _set("strategy", "micro_train_batch_size", half), world_size))
+    if not isinstance(cfg, PPOConfig):
+        out += _ring_candidates(cfg, devices, world_size)
     ranks = world_size if not isinstance(cfg, PPOConfig) else \
         cfg.resources.actor_num_nodes * cfg.resources.actor_num_gpus_per_node if trainer == "ppo_ray" else 1
     if s.zero_stage < 3 and ranks > 1:

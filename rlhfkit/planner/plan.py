@@ -24,13 +24,16 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from rlhfkit.config.backend import layout_name
 from rlhfkit.config.critic_optim import critic_strategy
 from rlhfkit.config.kinds import OfflineConfig, TrainConfig, WithReference
 from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference, role_needed, role_ranks
 from rlhfkit.config.rl_specs import placement_spec
+from rlhfkit.config.sequence_parallel import check_ring_heads, check_ring_world
 from rlhfkit.distributed.placement import plan_pools, role_demands
 from rlhfkit.errors import UserError
 from rlhfkit.planner import memory as mem
+from rlhfkit.planner import parallel as par
 
 # Resident set of one trainer process on CPU before its models count: the interpreter, torch, transformers,
 # datasets, tokenizers and DeepSpeed imported, the tokenizer and the data loaded. Measured 2026-11-25 on the CPU dev
@@ -124,6 +127,9 @@ def _trained_rows(role: str, shape: mem.ModelShape, cfg: TrainConfig, ranks: int
     m = cfg.model
     s = critic_strategy(cfg.strategy, cfg.critic_optim) if isinstance(cfg, PPOConfig) and role == "critic" \
         else cfg.strategy
+    if s.backend == "fsdp2":
+        return _fsdp2_rows(role, shape, cfg, _layout(cfg, ranks), phase, lm_head=lm_head, lora_rank=lora_rank,
+                           offload=s.adam_offload)
     params = shape.params(lm_head)
     trainable = shape.lora_params(lora_rank) + (0 if lm_head else shape.hidden_size + 1) if lora_rank else params
     muon = (shape.lora_params(lora_rank) if lora_rank else shape.hidden_matrix_params()) if s.optim == "muon" else 0
@@ -144,19 +150,47 @@ def _trained_rows(role: str, shape: mem.ModelShape, cfg: TrainConfig, ranks: int
     return rows
 
 
-def _frozen_row(role: str, shape: mem.ModelShape, cfg: TrainConfig, ranks: int, phase: str, *, lm_head: bool = True,
-                offload: bool = False) -> Row:
+def _layout(cfg: TrainConfig, ranks: int) -> par.Layout:
+    s = cfg.strategy
+    return par.Layout(s.backend, ranks, s.ring_attn_size, s.ds_tensor_parallel_size)
+
+
+def _fsdp2_rows(role: str, shape: mem.ModelShape, cfg: TrainConfig, layout: par.Layout, phase: str, *,
+                lm_head: bool, lora_rank: int = 0, offload: bool = False, trained: bool = True) -> list[Row]:
+    """A model's rows on FSDP2 (`rlhfkit/planner/parallel.py`): fp32 shards (load dtype when frozen), and the
+    parameters gathered while a unit runs."""
+    lora = shape.lora_params(lora_rank) if lora_rank else 0
+    st = par.fsdp2_states(shape, layout, cfg.model.bf16, trained=trained, lora=lora, lm_head=lm_head,
+                          offload=offload)
+    where = f"FSDP2 over {layout.shard_ranks}" + (f", TP {layout.tp}" if layout.tp > 1 else "")
+    home, moved = ("host", ", offloaded (CPUOffloadPolicy)") if st.host else (phase, "")
+    rows = [Row(role, "weights", home, st.weights, note=f"{'fp32' if trained else 'frozen'} shards, {where}{moved}")]
+    if trained:
+        rows += [Row(role, "gradients", home, st.gradients, note=("LoRA only, " if lora else "") + f"fp32, {where}"),
+                 Row(role, "optimizer states", home, st.optimizer, note=f"AdamW 8 B/param, {where}" + moved)]
+    rows.append(Row(role, "gathered parameters", "train" if phase == "resident" else phase, st.gathered,
+                    note="root unit + layers being run, compute dtype" + (" + their gradients" if trained else "")))
+    return rows
+
+
+def _frozen_rows(role: str, shape: mem.ModelShape, cfg: TrainConfig, ranks: int, phase: str, *, lm_head: bool = True,
+                 offload: bool = False) -> list[Row]:
+    if cfg.strategy.backend == "fsdp2" and not offload:
+        return _fsdp2_rows(role, shape, cfg, _layout(cfg, ranks), phase, lm_head=lm_head, trained=False)
     w = mem.frozen_weights(shape.params(lm_head), cfg.model.bf16, cfg.strategy.zero_stage, ranks)
     if offload:
-        return Row(role, "weights (offloaded)", "host", w, note="kept on the host between uses")
-    return Row(role, "weights", phase, w, note="frozen" + (f", ZeRO-3 over {ranks}" if cfg.strategy.zero_stage >= 3
-                                                             and ranks > 1 else ""))
+        return [Row(role, "weights (offloaded)", "host", w, note="kept on the host between uses")]
+    return [Row(role, "weights", phase, w, note="frozen" + (f", ZeRO-3 over {ranks}" if cfg.strategy.zero_stage >= 3
+                                                              and ranks > 1 else ""))]
 
 
 def _act_row(role: str, shape: mem.ModelShape, cfg: TrainConfig, rows: int, seq: int, *, train: bool,
              lm_head: bool = True) -> Row:
     m = cfg.model
     eager = m.attn_implementation == "eager" and not m.flash_attn
+    layout = _layout(cfg, 1)
+    if layout.sp > 1 or layout.tp > 1:
+        return _parallel_act_row(role, shape, cfg, rows, seq, layout, train=train, lm_head=lm_head)
     if train:
         b = mem.train_activations(shape, rows, seq, m.bf16, m.gradient_checkpointing, eager, lm_head)
         note = f"{rows} x {seq} tokens" + (", checkpointed" if m.gradient_checkpointing else "")
@@ -166,9 +200,21 @@ def _act_row(role: str, shape: mem.ModelShape, cfg: TrainConfig, rows: int, seq:
     return Row(role, "activations", "train", b, transient=True, note=note)
 
 
+def _parallel_act_row(role: str, shape: mem.ModelShape, cfg: TrainConfig, rows: int, seq: int, layout: par.Layout,
+                      *, train: bool, lm_head: bool) -> Row:
+    """Activations on one rank of a sequence- or tensor-parallel layout (`rlhfkit/planner/parallel.py`)."""
+    m, ckpt = cfg.model, cfg.model.gradient_checkpointing and train
+    b = par.parallel_activations(shape, rows, seq, m.bf16, ckpt, layout, train=train, lm_head=lm_head)
+    note = ("" if train else "forward, ") + f"{rows} x {seq} tokens" + (f" / ring {layout.sp}" if layout.sp > 1
+                                                                      else f", projections / TP {layout.tp}")
+    return Row(role, "activations", "train", b, transient=True, note=note)
+
+
 def _plan_preference(cfg: OfflineConfig, trainer: str, ranks: int) -> list[Pool]:
     """sft, rm, dpo, kto: one process per device, data parallel over `ranks`."""
     shape = _shape(cfg.model.pretrain, "--pretrain")
+    check_ring_world(cfg.strategy.ring_attn_size, ranks)
+    check_ring_heads(cfg.strategy.ring_attn_size, shape.num_heads)
     micro, seq = cfg.strategy.micro_train_batch_size, cfg.data.max_len
     reward_model = trainer == "rm"
     rows = _trained_rows("model", shape, cfg, ranks, "resident", lm_head=not reward_model,
@@ -178,7 +224,7 @@ def _plan_preference(cfg: OfflineConfig, trainer: str, ranks: int) -> list[Pool]
     if isinstance(cfg, WithReference):
         ref_path = cfg.reference.ref_pretrain or cfg.model.pretrain
         ref = _shape(ref_path, "--ref_pretrain") if cfg.reference.ref_pretrain else shape
-        rows.append(_frozen_row("reference", ref, cfg, ranks, "resident", offload=cfg.reference.ref_offload))
+        rows += _frozen_rows("reference", ref, cfg, ranks, "resident", offload=cfg.reference.ref_offload)
         rows.append(_act_row("reference", ref, cfg, pair_rows, seq, train=False))
     if cfg.model.lora_rank:
         rows[0].note += f" (frozen base; LoRA rank {cfg.model.lora_rank})"
@@ -199,7 +245,7 @@ def _rl_role_rows(cfg: PPOConfig, role: str, ranks: int, shapes: dict[str, mem.M
             _act_row("critic", shapes["critic"], cfg, cfg.strategy.micro_train_batch_size, seq, train=True,
                      lm_head=False)]
     lm_head = role == "ref"
-    return [_frozen_row(role, shapes[role], cfg, ranks, phase, lm_head=lm_head, offload=offload),
+    return [*_frozen_rows(role, shapes[role], cfg, ranks, phase, lm_head=lm_head, offload=offload),
             _act_row(role, shapes[role], cfg, r.micro_rollout_batch_size, seq, train=False, lm_head=lm_head)]
 
 
@@ -299,7 +345,7 @@ def _to_host(pools: list[Pool], cfg: TrainConfig, trainer: str, world_size: int)
             for row in pool.rows:
                 per_role[row.role] = per_role.get(row.role, 0.0) + row.bytes
             pool.largest_process = CPU_PROCESS_BASELINE + max(per_role.values(), default=0.0)
-        else:  # every rank holds all rows
+        else:
             pool.largest_process = CPU_PROCESS_BASELINE + pool.peak
         for row in pool.rows:
             row.bytes *= _ranks_of(cfg, trainer, row.role, world_size) if trainer == "ppo_ray" else procs
@@ -317,6 +363,9 @@ def plan_pools_for(cfg: TrainConfig, trainer: str, devices: Devices, world_size:
     else:
         pools = _plan_preference(cfg, trainer, world_size)
     if devices.kind == "cpu":
+        if not isinstance(cfg, PPOConfig) and world_size > 1:  # rlhfkit/planner/parallel.py, HOST_LOAD_COPIES
+            pools[0].rows.append(Row("model", "load and sharding copies", "resident", par.host_load_bytes(
+                _shape(cfg.model.pretrain, "--pretrain"), cfg.model.bf16), note="measured, ranks of a launcher"))
         _to_host(pools, cfg, trainer, world_size)
     else:
         for pool in pools:
@@ -335,7 +384,9 @@ def build_plan(cfg: TrainConfig, trainer: str, devices: Devices, world_size: int
     shape = _shape(m.pretrain, "--pretrain")
     header = [f"model {m.pretrain}: {shape.params() / 1e9:.3f}B parameters ({shape.num_layers} layers, hidden "
               f"{shape.hidden_size}, vocab {shape.vocab_size}); {'bf16' if m.bf16 else 'fp32'}, "
-              f"ZeRO-{cfg.strategy.zero_stage}{', --adam_offload' if cfg.strategy.adam_offload else ''}"
+              f"{layout_name(cfg.strategy)}{', --adam_offload' if cfg.strategy.adam_offload else ''}"
+              f"{f', ring {cfg.strategy.ring_attn_size}' if cfg.strategy.ring_attn_size > 1 else ''}"
+              f"{f', TP {cfg.strategy.ds_tensor_parallel_size}' if cfg.strategy.ds_tensor_parallel_size > 1 else ''}"
               f"{', --gradient_checkpointing' if m.gradient_checkpointing else ''}"
               f"{f', LoRA rank {m.lora_rank}' if m.lora_rank else ''}"]
     return Plan(trainer, header, pools, devices, devices.memory)
