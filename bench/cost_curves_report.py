@@ -1,0 +1,203 @@
+"""The pictures and tables of `bench/cost_curves.py`: bench/results/cost_curves.md (every point measured beside the
+`--dry_run` estimate of `rlhfkit/planner/step_time.py`, and a fit of that module's constants on this run) and
+bench/results/cost_curves_*.png, copied to docs/images/cost-curves/ for docs/cost-curves.md."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from common import ROOT
+
+from rlhfkit.planner import step_time as st
+from rlhfkit.planner.memory import ModelShape, read_model_shape
+
+DOCS_IMAGES = ROOT / "docs" / "images" / "cost-curves"
+WORKDIR = ROOT / "runs" / "bench"
+
+
+def shapes(data: dict[str, Any], names: set[str]) -> dict[str, ModelShape]:
+    """The models' shapes from the configs the run stored (or the models' directories in runs/bench)."""
+    out = {}
+    for name in names:
+        config = data.get("models", {}).get(name)
+        directory = WORKDIR / f"curves_{name}"
+        if config:
+            directory = WORKDIR / "curves_configs" / name
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / "config.json").write_text(json.dumps(config))
+        out[name] = read_model_shape(str(directory))
+    return out
+
+
+def predict(p: dict[str, Any], shape: ModelShape) -> st.StepTime:
+    """The planner's estimate for one point (rows per rank = rows / world, every row full)."""
+    rows = p["rows"] // p["world"]
+    flops = st.offline_step_flops(p["trainer"], shape, rows, p["max_len"], shape if p["trainer"] == "dpo" else None)
+    tokens = rows * p["max_len"] * (1 if p["trainer"] == "sft" else 2)
+    return st.cpu_step_time(flops, tokens, p["threads"], shape.params(), p["world"])
+
+
+def fit(points: list[dict[str, Any]]) -> tuple[float, float]:
+    """Rate (FLOP/s) and overhead (s) minimising the relative error of flops / rate + overhead against the CPU time
+    per step of the world-1, one-thread points."""
+    rows = [p for p in points if p["world"] == 1 and p["threads"] == 1 and p["backend"] == "single"]
+    t = np.array([p["cpu_s"] for p in rows])
+    a = np.stack([np.array([p["flops"] for p in rows]) / t, 1 / t], axis=1)
+    (inverse_rate, overhead), *_ = np.linalg.lstsq(a, np.ones(len(rows)), rcond=None)
+    return 1 / inverse_rate, overhead
+
+
+def table(points: list[dict[str, Any]]) -> list[str]:
+    rows = ["| point | params | max_len | rows/step | world | backend | threads | measured s/step | CPU s/step | "
+            "predicted s/step | error vs measured | error vs CPU | peak RSS MB (all ranks) | load before / after |",
+            "| --- " * 14 + "|"]
+    for p in points:
+        rows.append(f"| {p['name']} | {p['params'] / 1e6:.1f}M | {p['max_len']} | {p['rows']} | {p['world']} | "
+                    f"{p['backend']} | {p['threads']} | {p['step_s']:.3f} | {p['cpu_s']:.3f} | {p['pred_s']:.3f} | "
+                    f"{p['err']:+.0%} | {p['err_cpu']:+.0%} | {p['peak_rss_mb']:.0f} | {p['load_before']} / "
+                    f"{p['load_after']} |")
+    return rows
+
+
+def _plot_lines(ax: Any, series: dict[str, list[dict[str, Any]]], x: str, y: str, pred: bool, base: int) -> None:
+    for label, pts in series.items():
+        pts = sorted(pts, key=lambda p: p[x])
+        line, = ax.plot([p[x] for p in pts], [p[y] for p in pts], "o-", label=label)
+        if pred:
+            ax.plot([p[x] for p in pts], [p["pred_s"] for p in pts], "--", color=line.get_color(), alpha=0.6,
+                    label=f"{label}, --dry_run estimate")
+    ax.set_xscale("log", base=base)
+    ax.set_yscale("log")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def picture(path: Path, title: str, series: dict[str, list[dict[str, Any]]], x: str, xlabel: str,
+            base: int = 2) -> bool:
+    """Two panels: step time (measured, and the estimate dashed) and peak RSS against `x`; False: no points."""
+    series = {k: v for k, v in series.items() if v}
+    if not series:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    _plot_lines(left, series, x, "step_s", True, base)
+    left.set(xlabel=xlabel, ylabel="seconds per optimizer step", title=f"{title}: step time")
+    _plot_lines(right, series, x, "peak_rss_mb", False, base)
+    right.set(xlabel=xlabel, ylabel="peak RSS, MB (all ranks)", title=f"{title}: peak memory")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
+def world_picture(path: Path, points: list[dict[str, Any]]) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [p for p in points if p["backend"] != "single" or p["name"].endswith("-w1-single")]
+    if not pts:
+        return False
+    labels = [f"{p['trainer']} w{p['world']}\n{p['backend']}" for p in pts]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    x = np.arange(len(pts))
+    left.bar(x - 0.2, [p["step_s"] for p in pts], 0.4, label="measured")
+    left.bar(x + 0.2, [p["pred_s"] for p in pts], 0.4, label="--dry_run estimate")
+    left.set(ylabel="seconds per optimizer step", title="25M, 128 tokens: world size and backend")
+    right.bar(x, [p["peak_rss_mb"] for p in pts])
+    right.set(ylabel="peak RSS, MB (all ranks summed)", title="peak memory")
+    for ax in (left, right):
+        ax.set_xticks(x, labels, fontsize=7)
+    left.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
+def pictures(points: list[dict[str, Any]], out: Path) -> list[Path]:
+    by = {p["name"]: p for p in points}
+    single = [p for p in points if p["world"] == 1 and p["threads"] == 1 and p["backend"] == "single"]
+    seq = {f"{t} {m}": [p for p in single if p["trainer"] == t and p["model"] == m and p["rows"] == r]
+           for t, m, r in (("sft", "tiny", 2), ("dpo", "tiny", 1), ("sft", "25m", 2), ("dpo", "25m", 1))}
+    size = {t: [p for p in single if p["trainer"] == t and p["max_len"] == 256 and p["rows"] == r]
+            for t, r in (("sft", 4), ("dpo", 2))}
+    paths = [out / "cost_curves_seq.png", out / "cost_curves_model.png", out / "cost_curves_world.png"]
+    drawn = [picture(paths[0], "sequence length (SFT 2 rows, DPO 1 pair)", seq, "max_len",
+                     "tokens per row (max_len)"),
+             picture(paths[1], "model size (256 tokens; SFT 4 rows, DPO 2 pairs)", size, "params", "parameters",
+                     base=10),
+             world_picture(paths[2], [by[n] for n in by if "-w" in n])]
+    return [path for path, ok in zip(paths, drawn) if ok]
+
+
+def derived(points: list[dict[str, Any]]) -> list[str]:
+    """This run's fit of the planner's constants, beside the constants the planner uses."""
+    rate, overhead = fit(points)
+    lines = [f"- fit on this run's world-1, one-thread points (CPU time per step): {rate / 1e9:.1f} GFLOP/s per "
+             f"thread, {overhead * 1e3:.0f} ms per step; the planner uses {st.CPU_FLOPS_PER_THREAD / 1e9:.1f} GFLOP/s"
+             f" and {st.CPU_STEP_OVERHEAD_S * 1e3:.0f} ms (`rlhfkit/planner/step_time.py`)."]
+    for p in (p for p in points if p["threads"] > 1 and p["world"] == 1):
+        achieved = p["flops"] / max(p["step_s"] - st.CPU_STEP_OVERHEAD_S, 1e-9)
+        lines.append(f"- {p['name']}: {achieved / 1e9:.1f} GFLOP/s with {p['threads']} threads: a second thread "
+                     f"adds {achieved / st.CPU_FLOPS_PER_THREAD - 1:.2f} of the first (planner: "
+                     f"{st.CPU_EXTRA_THREAD_EFFICIENCY:.2f}).")
+    for p in (p for p in points if p["world"] > 1):
+        compute = p["flops"] / st.CPU_FLOPS_PER_THREAD + st.CPU_STEP_OVERHEAD_S
+        rate_b = 3 * 4 * p["params"] / max(p["step_s"] - compute, 1e-9)
+        lines.append(f"- {p['name']}: {p['step_s'] - compute:.2f} s per step beyond compute: "
+                     f"{rate_b / 1e9:.2f} GB/s of parameter traffic (planner: {st.CPU_GLOO_BYTES_PER_S / 1e9:.2f}).")
+    return lines
+
+
+def acceptance(points: list[dict[str, Any]]) -> list[str]:
+    single = [p for p in points if p["world"] == 1 and p["trainer"] in ("sft", "dpo")]
+    within = [p for p in single if abs(p["err"]) <= 0.25]
+    within_cpu = [p for p in single if abs(p["err_cpu"]) <= 0.25]
+    worst = max(single, key=lambda p: abs(p["err"]))
+    worst_cpu = max(single, key=lambda p: abs(p["err_cpu"]))
+    return [f"- SFT and DPO at world 1 ({len(single)} points): {len(within)} within 25% of the measured step time "
+            f"(worst {worst['name']}: {worst['err']:+.0%}); {len(within_cpu)} within 25% of the CPU time per step "
+            f"(worst {worst_cpu['name']}: {worst_cpu['err_cpu']:+.0%})."]
+
+
+def report(path: Path) -> None:
+    data = json.loads(path.read_text())
+    points = data["points"]
+    shape_of = shapes(data, {p["model"] for p in points})
+    for p in points:
+        shape = shape_of[p["model"]]
+        est = predict(p, shape)
+        p.update(params=shape.params(), flops=est.flops, pred_s=est.seconds, err=est.seconds / p["step_s"] - 1,
+                 err_cpu=est.seconds / p["cpu_s"] - 1)
+    out = path.parent
+    images = pictures(points, out)
+    DOCS_IMAGES.mkdir(parents=True, exist_ok=True)
+    for image in images:
+        shutil.copy(image, DOCS_IMAGES / image.name)
+    loads = [float(p[k].split()[0]) for p in points for k in ("load_before", "load_after")]
+    text = ["# Cost curves: step time and peak memory (bench/cost_curves.py)", "",
+            f"Run {data['date']}. Machine: {data['machine']}; {data['versions']}. One-minute load average from "
+            f"{min(loads):.2f} to {max(loads):.2f} over the run (each point's before / after in the table; a machine "
+            "shared by several engineers: a point whose wall time is well above its CPU time waited for a core).", "",
+            "Settings: random-init Llamas on the demo's 2,048-token vocabulary, fp32, AdamW, every row filled to "
+            "max_len (a short prompt, a completion or both DPO responses cut to max_len), one micro-batch per rank, "
+            "one torch thread per process unless the threads column says 2; step time = median gap between "
+            "optimizer-step ends after one warm-up step (the slower rank's); peak RSS = the processes' `ru_maxrss`, "
+            "summed over ranks. `predicted` is what `--dry_run` prints for the same config "
+            "(`rlhfkit/planner/step_time.py`); error = predicted / measured - 1.", "",
+            "## Acceptance (issue 26, item 4: the estimate within 25% of measured on the CPU workloads)", "",
+            *acceptance(points), "", "## The planner's constants against this run", "", *derived(points), "",
+            "## Every point", "", *table(points), "",
+            "## Pictures", "", *[f"![{i.stem}]({i.name})" for i in images], ""]
+    (out / "cost_curves.md").write_text("\n".join(text))
+    print("\n".join(text))
