@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 from common import ROOT
+from cost_curves import GRPO_PROMPTS
 
 from rlhfkit.planner import step_time as st
 from rlhfkit.planner.memory import ModelShape, read_model_shape
@@ -36,19 +37,23 @@ def shapes(data: dict[str, Any], names: set[str]) -> dict[str, ModelShape]:
 def predict(p: dict[str, Any], shape: ModelShape) -> st.StepTime:
     """The planner's estimate for one point (rows per rank = rows / world, every row full)."""
     rows = p["rows"] // p["world"]
-    flops = st.offline_step_flops(p["trainer"], shape, rows, p["max_len"], shape if p["trainer"] == "dpo" else None)
+    work = st.offline_step_work(p["trainer"], shape, rows, p["max_len"], shape if p["trainer"] == "dpo" else None)
     tokens = rows * p["max_len"] * (1 if p["trainer"] == "sft" else 2)
-    return st.cpu_step_time(flops, tokens, p["threads"], shape.params(), p["world"])
+    return st.cpu_step_time(work, tokens, p["threads"], shape.params(), p["world"])
 
 
-def fit(points: list[dict[str, Any]]) -> tuple[float, float]:
-    """Rate (FLOP/s) and overhead (s) minimising the relative error of flops / rate + overhead against the CPU time
-    per step of the world-1, one-thread points."""
-    rows = [p for p in points if p["world"] == 1 and p["threads"] == 1 and p["backend"] == "single"]
-    t = np.array([p["cpu_s"] for p in rows])
-    a = np.stack([np.array([p["flops"] for p in rows]) / t, 1 / t], axis=1)
-    (inverse_rate, overhead), *_ = np.linalg.lstsq(a, np.ones(len(rows)), rcond=None)
-    return 1 / inverse_rate, overhead
+def fit(points: list[dict[str, Any]]) -> np.ndarray:
+    """Seconds per matmul FLOP, per attention FLOP, per element and the overhead minimising the relative error
+    against the CPU time per step of `points`."""
+    t = np.array([p["cpu_s"] for p in points])
+    x = np.array([[p["work"].matmul, p["work"].attention, p["work"].elements, 1.0] for p in points])
+    coefficients, *_ = np.linalg.lstsq(x / t[:, None], np.ones(len(points)), rcond=None)
+    return coefficients
+
+
+def _worst(coefficients: np.ndarray, points: list[dict[str, Any]]) -> float:
+    x = np.array([[p["work"].matmul, p["work"].attention, p["work"].elements, 1.0] for p in points])
+    return float(np.max(np.abs(x @ coefficients / np.array([p["cpu_s"] for p in points]) - 1)))
 
 
 def table(points: list[dict[str, Any]]) -> list[str]:
@@ -56,10 +61,11 @@ def table(points: list[dict[str, Any]]) -> list[str]:
             "predicted s/step | error vs measured | error vs CPU | peak RSS MB (all ranks) | load before / after |",
             "| --- " * 14 + "|"]
     for p in points:
+        pred = (f"{p['pred_s']:.3f} | {p['err']:+.0%} | {p['err_cpu']:+.0%}" if "pred_s" in p else
+                "not estimated (RL) | | ")
         rows.append(f"| {p['name']} | {p['params'] / 1e6:.1f}M | {p['max_len']} | {p['rows']} | {p['world']} | "
-                    f"{p['backend']} | {p['threads']} | {p['step_s']:.3f} | {p['cpu_s']:.3f} | {p['pred_s']:.3f} | "
-                    f"{p['err']:+.0%} | {p['err_cpu']:+.0%} | {p['peak_rss_mb']:.0f} | {p['load_before']} / "
-                    f"{p['load_after']} |")
+                    f"{p['backend']} | {p['threads']} | {p['step_s']:.3f} | {p['cpu_s']:.3f} | {pred} | "
+                    f"{p['peak_rss_mb']:.0f} | {p['load_before']} / {p['load_after']} |")
     return rows
 
 
@@ -77,7 +83,7 @@ def _plot_lines(ax: Any, series: dict[str, list[dict[str, Any]]], x: str, y: str
 
 
 def picture(path: Path, title: str, series: dict[str, list[dict[str, Any]]], x: str, xlabel: str,
-            base: int = 2) -> bool:
+            base: int = 2, pred: bool = True) -> bool:
     """Two panels: step time (measured, and the estimate dashed) and peak RSS against `x`; False: no points."""
     series = {k: v for k, v in series.items() if v}
     if not series:
@@ -88,7 +94,7 @@ def picture(path: Path, title: str, series: dict[str, list[dict[str, Any]]], x: 
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    _plot_lines(left, series, x, "step_s", True, base)
+    _plot_lines(left, series, x, "step_s", pred, base)
     left.set(xlabel=xlabel, ylabel="seconds per optimizer step", title=f"{title}: step time")
     _plot_lines(right, series, x, "peak_rss_mb", False, base)
     right.set(xlabel=xlabel, ylabel="peak RSS, MB (all ranks)", title=f"{title}: peak memory")
@@ -127,47 +133,66 @@ def world_picture(path: Path, points: list[dict[str, Any]]) -> bool:
 def pictures(points: list[dict[str, Any]], out: Path) -> list[Path]:
     by = {p["name"]: p for p in points}
     single = [p for p in points if p["world"] == 1 and p["threads"] == 1 and p["backend"] == "single"]
+    grpo = {f"GRPO {m}, {GRPO_PROMPTS} prompts": [p for p in single if p["trainer"] == "grpo" and p["model"] == m]
+            for m in ("tiny", "25m")}
     seq = {f"{t} {m}": [p for p in single if p["trainer"] == t and p["model"] == m and p["rows"] == r]
            for t, m, r in (("sft", "tiny", 2), ("dpo", "tiny", 1), ("sft", "25m", 2), ("dpo", "25m", 1))}
     size = {t: [p for p in single if p["trainer"] == t and p["max_len"] == 256 and p["rows"] == r]
             for t, r in (("sft", 4), ("dpo", 2))}
-    paths = [out / "cost_curves_seq.png", out / "cost_curves_model.png", out / "cost_curves_world.png"]
+    paths = [out / "cost_curves_seq.png", out / "cost_curves_model.png", out / "cost_curves_world.png",
+             out / "cost_curves_grpo.png"]
     drawn = [picture(paths[0], "sequence length (SFT 2 rows, DPO 1 pair)", seq, "max_len",
                      "tokens per row (max_len)"),
              picture(paths[1], "model size (256 tokens; SFT 4 rows, DPO 2 pairs)", size, "params", "parameters",
                      base=10),
-             world_picture(paths[2], [by[n] for n in by if "-w" in n])]
+             world_picture(paths[2], [by[n] for n in by if "-w" in n]),
+             picture(paths[3], "GRPO through train_ppo (32 new tokens)", grpo, "samples", "samples per prompt",
+                     pred=False)]
     return [path for path, ok in zip(paths, drawn) if ok]
 
 
 def derived(points: list[dict[str, Any]]) -> list[str]:
-    """This run's fit of the planner's constants, beside the constants the planner uses."""
-    rate, overhead = fit(points)
-    lines = [f"- fit on this run's world-1, one-thread points (CPU time per step): {rate / 1e9:.1f} GFLOP/s per "
-             f"thread, {overhead * 1e3:.0f} ms per step; the planner uses {st.CPU_FLOPS_PER_THREAD / 1e9:.1f} GFLOP/s"
-             f" and {st.CPU_STEP_OVERHEAD_S * 1e3:.0f} ms (`rlhfkit/planner/step_time.py`)."]
-    for p in (p for p in points if p["threads"] > 1 and p["world"] == 1):
-        achieved = p["flops"] / max(p["step_s"] - st.CPU_STEP_OVERHEAD_S, 1e-9)
-        lines.append(f"- {p['name']}: {achieved / 1e9:.1f} GFLOP/s with {p['threads']} threads: a second thread "
-                     f"adds {achieved / st.CPU_FLOPS_PER_THREAD - 1:.2f} of the first (planner: "
-                     f"{st.CPU_EXTRA_THREAD_EFFICIENCY:.2f}).")
-    for p in (p for p in points if p["world"] > 1):
-        compute = p["flops"] / st.CPU_FLOPS_PER_THREAD + st.CPU_STEP_OVERHEAD_S
+    """This run's fit of the planner's constants, beside the constants the planner uses, and a held-out check."""
+    base = [p for p in points if p["world"] == 1 and p["threads"] == 1 and p["trainer"] in ("sft", "dpo")]
+    mm, att, elem, over = fit(base)
+    sft_only = fit([p for p in base if p["trainer"] == "sft"])
+    lines = [f"- fit on this run's world-1, one-thread SFT and DPO points (CPU time per step): matmuls "
+             f"{1 / mm / 1e9:.0f} GFLOP/s, attention {1 / att / 1e9:.0f} GFLOP/s, {elem * 1e9:.1f} ns per element, "
+             f"{over * 1e3:.1f} ms per step; the planner uses {st.CPU_MATMUL_FLOPS_PER_THREAD / 1e9:.0f}, "
+             f"{st.CPU_ATTENTION_FLOPS_PER_THREAD / 1e9:.0f} GFLOP/s, {st.CPU_SECONDS_PER_ELEMENT * 1e9:.1f} ns and "
+             f"{st.CPU_STEP_OVERHEAD_S * 1e3:.1f} ms (`rlhfkit/planner/step_time.py`).",
+             f"- held out: fit on the SFT points alone, the DPO points (a reference forward and two rows a pair, "
+             f"which the fit never saw) come within {_worst(sft_only, [p for p in base if p['trainer'] == 'dpo']):.0%}"
+             " of their CPU time per step."]
+    for p in (p for p in points if p["threads"] > 1 and p["world"] == 1 and "work" in p):
+        one = st.cpu_step_time(p["work"], 0, 1).seconds - st.CPU_STEP_OVERHEAD_S
+        lines.append(f"- {p['name']}: {one / max(p['step_s'] - st.CPU_STEP_OVERHEAD_S, 1e-9):.2f}x the one-thread "
+                     f"estimate's speed with {p['threads']} threads (planner: {st.thread_speedup(p['threads']):.2f}x).")
+    for p in (p for p in points if p["world"] > 1 and "work" in p):
+        compute = st.cpu_step_time(p["work"], 0, 1).seconds
         rate_b = 3 * 4 * p["params"] / max(p["step_s"] - compute, 1e-9)
         lines.append(f"- {p['name']}: {p['step_s'] - compute:.2f} s per step beyond compute: "
                      f"{rate_b / 1e9:.2f} GB/s of parameter traffic (planner: {st.CPU_GLOO_BYTES_PER_S / 1e9:.2f}).")
     return lines
 
 
+def _within(label: str, group: list[dict[str, Any]]) -> str:
+    if not group:
+        return f"- {label}: no points"
+    worst = max(group, key=lambda p: abs(p["err"]))
+    worst_cpu = max(group, key=lambda p: abs(p["err_cpu"]))
+    return (f"- {label} ({len(group)} points): {sum(abs(p['err']) <= 0.25 for p in group)} within 25% of the measured "
+            f"step time (worst {worst['name']}: {worst['err']:+.0%}); {sum(abs(p['err_cpu']) <= 0.25 for p in group)}"
+            f" within 25% of the CPU time per step (worst {worst_cpu['name']}: {worst_cpu['err_cpu']:+.0%}).")
+
+
 def acceptance(points: list[dict[str, Any]]) -> list[str]:
-    single = [p for p in points if p["world"] == 1 and p["trainer"] in ("sft", "dpo")]
-    within = [p for p in single if abs(p["err"]) <= 0.25]
-    within_cpu = [p for p in single if abs(p["err_cpu"]) <= 0.25]
-    worst = max(single, key=lambda p: abs(p["err"]))
-    worst_cpu = max(single, key=lambda p: abs(p["err_cpu"]))
-    return [f"- SFT and DPO at world 1 ({len(single)} points): {len(within)} within 25% of the measured step time "
-            f"(worst {worst['name']}: {worst['err']:+.0%}); {len(within_cpu)} within 25% of the CPU time per step "
-            f"(worst {worst_cpu['name']}: {worst_cpu['err_cpu']:+.0%})."]
+    offline = [p for p in points if p["trainer"] in ("sft", "dpo")]
+    return [_within("SFT and DPO, one process, one thread", [p for p in offline if p["world"] == 1 and
+                                                               p["threads"] == 1]),
+            _within("SFT and DPO, one process, two threads", [p for p in offline if p["threads"] == 2]),
+            _within("SFT and DPO under torchrun (ZeRO-3, FSDP2; world 1 and 2)",
+                    [p for p in offline if p["backend"] != "single"])]
 
 
 def report(path: Path) -> None:
@@ -176,8 +201,11 @@ def report(path: Path) -> None:
     shape_of = shapes(data, {p["model"] for p in points})
     for p in points:
         shape = shape_of[p["model"]]
+        p.update(params=shape.params(), samples=p["rows"] // GRPO_PROMPTS)
+        if p["trainer"] == "grpo":  # not estimated: generation dominates
+            continue
         est = predict(p, shape)
-        p.update(params=shape.params(), flops=est.flops, pred_s=est.seconds, err=est.seconds / p["step_s"] - 1,
+        p.update(work=est.work, pred_s=est.seconds, err=est.seconds / p["step_s"] - 1,
                  err_cpu=est.seconds / p["cpu_s"] - 1)
     out = path.parent
     images = pictures(points, out)
