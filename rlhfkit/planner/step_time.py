@@ -40,7 +40,9 @@ CPU_ATTENTION_FLOPS_PER_THREAD = 51e9
 # memory-bound: it is what makes a 128-wide model slower per FLOP than a 512-wide one.
 CPU_SECONDS_PER_ELEMENT = 3.8e-9
 CPU_STEP_OVERHEAD_S = 0.001
-# What a second thread adds to a process's rate, as a fraction of the first (the same bench at 2 threads).
+# What a second thread adds to a process's speed, as a fraction of the first: issue 26's quiet-machine figure (SFT
+# on the 25M model: 1.15 s a step at one thread, 0.75 s at two, 1.53x; DPO gains less). The cost-curve bench's own
+# two-thread point ran under a load average above 10 on 2 cores and does not measure it.
 CPU_EXTRA_THREAD_EFFICIENCY = 0.5
 # The per-step cost of a data-parallel world over gloo on CPU: the ZeRO-3 / FSDP2 all-gathers and reduce-scatters
 # move every parameter about 3 times a step (forward gather, backward gather, gradient reduce-scatter) at this
