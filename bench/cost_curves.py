@@ -173,7 +173,8 @@ def measure(point: tuple, model_dirs: dict[str, Path], workdir: Path) -> dict:
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "bench")])
     load_before, started = load(), time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200, cwd=ROOT)
-    ranks = [json.loads(x[len(MARK):]) for x in proc.stdout.splitlines() if x.startswith(MARK)]
+    # a rank's line may follow another rank's unterminated output: take the mark wherever it starts
+    ranks = [json.loads(x[x.index(MARK) + len(MARK):]) for x in proc.stdout.splitlines() if MARK in x]
     if proc.returncode != 0 or len(ranks) != world:
         raise RuntimeError(f"{name} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return {"name": name, "trainer": trainer, "model": model, "max_len": max_len, "rows": rows, "world": world,
