@@ -153,7 +153,7 @@ def pictures(points: list[dict[str, Any]], out: Path) -> list[Path]:
 
 def derived(points: list[dict[str, Any]]) -> list[str]:
     """This run's fit of the planner's constants, beside the constants the planner uses, and a held-out check."""
-    base = [p for p in points if p["world"] == 1 and p["threads"] == 1 and p["trainer"] in ("sft", "dpo")]
+    base = [p for p in points if p["backend"] == "single" and p["threads"] == 1 and p["trainer"] in ("sft", "dpo")]
     mm, att, elem, over = fit(base)
     sft_only = fit([p for p in base if p["trainer"] == "sft"])
     lines = [f"- fit on this run's world-1, one-thread SFT and DPO points (CPU time per step): matmuls "
@@ -166,12 +166,12 @@ def derived(points: list[dict[str, Any]]) -> list[str]:
              " of their CPU time per step."]
     for p in (p for p in points if p["threads"] > 1 and p["world"] == 1 and "work" in p):
         one = st.cpu_step_time(p["work"], 0, 1).seconds - st.CPU_STEP_OVERHEAD_S
-        lines.append(f"- {p['name']}: {one / max(p['step_s'] - st.CPU_STEP_OVERHEAD_S, 1e-9):.2f}x the one-thread "
+        lines.append(f"- {p['name']} (load {p['load_before'].split()[0]}): {one / p['step_s']:.2f}x the one-thread "
                      f"estimate's speed with {p['threads']} threads (planner: {st.thread_speedup(p['threads']):.2f}x).")
     for p in (p for p in points if p["world"] > 1 and "work" in p):
         compute = st.cpu_step_time(p["work"], 0, 1).seconds
-        rate_b = 3 * 4 * p["params"] / max(p["step_s"] - compute, 1e-9)
-        lines.append(f"- {p['name']}: {p['step_s'] - compute:.2f} s per step beyond compute: "
+        rate_b = 3 * 4 * p["params"] / max(p["cpu_s"] - compute, 1e-9)
+        lines.append(f"- {p['name']}: {p['cpu_s'] - compute:.2f} s of CPU time per step beyond compute: "
                      f"{rate_b / 1e9:.2f} GB/s of parameter traffic (planner: {st.CPU_GLOO_BYTES_PER_S / 1e9:.2f}).")
     return lines
 
@@ -188,7 +188,7 @@ def _within(label: str, group: list[dict[str, Any]]) -> str:
 
 def acceptance(points: list[dict[str, Any]]) -> list[str]:
     offline = [p for p in points if p["trainer"] in ("sft", "dpo")]
-    one = [p for p in offline if p["world"] == 1 and p["threads"] == 1]
+    one = [p for p in offline if p["backend"] == "single" and p["threads"] == 1]
     quiet = [p for p in one if max(float(p[k].split()[0]) for k in ("load_before", "load_after")) < 2.6]
     return [_within("SFT and DPO, one process, one thread", one),
             _within("the same, only the points taken while the load average stayed under 2.6 (a core free)", quiet),
