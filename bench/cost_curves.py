@@ -209,6 +209,7 @@ def main() -> None:
             RESULTS.write_text(json.dumps({"machine": machine(), "versions": versions(),
                                            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                            "models": configs, "points": list(done.values())}, indent=1))
+    sys.path.insert(0, str(ROOT))  # the planner of this checkout (an editable install may point at another)
     from cost_curves_report import report
 
     report(RESULTS)
