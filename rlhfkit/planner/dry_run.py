@@ -1,5 +1,6 @@
 """`--dry_run`: the memory plan of a validated config against the devices it will run on, printed instead of
-training (rlhfkit/planner/plan.py builds it, rlhfkit/planner/advice.py adds the advice)."""
+training (rlhfkit/planner/plan.py builds it, rlhfkit/planner/advice.py adds the advice), and the step-time estimate
+(rlhfkit/planner/step_time.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 
 from rlhfkit.config.common import DryRunArgs
 from rlhfkit.config.kinds import TrainConfig
+from rlhfkit.planner import step_time
 from rlhfkit.planner.advice import plan_with_advice, render
 from rlhfkit.planner.memory import GIB
 from rlhfkit.planner.plan import Devices
@@ -43,5 +45,9 @@ def dry_run(cfg: TrainConfig, trainer: str, prog: str) -> bool:
         return False
     devices, world = _devices(plan_args)
     if os.environ.get("RANK", "0") == "0":
-        print(render(plan_with_advice(cfg, trainer, devices, world), prog), flush=True)
+        import torch
+
+        step = step_time.describe(cfg, trainer, devices.kind, world, torch.get_num_threads())
+        text = render(plan_with_advice(cfg, trainer, devices, world), prog)
+        print(text if step is None else f"{text}\n{step}", flush=True)
     return True

@@ -1,0 +1,167 @@
+"""Step-time estimate of `--dry_run` for the offline trainers (sft, rm, dpo, kto) on CPU: the work of one optimizer
+step on one rank (matmul FLOPs, attention FLOPs, element-wise activation elements) at the machine's measured rates,
+plus a fixed per-step overhead and, at world > 1, the sharding traffic.
+
+FLOPs (Kaplan et al. 2020, "Scaling Laws for Neural Language Models", section 2.1; the 6N rule as in Hoffmann et
+al. 2022, "Training Compute-Optimal Large Language Models", appendix F):
+- a forward pass costs 2 FLOPs per weight of every matrix a token meets (the decoder layers' projections, the active
+  experts of a mixture of experts, and the LM head: V x h even when tied to the embeddings; the embedding lookup is
+  free), plus causal attention: QK^T and the weighted sum of V, 2 x 2 x s x d_q per token of a row of s tokens
+  over all s positions, halved by the causal mask: 2 x s^2 x d_q per row and layer;
+- a trained pass costs 3 forwards (backward: 2, for the gradients of activations and of weights): 6N per token.
+Per step and rank: SFT trains its rows; DPO and KTO train their chosen and rejected rows (2 per pair) and run the
+frozen reference forward on them; RM trains 2 rows per pair with a value head instead of the LM head. Every row is
+taken full (`--max_len` tokens): an upper bound for shorter data, exact for packed data.
+
+Element-wise work (norms, activations, residual adds, the log-softmax over the vocabulary) is counted as h + i
+elements per token and layer plus V logits, 3 times for a trained pass: on CPU it is bound by memory, not FLOPs.
+
+The rates and overhead below are fit on `bench/cost_curves.py`'s CPU points (bench/results/cost_curves.md shows the
+prediction against every measured point). Not estimated: the RL trainers (their step is mostly generation, which is
+bound by memory bandwidth, not FLOPs) and GPUs (no rate measured here yet).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlhfkit.config.kinds import OfflineConfig, TrainConfig, WithReference
+from rlhfkit.config.rl import PPOConfig
+from rlhfkit.planner.memory import ModelShape, read_model_shape
+
+# Measured 2026-11-27 on the CPU dev machine (x86_64, 2 cores shared with other users, torch 2.13.0+cpu, fp32, one
+# torch thread per process): the least-squares fit (relative error) of step CPU seconds = matmul FLOPs / rate +
+# attention FLOPs / rate + elements x time + overhead over the world-1 SFT and DPO points of bench/cost_curves.py
+# (tiny, 25M and 135M-shaped Llamas, 128 to 8,192 tokens); bench/results/cost_curves.md shows every point.
+CPU_MATMUL_FLOPS_PER_THREAD = 91e9
+# Attention (torch's CPU scaled_dot_product_attention) runs at about half the GEMM rate.
+CPU_ATTENTION_FLOPS_PER_THREAD = 51e9
+# Element-wise work a token does in a pass (norms, SwiGLU, residual adds, the log-softmax over the vocabulary),
+# memory-bound: it is what makes a 128-wide model slower per FLOP than a 512-wide one.
+CPU_SECONDS_PER_ELEMENT = 3.8e-9
+CPU_STEP_OVERHEAD_S = 0.001
+# What a second thread adds to a process's speed, as a fraction of the first: issue 26's quiet-machine figure (SFT
+# on the 25M model: 1.15 s a step at one thread, 0.75 s at two, 1.53x; DPO gains less). The cost-curve bench's own
+# two-thread point ran under a load average above 10 on 2 cores and does not measure it.
+CPU_EXTRA_THREAD_EFFICIENCY = 0.5
+# The per-step cost of a data-parallel world over gloo on CPU: the ZeRO-3 / FSDP2 all-gathers and reduce-scatters
+# move every parameter about 3 times a step (forward gather, backward gather, gradient reduce-scatter) at this
+# rate, fp32 bytes. Rough: the CPU time per step that the bench's world-2 points (25M model, ZeRO-3 and FSDP2) spent
+# beyond their compute implies 0.4 to 1.3 GB/s, measured at load averages of 25-40 on 2 cores.
+CPU_GLOO_BYTES_PER_S = 0.7e9
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a step computes: matmul and attention FLOPs, and element-wise activation elements."""
+
+    matmul: float = 0.0
+    attention: float = 0.0
+    elements: float = 0.0
+
+    def __add__(self, other: Work) -> Work:
+        return Work(self.matmul + other.matmul, self.attention + other.attention, self.elements + other.elements)
+
+    def times(self, k: float) -> Work:
+        return Work(self.matmul * k, self.attention * k, self.elements * k)
+
+    @property
+    def flops(self) -> float:
+        return self.matmul + self.attention
+
+
+@dataclass(frozen=True)
+class StepTime:
+    work: Work  # one optimizer step on one rank
+    seconds: float
+    threads: int
+    overhead: float  # seconds per step on top of the work (fixed + communication)
+    tokens: int  # trained tokens per step on one rank
+
+
+def matmul_weights(shape: ModelShape, lm_head: bool = True) -> int:
+    """Weights one token multiplies through: each layer's projections (the active experts only), and the LM head
+    (V x h) or a value head (h)."""
+    h = shape.hidden_size
+    attention = h * shape.num_heads * shape.head_dim * 2 + h * shape.kv_dim * 2
+    if shape.num_experts:
+        mlp = (shape.experts_per_token * 3 * h * shape.expert_intermediate_size + h * shape.num_experts
+               + 3 * h * shape.shared_intermediate_size)
+    else:
+        mlp = 3 * h * shape.intermediate_size
+    head = shape.vocab_size * h if lm_head else h
+    return shape.num_layers * (attention + mlp) + head
+
+
+def attention_flops(shape: ModelShape, rows: int, seq: int) -> float:
+    """Forward FLOPs of causal attention scores and their weighted sum: 2 x s^2 x d_q per row and layer."""
+    return 2.0 * shape.num_layers * rows * seq * seq * shape.num_heads * shape.head_dim
+
+
+def token_elements(shape: ModelShape, lm_head: bool = True) -> int:
+    """Element-wise activation elements a token makes in a forward: h + i per layer, and the logits (V) or one
+    value."""
+    return shape.num_layers * (shape.hidden_size + shape.intermediate_size) + (shape.vocab_size if lm_head else 1)
+
+
+def forward_work(shape: ModelShape, rows: int, seq: int, lm_head: bool = True) -> Work:
+    """One forward pass over `rows` rows of `seq` tokens."""
+    tokens = rows * seq
+    return Work(2.0 * matmul_weights(shape, lm_head) * tokens, attention_flops(shape, rows, seq),
+                float(token_elements(shape, lm_head) * tokens))
+
+
+def train_work(shape: ModelShape, rows: int, seq: int, lm_head: bool = True) -> Work:
+    """Forward and backward: 3 forwards."""
+    return forward_work(shape, rows, seq, lm_head).times(3)
+
+
+def offline_step_work(trainer: str, shape: ModelShape, rows: int, seq: int, ref: ModelShape | None) -> Work:
+    """The work of one step on one rank holding `rows` samples (sft) or pairs (rm, dpo, kto) of `seq` tokens; `ref`:
+    the frozen reference of dpo/kto (None: reference-free losses)."""
+    if trainer == "sft":
+        return train_work(shape, rows, seq)
+    if trainer == "rm":
+        return train_work(shape, 2 * rows, seq, lm_head=False)
+    policy = train_work(shape, 2 * rows, seq)
+    return policy + (forward_work(ref, 2 * rows, seq) if ref is not None else Work())
+
+
+def thread_speedup(threads: int) -> float:
+    """How much faster a process with `threads` torch threads computes than with one."""
+    return 1 + CPU_EXTRA_THREAD_EFFICIENCY * (max(threads, 1) - 1)
+
+
+def cpu_step_time(work: Work, tokens: int, threads: int, params: int = 0, world: int = 1) -> StepTime:
+    """Seconds of a step of `work` on one rank: the compute terms sped up by `threads`, the fixed overhead, and with
+    `world` > 1 the gloo traffic of sharding `params` fp32 parameters."""
+    compute = (work.matmul / CPU_MATMUL_FLOPS_PER_THREAD + work.attention / CPU_ATTENTION_FLOPS_PER_THREAD
+               + work.elements * CPU_SECONDS_PER_ELEMENT) / thread_speedup(threads)
+    overhead = CPU_STEP_OVERHEAD_S + (3 * 4 * params / CPU_GLOO_BYTES_PER_S if world > 1 else 0.0)
+    return StepTime(work, compute + overhead, threads, overhead, tokens)
+
+
+def offline_estimate(cfg: OfflineConfig, trainer: str, world: int, threads: int) -> StepTime:
+    """The CPU step time of an offline trainer's config: `--train_batch_size` rows split over `world` ranks, each
+    row `--max_len` tokens long."""
+    shape = read_model_shape(cfg.model.pretrain or "", "--pretrain")
+    ref = None
+    if isinstance(cfg, WithReference):
+        ref = read_model_shape(cfg.reference.ref_pretrain, "--ref_pretrain") if cfg.reference.ref_pretrain else shape
+    rows = max(cfg.strategy.train_batch_size // max(world, 1), 1)
+    seq = cfg.data.max_len
+    work = offline_step_work(trainer, shape, rows, seq, ref)
+    tokens = rows * seq * (1 if trainer == "sft" else 2)
+    return cpu_step_time(work, tokens, threads, shape.params(trainer != "rm"), world)
+
+
+def describe(cfg: TrainConfig, trainer: str, kind: str, world: int, threads: int) -> str | None:
+    """The `step time` line of --dry_run; None where nothing is estimated (RL trainers: generation dominates their
+    step; GPUs: no rate measured yet)."""
+    if isinstance(cfg, PPOConfig) or kind != "cpu":
+        return None
+    st = offline_estimate(cfg, trainer, world, threads)
+    return (f"step time: about {st.seconds:.3g} s per optimizer step on this CPU ({st.tokens} tokens per rank at "
+            f"--max_len {cfg.data.max_len}, {st.work.flops / 1e9:.3g} GFLOP, {threads} thread"
+            f"{'s' if threads != 1 else ''}{f', {st.overhead:.2g} s of gloo traffic' if world > 1 else ''}); "
+            "shorter rows take less")

@@ -1,0 +1,70 @@
+"""`rlhfkit.planner.step_time`: the FLOPs of a step against a hand count on a toy shape, the seconds against the
+module's constants, and the line `--dry_run` prints on CPU (never against a timing: bench/cost_curves.py measures)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlhfkit.config.base import parse_config
+from rlhfkit.config.sft import SFTConfig
+from rlhfkit.planner import step_time as st
+from rlhfkit.planner.dry_run import dry_run
+from rlhfkit.planner.memory import ModelShape
+from tests.planner.memory_shapes import write_config
+
+# vocab 100, hidden 8, MLP 16, 2 layers, 2 heads (1 KV head) of 4, tied embeddings
+TOY = ModelShape(vocab_size=100, hidden_size=8, intermediate_size=16, num_layers=2, num_heads=2, num_kv_heads=1,
+                 head_dim=4, tie_word_embeddings=True)
+TOY_CONFIG = {"vocab_size": 100, "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 2,
+              "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4, "tie_word_embeddings": True}
+
+
+def test_weights_a_token_multiplies_through():
+    # per layer: q and o 8 x 8 each (128), k and v 8 x 4 each (64), MLP 3 x 8 x 16 (384) = 576; x 2 layers = 1152;
+    # the LM head 100 x 8 = 800 (tied, but still a matmul); a value head instead: 8
+    assert st.matmul_weights(TOY) == 1952
+    assert st.matmul_weights(TOY, lm_head=False) == 1160
+
+
+def test_forward_and_train_work_by_hand():
+    # 3 rows of 5 tokens: matmuls 2 x 1952 x 15 = 58,560; causal attention 2 x 2 layers x 3 rows x 5^2 x 8 = 2,400;
+    # element-wise: (2 layers x (8 + 16) + 100 logits) x 15 tokens = 2,220
+    assert st.attention_flops(TOY, 3, 5) == 2400
+    assert st.forward_work(TOY, 3, 5) == st.Work(58560, 2400, 2220)
+    assert st.train_work(TOY, 3, 5) == st.Work(175680, 7200, 6660)
+    assert st.train_work(TOY, 3, 5).flops == 182880
+
+
+def test_offline_trainers_count_their_rows():
+    assert st.offline_step_work("sft", TOY, 3, 5, None) == st.Work(175680, 7200, 6660)
+    # 3 pairs: 6 rows trained (3 x (2 x 1952 x 30, 4,800, 148 x 30)) and the reference forward on them
+    assert st.offline_step_work("dpo", TOY, 3, 5, TOY) == st.Work(4 * 117120, 4 * 4800, 4 * 4440)
+    assert st.offline_step_work("dpo", TOY, 3, 5, None) == st.Work(3 * 117120, 3 * 4800, 3 * 4440)  # reference-free
+    # RM: 6 rows trained with a value head: 2 x 1160 x 30 FLOPs and (48 + 1) x 30 elements a pass
+    assert st.offline_step_work("rm", TOY, 3, 5, None) == st.Work(3 * 69600, 3 * 4800, 3 * 1470)
+
+
+def test_seconds_from_the_rates_the_overhead_and_the_gloo_traffic():
+    work = st.Work(1e9, 2e8, 1e6)
+    one = st.cpu_step_time(work, 100, threads=1)
+    compute = (1e9 / st.CPU_MATMUL_FLOPS_PER_THREAD + 2e8 / st.CPU_ATTENTION_FLOPS_PER_THREAD
+               + 1e6 * st.CPU_SECONDS_PER_ELEMENT)
+    assert one.seconds == pytest.approx(compute + st.CPU_STEP_OVERHEAD_S)
+    two = st.cpu_step_time(work, 100, threads=2, params=1000, world=2)
+    # a second thread adds CPU_EXTRA_THREAD_EFFICIENCY of the first; ZeRO-3 / FSDP2: every fp32 parameter moves 3
+    # times a step
+    assert two.seconds == pytest.approx(compute / (1 + st.CPU_EXTRA_THREAD_EFFICIENCY) + st.CPU_STEP_OVERHEAD_S
+                                        + 3 * 4 * 1000 / st.CPU_GLOO_BYTES_PER_S)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine plans against its GPUs (no estimate there)")
+def test_dry_run_prints_the_estimate_beside_the_memory_plan(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    model = write_config(tmp_path / "toy", TOY_CONFIG)
+    cfg = parse_config(SFTConfig, ["--pretrain", str(model), "--dataset", "x.jsonl", "--max_len", "5",
+                                   "--train_batch_size", "3", "--micro_train_batch_size", "3", "--dry_run"], "x")
+    assert dry_run(cfg, "sft", "x")
+    line = capsys.readouterr().out.splitlines()[-1]
+    seconds = st.cpu_step_time(st.Work(175680, 7200, 6660), 15, torch.get_num_threads()).seconds
+    assert line.startswith(f"step time: about {seconds:.3g} s per optimizer step on this CPU (15 tokens per rank")
