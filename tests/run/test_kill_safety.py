@@ -192,7 +192,7 @@ def test_issue_checkpoint_defects_end_to_end(demo_assets, tmp_path, world_of_one
     assert not (tmp_path / "dpo" / "model.safetensors").exists()
 
 
-def test_ppo_ray_driver_sigkill_leaks_no_actors_and_resumes_to_the_same_weights(ray_cluster, demo_assets, tmp_path):
+def test_ppo_ray_driver_sigkill_leaks_no_actors_and_resumes_to_the_same_weights(demo_assets, tmp_path):
     """The driver (with its own local Ray, as `train_ppo_ray` starts one) is SIGKILLed mid-step 2: every process
     of its Ray cluster (GCS, raylet, the role and engine actors) goes with it, and a rerun with --load_checkpoint
     resumes global_step1 and ends at the uninterrupted run's weights (trained in this process, on the session's
@@ -202,6 +202,7 @@ def test_ppo_ray_driver_sigkill_leaks_no_actors_and_resumes_to_the_same_weights(
     from rlhfkit.config.base import parse_config
     from rlhfkit.config.rl import PPOConfig
     from rlhfkit.rl.ray_run import run_ppo_ray
+    from tests.distributed.ray_cluster import ensure_ray
 
     ray_env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
                "RAY_ADDRESS": ""}
@@ -217,6 +218,7 @@ def test_ppo_ray_driver_sigkill_leaks_no_actors_and_resumes_to_the_same_weights(
                 str(save), "--disable_progress_bar", *extra]
 
     reference = tmp_path / "reference"
+    ensure_ray()  # the session's cluster (this test is in tests/selection.py's RAY group)
     run_ppo_ray(parse_config(PPOConfig, args_for(reference)[1:], "test"))
     assert (reference / "model.safetensors").is_file()
     saved_env = dict(os.environ)
