@@ -49,7 +49,6 @@ SLOW = {
     "cli/test_vlm_train.py",
     "data/test_generated_tasks.py::test_two_grpo_steps_on_a_generated_task_with_the_packaged_reward",
     "distributed/test_fsdp2_parity.py",
-    "distributed/test_tensor_parallel.py",
     "distributed/test_launch.py",
     "distributed/test_multinode.py",
     "distributed/test_ray_agents.py",

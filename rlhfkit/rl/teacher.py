@@ -76,7 +76,7 @@ class TeacherRole(_Role):
         model = load_causal_lm(path, attn_implementation=_attn(spec), dtype=_dtype(spec), flag="--teacher_pretrain")
         if spec.topk and model.config.vocab_size > MAX_FLOAT_ID:
             raise ValueError(f"a vocabulary of {model.config.vocab_size} tokens is too large for top-k ids")
-        self.model = self.strategy.prepare_eval(model)
+        self.model = self.strategy.prepare_eval(model, shard_fsdp2=True)  # sharded like the reference
 
     @dispatch("split")
     @torch.no_grad()

@@ -1,11 +1,12 @@
 """Kill-safe resumable checkpoints of DeepSpeed engines plus trainer state (data position, RNG).
 
 Layout: `<ckpt_path>/global_step<N>/` holds each engine under its own name (`actor/`, `critic/`, ...), the
-trainer's `state.json`, one `rng_rank<R>.pt` per rank and `rlhfkit_ckpt.json` (run id, trainer, config, version,
-manifest of the other files: `rlhfkit.run.runs`). A checkpoint is written under `<ckpt_path>/.incomplete/`
-and renamed into place only once every rank has finished and its manifest is written; `latest` is replaced
-atomically after that. A SIGKILL at any moment therefore leaves complete checkpoints only, and resume takes the
-newest one whose files match its manifest (saying so when `latest` is missing or points elsewhere).
+trainer's `state.json`, one `rng_rank<R>.pt` per process (R: its global rank) and `rlhfkit_ckpt.json` (run id,
+trainer, config, version, manifest of the other files: `rlhfkit.run.runs`). A checkpoint is written under
+`<ckpt_path>/.incomplete/` and renamed into place only once every rank has finished and its manifest is written;
+`latest` is replaced atomically after that. A SIGKILL at any moment therefore leaves complete checkpoints only,
+and resume takes the newest one whose files match its manifest (saying so when `latest` is missing or points
+elsewhere).
 
 An engine's state is DeepSpeed's own checkpoint (same ZeRO stage and world size to resume), or with
 `--use_ds_universal_ckpt` the layout-free form of `rlhfkit.distributed.universal` (any stage, any world size);
@@ -65,6 +66,18 @@ def prune_checkpoints(root: Path, max_keep: int, max_gb: float, run_id: str | No
     return removed
 
 
+def process_rank() -> int:
+    """This process's global rank (0 without a process group)."""
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def rng_file(directory: Path) -> Path:
+    """This process's RNG state file in a checkpoint directory. Named by the global rank, not `strategy.rank`:
+    the ranks of a tensor-parallel group share `strategy.rank` (one data-parallel rank) but each has generators of
+    its own, and under one name they would overwrite each other's file and resume from the same state."""
+    return directory / f"rng_rank{process_rank()}.pt"
+
+
 def save_checkpoint(strategy: DeepSpeedStrategy, ckpt_path: str, step: int, engines: dict[str, Any],
                     state: dict[str, Any], max_keep: int, *, max_gb: float = float("inf"),
                     universal: bool = False, run: RunInfo | None = None) -> Path:
@@ -86,7 +99,7 @@ def save_checkpoint(strategy: DeepSpeedStrategy, ckpt_path: str, step: int, engi
             save_engine_state(engine, str(staging), name, universal, strategy.is_rank0)
         else:
             engine.save_checkpoint(str(staging), tag=name, save_latest=False)
-    torch.save(RngState.capture().__dict__, staging / f"rng_rank{strategy.rank}.pt")
+    torch.save(RngState.capture().__dict__, rng_file(staging))
     strategy.barrier()
     final = root / tag
     if strategy.is_rank0:
@@ -150,9 +163,9 @@ def load_checkpoint(strategy: DeepSpeedStrategy, path: Path, engines: dict[str, 
             found = engine.load_checkpoint(str(path), tag=name)[0] is not None
         if not found:
             raise RuntimeError(f"checkpoint {path} has no state for {name}")
-    rng_file = path / f"rng_rank{strategy.rank}.pt"
-    if rng_file.is_file():
-        RngState(**torch.load(rng_file, weights_only=False)).restore()
+    rng = rng_file(path)
+    if rng.is_file():
+        RngState(**torch.load(rng, weights_only=False)).restore()
     return json.loads((path / "state.json").read_text())
 
 

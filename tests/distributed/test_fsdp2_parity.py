@@ -6,7 +6,11 @@ alone (`LoopState.next_batch`) and the ranks split that batch (`micro_batches_fo
 each micro-batch by the whole step's totals, so world 2 x 2 micro-batches of 2 is world 1 x 4 of 2. The SFT run
 also saves a DCP checkpoint at step 3 that a world-1 and a world-4 FSDP2 run resume (resharded 2 -> 1 and 2 -> 4)
 to the same losses and weights (issue 20, acceptance 2);
-the DPO run adds --adam_offload (FSDP2's CPU offload of shards and AdamW state)."""
+the DPO run adds --adam_offload (FSDP2's CPU offload of shards and AdamW state).
+
+Also --ds_tensor_parallel_size 2 --backend fsdp2 on 2 ranks against the same world-1 runs: the same losses and final
+weights to 1e-5 (issue 20, acceptance 4); the TP pair is one data-parallel rank, both see the 1-rank run's
+micro-batches. The world-1 runs are module fixtures, trained once for both comparisons."""
 
 from __future__ import annotations
 
@@ -63,17 +67,55 @@ def assert_same_weights(one: Path, two: Path) -> None:
         torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-5, msg=name)
 
 
-def test_sft_matches_one_rank_and_its_checkpoint_resumes_at_world_one_and_four(demo_assets, tmp_path, world_of_one):
+# DPO's gradients are differences of the chosen and rejected terms, so a few entries are ~1e-9; AdamW's
+# g / (sqrt(v) + eps) turns the last bits of another summation order into up to 3e-5 of weight at eps 1e-8 (the
+# one-rank run shares each pair's prompt forward, FSDP2 across ranks does not: models/shared_prefix.py; TP adds the
+# row-wise layers' partial products in another order). An eps of 1e-6 in every DPO run damps those entries; a real
+# error (a gradient reduced twice or not at all) would stay far above 1e-5.
+DPO_EPS = ("--adam_eps", "1e-6")
+
+
+@pytest.fixture(scope="module")
+def sft_one_rank(demo_assets, tmp_path_factory) -> Path:
+    """5 SFT steps at world 1 on the plain-torch engine (ZeRO-0's arithmetic): the reference of the SFT tests."""
+    from rlhfkit.config.base import parse_config
+    from rlhfkit.config.sft import SFTConfig
+    from rlhfkit.trainers.sft import run_sft
+    from tests.helpers import launcher_env_of_one
+
+    one = tmp_path_factory.mktemp("sft_one_rank")
+    with launcher_env_of_one():
+        run_sft(parse_config(SFTConfig, sft_flags(demo_assets, one, *STEPS, "--zero_stage", "0"), "test"))
+    assert len(losses(one)) == 5
+    return one
+
+
+@pytest.fixture(scope="module")
+def dpo_one_rank(demo_assets, tmp_path_factory) -> Path:
+    """5 DPO steps at world 1 (plain-torch engine, `DPO_EPS`): the reference of the DPO tests."""
+    from rlhfkit.config.base import parse_config
+    from rlhfkit.config.preference import DPOConfig
+    from rlhfkit.trainers.dpo import run_dpo
+    from tests.helpers import launcher_env_of_one
+
+    one = tmp_path_factory.mktemp("dpo_one_rank")
+    with launcher_env_of_one():
+        run_dpo(parse_config(DPOConfig, dpo_flags(demo_assets, one, *STEPS, *DPO_EPS, "--zero_stage", "0"), "test"))
+    assert len(losses(one)) == 5
+    return one
+
+
+def test_sft_matches_one_rank_and_its_checkpoint_resumes_at_world_one_and_four(demo_assets, sft_one_rank, tmp_path,
+                                                                              world_of_one):
     from rlhfkit.config.base import parse_config
     from rlhfkit.config.sft import SFTConfig
     from rlhfkit.trainers.sft import run_sft
 
-    one, two, resumed, ckpt = (tmp_path / n for n in ("one", "two", "resumed", "ckpt"))
-    run_sft(parse_config(SFTConfig, sft_flags(demo_assets, one, *STEPS, "--zero_stage", "0"), "test"))
+    one = sft_one_rank
+    two, resumed, ckpt = (tmp_path / n for n in ("two", "resumed", "ckpt"))
     saving = ("--backend", "fsdp2", "--ckpt_path", str(ckpt), "--save_steps", "3")
     torchrun("rlhfkit.cli.train_sft", sft_flags(demo_assets, two, *STEPS, *saving))
     reference = losses(one)
-    assert len(reference) == 5
     assert losses(two) == pytest.approx(reference, rel=1e-5, abs=1e-6)
     assert_same_weights(one, two)
     assert (ckpt / "global_step3" / "model" / "__1_0.distcp").is_file()  # written by rank 1 of 2
@@ -90,20 +132,25 @@ def test_sft_matches_one_rank_and_its_checkpoint_resumes_at_world_one_and_four(d
     assert_same_weights(one, four)
 
 
-def test_dpo_with_cpu_offload_matches_one_rank(demo_assets, tmp_path, world_of_one):
-    from rlhfkit.config.base import parse_config
-    from rlhfkit.config.preference import DPOConfig
-    from rlhfkit.trainers.dpo import run_dpo
-
-    one, two = tmp_path / "one", tmp_path / "two"
-    # The one-rank run shares each pair's prompt forward; FSDP2 across ranks does not (every forward is a collective,
-    # models/shared_prefix.py), so the last bits differ, and AdamW's first steps, dividing each gradient entry by its
-    # own magnitude, blow that up on near-zero entries: a larger eps in both runs keeps the comparison at 1e-5.
-    eps = ("--adam_eps", "1e-6")
-    run_dpo(parse_config(DPOConfig, dpo_flags(demo_assets, one, *STEPS, *eps, "--zero_stage", "0"), "test"))
-    torchrun("rlhfkit.cli.train_dpo", dpo_flags(demo_assets, two, *STEPS, *eps, "--backend", "fsdp2",
+def test_dpo_with_cpu_offload_matches_one_rank(dpo_one_rank, demo_assets, tmp_path):
+    two = tmp_path / "two"
+    torchrun("rlhfkit.cli.train_dpo", dpo_flags(demo_assets, two, *STEPS, *DPO_EPS, "--backend", "fsdp2",
                                                  "--adam_offload"))
-    reference = losses(one)
-    assert len(reference) == 5
-    assert losses(two) == pytest.approx(reference, rel=1e-5, abs=1e-6)
-    assert_same_weights(one, two)
+    assert losses(two) == pytest.approx(losses(dpo_one_rank), rel=1e-5, abs=1e-6)
+    assert_same_weights(dpo_one_rank, two)
+
+
+def test_sft_at_tensor_parallel_two_matches_one_rank(sft_one_rank, demo_assets, tmp_path):
+    two = tmp_path / "two"
+    torchrun("rlhfkit.cli.train_sft", sft_flags(demo_assets, two, *STEPS, "--backend", "fsdp2",
+                                                "--ds_tensor_parallel_size", "2"))
+    assert losses(two) == pytest.approx(losses(sft_one_rank), rel=1e-5, abs=1e-6)
+    assert_same_weights(sft_one_rank, two)
+
+
+def test_dpo_at_tensor_parallel_two_matches_one_rank(dpo_one_rank, demo_assets, tmp_path):
+    two = tmp_path / "two"
+    torchrun("rlhfkit.cli.train_dpo", dpo_flags(demo_assets, two, *STEPS, *DPO_EPS, "--backend", "fsdp2",
+                                                "--ds_tensor_parallel_size", "2"))
+    assert losses(two) == pytest.approx(losses(dpo_one_rank), rel=1e-5, abs=1e-6)
+    assert_same_weights(dpo_one_rank, two)

@@ -54,10 +54,11 @@ def test_four_nodes_job_submit_then_a_lost_node_and_the_resume(demo_assets, tmp_
     job = [str(Path(sys.executable).with_name("ray")), "job", "submit", "--address", "{dashboard}",
            "--runtime-env-json", json.dumps({"working_dir": str(REPO)}), "--", sys.executable, "-m",
            "rlhfkit.cli.train_ppo_ray", *argv(demo_assets, out, *spread)]
-    # 8 steps, a checkpoint after each: the node of the actor's second rank is lost after the first one
+    # 4 steps, a checkpoint after each: the node of the actor's second rank is lost after the first one (the kill
+    # lands within a second of it, three steps before the run could end), and the rerun trains steps 2-4
     driver = ["env", "RAY_ADDRESS={gcs}", sys.executable, "-m", "rlhfkit.cli.train_ppo_ray",
               *with_flag(argv(demo_assets, lost, *spread, "--ckpt_path", str(tmp_path / "ckpt"), "--save_steps", "1"),
-                         "--max_samples", "16")]
+                         "--max_samples", "8")]
     spec = {"workers": 3, "job": job, "kill": {"role": "actor", "ckpt": str(tmp_path / "ckpt"),
                                                "placement": str(lost / "placement.json"), "driver": driver}}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
@@ -99,5 +100,5 @@ def test_four_nodes_job_submit_then_a_lost_node_and_the_resume(demo_assets, tmp_
     # 3. the rerun with --load_checkpoint on the restored cluster finishes
     assert result["resume"]["returncode"] == 0, result["resume"]["log"]
     resumed = [json.loads(line) for line in (lost / "metrics.jsonl").read_text().splitlines()]
-    assert max(r["step"] for r in resumed if "train/actor/policy_loss" in r) == 8
+    assert max(r["step"] for r in resumed if "train/actor/policy_loss" in r) == 4
     assert (lost / "model.safetensors").is_file()

@@ -41,7 +41,8 @@ def config(assets, *extra: str) -> PPOConfig:
     return parse_config(PPOConfig, [
         "--pretrain", str(assets.model_dir), "--advantage_estimator", "group_norm", "--n_samples_per_prompt", "2",
         "--rollout_batch_size", "2", "--micro_rollout_batch_size", "2", "--train_batch_size", "4",
-        "--micro_train_batch_size", "2", "--zero_stage", "0", "--temperature", "0.8", *extra], "test")
+        "--micro_train_batch_size", "2", "--temperature", "0.8",
+        *([] if "--backend" in extra else ["--zero_stage", "0"]), *extra], "test")
 
 
 def experience():
@@ -81,6 +82,24 @@ def test_http_teacher_gives_the_local_teachers_loss(demo_assets, teacher_dir, wo
     assert abs(losses[0] - losses[1]) <= 1e-6, losses
     mask = exp.action_mask
     torch.testing.assert_close(remote["log_probs"][mask], local["log_probs"][mask], atol=1e-6, rtol=0)
+
+
+def test_teacher_is_sharded_on_fsdp2_and_scores_as_the_whole_model(demo_assets, teacher_dir, world_of_one):
+    """--backend fsdp2 shards the teacher as it shards the reference (`prepare_eval(shard_fsdp2=True)`), and the
+    sharded teacher's scores are the whole model's."""
+    from torch.distributed.tensor import DTensor
+
+    flags = ("--teacher_pretrain", str(teacher_dir), "--distill_loss", "topk_forward_kl", "--distill_topk", "5",
+             "--param_dtype", "fp32")
+    whole = TeacherRole(teacher_spec(config(demo_assets, *flags)))
+    sharded = TeacherRole(teacher_spec(config(demo_assets, *flags, "--backend", "fsdp2")))
+    assert all(isinstance(p, DTensor) for p in sharded.model.parameters())
+    assert not any(isinstance(p, DTensor) for p in whole.model.parameters())
+    exp = experience()
+    expected, got = whole.score(exp), sharded.score(exp)
+    assert got.keys() == expected.keys()
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], rtol=1e-5, atol=1e-6)
 
 
 @pytest.fixture(scope="module")

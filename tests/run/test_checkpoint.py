@@ -142,6 +142,21 @@ def resumed(root: Path, run, capsys=None):
     return (None if found is None else found[0].name), float(role.w[0])
 
 
+def test_each_process_saves_and_restores_its_own_rng_file(tmp_path, monkeypatch):
+    """The two ranks of a tensor-parallel pair share `strategy.rank` (0 here, as the driver's); each process still
+    writes and reads back the RNG file of its global rank, so neither overwrites the other's generators."""
+    from rlhfkit.run import checkpoint
+
+    monkeypatch.setattr(checkpoint, "process_rank", lambda: 1)
+    torch.manual_seed(7)
+    path = save(tmp_path, 1, run_info(), 1.0)
+    assert sorted(p.name for p in path.glob("rng_rank*.pt")) == ["rng_rank1.pt"]
+    expected = torch.rand(3)
+    torch.manual_seed(8)
+    assert resumed(tmp_path, run_info()) == ("global_step1", 1.0)
+    torch.testing.assert_close(torch.rand(3), expected)  # rank 1's generator state, read back from rng_rank1.pt
+
+
 def run_info(trainer: str = "sft", **config):
     from rlhfkit.run.runs import RunInfo
 

@@ -33,6 +33,19 @@ def finish(args: list[str]) -> str:
     return out
 
 
+def finish_here(args: list[str]) -> None:
+    """The uninterrupted reference run of `args` in this process (a world of one): the same trainer and flags as
+    the killed chain's subprocesses, without a subprocess's start-up (the runs are deterministic on the CPU)."""
+    import importlib
+
+    from rlhfkit.cli.common import run_cli
+    from tests.helpers import launcher_env_of_one
+
+    with launcher_env_of_one():
+        code = run_cli(importlib.import_module(args[0]).main, args[1:], prog=args[0])
+    assert code == 0, args
+
+
 def killed_at(args: list[str], point: str, flag: Path, timeout: float = 300) -> str:
     """Run until the hook pauses at `point`, SIGKILL it there; returns its output."""
     flag.unlink(missing_ok=True)
@@ -85,8 +98,8 @@ def kill_chain(args_for, reference: Path, tmp_path: Path, loss_key: str) -> None
 @pytest.fixture(scope="module")
 def sft_reference(demo_assets, tmp_path_factory):
     save = tmp_path_factory.mktemp("sft_reference") / "run"
-    out = finish(sft_args(demo_assets, save))
-    assert (save / "model.safetensors").is_file(), out[-3000:]
+    finish_here(sft_args(demo_assets, save))
+    assert (save / "model.safetensors").is_file()
     return save
 
 
@@ -111,8 +124,8 @@ def test_dpo_sigkill_anywhere_resumes_to_the_same_weights(demo_assets, tmp_path)
                 "--disable_progress_bar", *extra]
 
     reference = tmp_path / "reference"
-    out = finish(args_for(reference))
-    assert (reference / "model.safetensors").is_file(), out[-3000:]
+    finish_here(args_for(reference))
+    assert (reference / "model.safetensors").is_file()
     kill_chain(args_for, reference, tmp_path, "train/loss")
 
 
@@ -122,8 +135,8 @@ def test_ppo_sigkill_anywhere_resumes_to_the_same_weights(demo_assets, tmp_path)
                        micro_train_batch_size=2, max_samples=8, generate_max_len=6)
 
     reference = tmp_path / "reference"
-    out = finish(args_for(reference))
-    assert (reference / "model.safetensors").is_file(), out[-3000:]
+    finish_here(args_for(reference))
+    assert (reference / "model.safetensors").is_file()
     kill_chain(args_for, reference, tmp_path, "train/reward")
 
 
@@ -182,8 +195,14 @@ def test_issue_checkpoint_defects_end_to_end(demo_assets, tmp_path, world_of_one
 def test_ppo_ray_driver_sigkill_leaks_no_actors_and_resumes_to_the_same_weights(demo_assets, tmp_path):
     """The driver (with its own local Ray, as `train_ppo_ray` starts one) is SIGKILLed mid-step 2: every process
     of its Ray cluster (GCS, raylet, the role and engine actors) goes with it, and a rerun with --load_checkpoint
-    resumes global_step1 and ends at the uninterrupted run's weights."""
+    resumes global_step1 and ends at the uninterrupted run's weights (trained in this process, on the session's
+    Ray cluster: no third local cluster to start)."""
     import psutil
+
+    from rlhfkit.config.base import parse_config
+    from rlhfkit.config.rl import PPOConfig
+    from rlhfkit.rl.ray_run import run_ppo_ray
+    from tests.distributed.ray_cluster import ensure_ray
 
     ray_env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
                "RAY_ADDRESS": ""}
@@ -198,12 +217,13 @@ def test_ppo_ray_driver_sigkill_leaks_no_actors_and_resumes_to_the_same_weights(
                 "--prompt_max_len", "32", "--actor_learning_rate", "1e-3", "--zero_stage", "0", "--save_path",
                 str(save), "--disable_progress_bar", *extra]
 
+    reference = tmp_path / "reference"
+    ensure_ray()  # the session's cluster (this test is in tests/selection.py's RAY group)
+    run_ppo_ray(parse_config(PPOConfig, args_for(reference)[1:], "test"))
+    assert (reference / "model.safetensors").is_file()
     saved_env = dict(os.environ)
     os.environ.update(ray_env)  # for the subprocesses `start` launches
     try:
-        reference = tmp_path / "reference"
-        out = finish(args_for(reference))
-        assert (reference / "model.safetensors").is_file(), out[-3000:]
         save, ckpt, flag = tmp_path / "run", tmp_path / "ckpt", tmp_path / "paused"
         args = args_for(save, "--ckpt_path", str(ckpt), "--save_steps", "1")
         proc = start(args, pause=f"mid@2:{flag}", merge_stderr=True)
