@@ -29,6 +29,7 @@ from rlhfkit.config.rl_specs import rl_specs
 from rlhfkit.config.specs import PlacementSpec, RLSpecs
 from rlhfkit.distributed.determinism import enable_full_determinism, gpu_limits_note
 from rlhfkit.distributed.placement import ResourcePlan, connect_ray, plan_for, unwrap_user_error
+from rlhfkit.distributed.startup_clock import StartupClock, actor_marks
 from rlhfkit.errors import UserError
 from rlhfkit.rl.loop import RoleHandles, rl_settings
 from rlhfkit.rl.rollout_source import RolloutSource
@@ -141,8 +142,9 @@ class RayRoles:
         self.plan.remove()
 
 
-def build_ray_roles(run: RayRunPlan) -> tuple[Any, RayRoles]:
-    """Placement groups, role groups and engines, each built from its spec; returns (RoleHandles, RayRoles)."""
+def build_ray_roles(run: RayRunPlan, clock: StartupClock | None = None) -> tuple[Any, RayRoles]:
+    """Placement groups, role groups and engines, each built from its spec; returns (RoleHandles, RayRoles). The
+    `clock` gets the placement and the roles-and-engines phases and each role's and engine's own milestones."""
     from rlhfkit.agents.episodes import run_episodes
     from rlhfkit.distributed.launch import DIST_TIMEOUT_ENV
     from rlhfkit.distributed.ray_groups import RayActorGroup
@@ -152,7 +154,9 @@ def build_ray_roles(run: RayRunPlan) -> tuple[Any, RayRoles]:
     from rlhfkit.rollout.factory import engine_group
 
     plan, specs = run.plan, run.specs
+    clock = clock or StartupClock()
     ray_roles = RayRoles(plan.create())
+    clock.lap("placement")
     try:
         steps = run.inputs.num_update_steps
         roles = {"actor": (ActorRole, (specs.actor, steps)), "critic": (CriticRole, (specs.critic, steps)),
@@ -161,14 +165,20 @@ def build_ray_roles(run: RayRunPlan) -> tuple[Any, RayRoles]:
         timeout_env = {DIST_TIMEOUT_ENV: str(specs.placement.ddp_timeout)}  # role groups and the weight-sync group
         for name, (cls, args) in roles.items():
             if name in plan.slots:
+                clock.launched(name)
                 ray_roles.groups[name] = RayActorGroup(
                     name, cls, plan, plan.slots[name], init_args=args, env=timeout_env, wait=False,
                     offload_between_calls=name in specs.placement.offload_between_calls)
+        clock.launched("engine")
         ray_roles.engine = engine_group(specs.engine, plan, use_gpu=run.use_gpu, sync_backend=run.sync_backend,
                                         env=timeout_env, wait=False, episode_runner=run_episodes)
         for group in ray_roles.groups.values():  # every role and engine started above loads in parallel
             group.ready()
         ray_roles.engine.info()
+        clock.lap("roles_and_engines")
+        for name, group in ray_roles.groups.items():  # rank 0 of each role, engine 0
+            clock.add_actor_marks(name, actor_marks(group.workers[:1])[0])
+        clock.add_actor_marks("engine", actor_marks(ray_roles.engine.engines[:1])[0])
     except BaseException:
         ray_roles.shutdown()
         raise
@@ -212,6 +222,7 @@ def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None,
     the trainer; `after_sync` callbacks get it after every weight sync (tests, benchmarks)."""
     from rlhfkit.run.setup import prepare_rl_run, train_rl
 
+    clock = StartupClock()
     cpus = cpus_per_bundle or float(os.environ.get("RLHFKIT_RAY_CPUS_PER_BUNDLE", "1"))
     run = prepare_ray_run(cfg, cpus_per_bundle=cpus)
     run_info = prepare_rl_run(cfg, "ppo_ray")
@@ -222,7 +233,9 @@ def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None,
     strategy = DriverStrategy()
     for note in run.notes:
         strategy.print(f"train_ppo_ray: {note}")
+    clock.lap("checks_and_inputs")
     started_ray = connect_ray(run.plan.total()["CPU"])
+    clock.lap("ray_init")
     ray_roles = None
     try:
         import ray
@@ -234,7 +247,7 @@ def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None,
 
         started = time.perf_counter()
         try:
-            roles, ray_roles = build_ray_roles(run)
+            roles, ray_roles = build_ray_roles(run, clock)
         except ray.exceptions.RayTaskError as e:
             raise unwrap_user_error(e) from None
         rank = run.specs.engine.lora_rank  # > 0: adapter-only sync, through the object store whatever the backend
@@ -245,7 +258,7 @@ def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None,
         if spread:
             strategy.print(f"train_ppo_ray: {spread}")
         assemble = ray_loop_assembly(cfg, roles, ray_roles.groups.get("reward"), run.inputs, strategy, run_info,
-                                     after_sync or [])
+                                     after_sync or [], clock)
         return train_rl(cfg, strategy, "ppo_ray", assemble, save=save)
     finally:
         if ray_roles is not None:
@@ -257,11 +270,23 @@ def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None,
             ray.shutdown()
 
 
+def _startup_done(clock: StartupClock, ray_sync: RayWeightSync, logger: Any, strategy: Any) -> None:
+    """After the first weight sync (the last of start-up): log and print the start-up phases, once."""
+    if len(ray_sync.seconds) != 1:
+        return
+    clock.lap("assembly_and_first_sync")
+    clock.phases["first_sync_s"] = ray_sync.seconds[0]
+    logger.log(0, clock.metrics(), prefix="startup")
+    strategy.print(f"train_ppo_ray: {clock.line()}")
+
+
 def ray_loop_assembly(cfg: PPOConfig, roles: RoleHandles, reward_group: Any, inputs: Any, strategy: Any,
-                      run_info: Any, after_sync: list[Callable[[RLTrainer], None]]) -> Callable[[Any], TrainingLoop]:
+                      run_info: Any, after_sync: list[Callable[[RLTrainer], None]],
+                      clock: StartupClock | None = None) -> Callable[[Any], TrainingLoop]:
     """How the Ray run's trainer is put together over its roles, given the metrics logger: the driver's rollout
     source over the engine group; weights streamed by `RayWeightSync`; synchronous, the source is the batch
-    supply; with --async_train the generator actor's queue is, and weight syncs take the generator's lock."""
+    supply; with --async_train the generator actor's queue is, and weight syncs take the generator's lock. The
+    start-up `clock`'s phases, the first weight sync last, go to the metrics at step 0 (`startup/<phase>_s`)."""
 
     def assemble(logger: Any) -> TrainingLoop:
         source = RolloutSource(cfg, roles.engine, roles.reward, inputs.tokenizer, inputs.prompts)
@@ -276,6 +301,8 @@ def ray_loop_assembly(cfg: PPOConfig, roles: RoleHandles, reward_group: Any, inp
             weight_sync = LockedWeightSync(ray_sync, supply)
         trainer = RLTrainer(cfg, roles.actor, supply, weight_sync, source, logger, strategy, ref=roles.ref,
                             critic=roles.critic, eval_prompts=inputs.eval_prompts, teacher=roles.teacher)
+        if clock is not None:
+            ray_sync.after_sync.append(functools.partial(_startup_done, clock, ray_sync, logger, strategy))
         ray_sync.after_sync.extend(functools.partial(callback, trainer) for callback in after_sync)
         return TrainingLoop(trainer, rl_settings(cfg), strategy, logger, run_info)
 
