@@ -70,27 +70,35 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--workdir", default=str(ROOT / "runs" / "bench"))
     p.add_argument("--label", default="")
+    p.add_argument("--code", action="append", default=[],
+                   help="rlhfkit trees to compare (default: this one); runs alternate between them")
     args = p.parse_args()
     workdir = Path(args.workdir).resolve()
     if args.child:
         child(args.child, workdir)
         return
     build_models(workdir, big=False)
-    env = child_env("rlhfkit", args.threads)
-    env.pop("RLHFKIT_RAY_CPUS_PER_BUNDLE", None)
     for rep in range(args.repeats):
         for case in args.case or list(CASES):
-            proc = subprocess.run([sys.executable, __file__, "--child", case, "--workdir", str(workdir)], env=env,
-                                  capture_output=True, text=True, timeout=900, cwd=ROOT)
-            lines = [x for x in proc.stdout.splitlines() if x.startswith(MARK)]
-            if proc.returncode or not lines:
-                raise SystemExit(f"{case} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
-            r = json.loads(lines[-1][len(MARK):])
-            up = next((x for x in proc.stdout.splitlines() if "roles and engines up" in x), "")
-            print(f"{args.label} {case} rep {rep}: first step at {r['to_first_step_s']:.1f} s, peak PSS "
-                  f"{r['peak_pss_mb']:.0f} MB (at first step {r['pss_at_first_step_mb']:.0f}), load {load()}\n"
-                  f"    {up.strip()}\n    {json.dumps({k: round(v, 2) for k, v in r['startup'].items()})}",
-                  flush=True)
+            for code in (args.code or [str(ROOT)])[::1 if rep % 2 == 0 else -1]:
+                run_child(case, code, rep, args, workdir)
+
+
+def run_child(case: str, code: str, rep: int, args: argparse.Namespace, workdir: Path) -> None:
+    env = child_env("rlhfkit", args.threads)
+    env.pop("RLHFKIT_RAY_CPUS_PER_BUNDLE", None)
+    env["PYTHONPATH"] = code  # which rlhfkit runs; this script's directory still gives `common` and `grpo`
+    proc = subprocess.run([sys.executable, __file__, "--child", case, "--workdir", str(workdir)], env=env,
+                          capture_output=True, text=True, timeout=900, cwd=code)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith(MARK)]
+    if proc.returncode or not lines:
+        raise SystemExit(f"{case} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    r = json.loads(lines[-1][len(MARK):])
+    up = next((x for x in proc.stdout.splitlines() if "roles and engines up" in x), "")
+    print(f"{args.label} {code} {case} rep {rep}: first step at {r['to_first_step_s']:.1f} s, peak PSS "
+          f"{r['peak_pss_mb']:.0f} MB (at first step {r['pss_at_first_step_mb']:.0f}), load {load()}\n"
+          f"    {up.strip()}\n    {json.dumps({k: round(v, 2) for k, v in r['startup'].items()})}",
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from rlhfkit.config.rl import PPOConfig
 from rlhfkit.config.rl_specs import rl_specs
 from rlhfkit.config.specs import PlacementSpec, RLSpecs
 from rlhfkit.distributed.determinism import enable_full_determinism, gpu_limits_note
-from rlhfkit.distributed.placement import ResourcePlan, connect_ray, plan_for, unwrap_user_error
+from rlhfkit.distributed.placement import ResourcePlan, bundle_cpus, connect_ray, plan_for, unwrap_user_error
 from rlhfkit.distributed.startup_clock import StartupClock, actor_marks
 from rlhfkit.errors import UserError
 from rlhfkit.rl.loop import RoleHandles, rl_settings
@@ -64,10 +64,12 @@ class RayRunPlan:
     http_teacher: Any = None  # teacher.HTTPTeacher of --teacher_url (a local teacher is a role group)
 
 
-def check_ray_config(cfg: PPOConfig, use_gpu: bool | None = None, cpus_per_bundle: float = 1.0) -> RayRunPlan:
+def check_ray_config(cfg: PPOConfig, use_gpu: bool | None = None,
+                     cpus_per_bundle: float | None = None) -> RayRunPlan:
     """What needs the machine or the inputs, before any data and Ray (every flag rule, placement arithmetic
     included, ran when the config was parsed): the inputs, what the engines need (vLLM installed, GPUs for tensor
-    parallelism), the bundles of this machine, the model paths. Derives the run's specs. UserError."""
+    parallelism), the bundles of this machine (`cpus_per_bundle` CPUs each; None: `placement.bundle_cpus`), the
+    model paths. Derives the run's specs. UserError."""
     from rlhfkit.models.loading import check_model_path
     from rlhfkit.models.moe import check_aux_loss_coef
 
@@ -76,7 +78,10 @@ def check_ray_config(cfg: PPOConfig, use_gpu: bool | None = None, cpus_per_bundl
     specs = rl_specs(cfg)
     # A job on a running cluster may be driven from a node without GPUs: its GPUs are only known once connected.
     check_engines(specs.engine, use_gpu or bool(os.environ.get("RAY_ADDRESS")))
-    plan = plan_for(specs.placement, use_gpu=use_gpu, cpus_per_bundle=cpus_per_bundle)
+    plan = plan_for(specs.placement, use_gpu=use_gpu, cpus_per_bundle=cpus_per_bundle or 1.0)
+    if cpus_per_bundle is None:
+        plan = plan_for(specs.placement, use_gpu=use_gpu,
+                        cpus_per_bundle=bundle_cpus(sum(p.bundles for p in plan.pools), use_gpu))
     if specs.actor.model.lora_rank > 0 and "actor" in specs.placement.offload_between_calls and use_gpu:
         raise UserError("--deepspeed_enable_sleep with --lora_rank is not supported; drop one of them")
     check_model_path(specs.actor.model.pretrain)
@@ -97,7 +102,8 @@ def check_ray_config(cfg: PPOConfig, use_gpu: bool | None = None, cpus_per_bundl
     return run
 
 
-def prepare_ray_run(cfg: PPOConfig, use_gpu: bool | None = None, cpus_per_bundle: float = 1.0) -> RayRunPlan:
+def prepare_ray_run(cfg: PPOConfig, use_gpu: bool | None = None,
+                    cpus_per_bundle: float | None = None) -> RayRunPlan:
     """`check_ray_config` plus the tokenizer, the prompts and the text reward source (still no Ray)."""
     from rlhfkit.rl.teacher import check_distillation, http_teacher
     from rlhfkit.run.setup import load_rl_inputs
@@ -163,15 +169,17 @@ def build_ray_roles(run: RayRunPlan, clock: StartupClock | None = None) -> tuple
                  "ref": (ReferenceRole, (specs.ref,)), "reward": (RewardModelRole, (specs.reward,)),
                  "teacher": (TeacherRole, (specs.teacher,))}
         timeout_env = {DIST_TIMEOUT_ENV: str(specs.placement.ddp_timeout)}  # role groups and the weight-sync group
+        # Engines first: they take longest to come up (vLLM's import alone is most of it), and a role group's
+        # constructor waits for its rank 0 process to answer (the rendezvous address) before it returns.
+        clock.launched("engine")
+        ray_roles.engine = engine_group(specs.engine, plan, use_gpu=run.use_gpu, sync_backend=run.sync_backend,
+                                        env=timeout_env, wait=False, episode_runner=run_episodes)
         for name, (cls, args) in roles.items():
             if name in plan.slots:
                 clock.launched(name)
                 ray_roles.groups[name] = RayActorGroup(
                     name, cls, plan, plan.slots[name], init_args=args, env=timeout_env, wait=False,
                     offload_between_calls=name in specs.placement.offload_between_calls)
-        clock.launched("engine")
-        ray_roles.engine = engine_group(specs.engine, plan, use_gpu=run.use_gpu, sync_backend=run.sync_backend,
-                                        env=timeout_env, wait=False, episode_runner=run_episodes)
         for group in ray_roles.groups.values():  # every role and engine started above loads in parallel
             group.ready()
         ray_roles.engine.info()
@@ -223,8 +231,7 @@ def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None,
     from rlhfkit.run.setup import prepare_rl_run, train_rl
 
     clock = StartupClock()
-    cpus = cpus_per_bundle or float(os.environ.get("RLHFKIT_RAY_CPUS_PER_BUNDLE", "1"))
-    run = prepare_ray_run(cfg, cpus_per_bundle=cpus)
+    run = prepare_ray_run(cfg, cpus_per_bundle=cpus_per_bundle)
     run_info = prepare_rl_run(cfg, "ppo_ray")
 
     from rlhfkit.distributed.ray_groups import set_call_timeout
@@ -242,7 +249,7 @@ def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None,
 
         cluster_gpus = ray.cluster_resources().get("GPU", 0) > 0
         if cluster_gpus != run.use_gpu:  # e.g. a driver without GPUs on a GPU cluster: bundles follow the cluster
-            replanned = check_ray_config(cfg, cluster_gpus, cpus)
+            replanned = check_ray_config(cfg, cluster_gpus, cpus_per_bundle)
             run.plan, run.use_gpu, run.sync_backend = replanned.plan, cluster_gpus, replanned.sync_backend
 
         started = time.perf_counter()
