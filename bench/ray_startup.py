@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -52,6 +53,7 @@ def child(case: str, workdir: Path) -> None:
     _, models = build_models(workdir, big=False)
     prompts = grpo.write_prompts(workdir, _)
     save = workdir / f"ray_startup_{case}"
+    shutil.rmtree(save, ignore_errors=True)  # metrics.jsonl appends: only this run's records
     argv = grpo.rlhfkit_argv(models["tiny"], prompts, save, 1) + RAY_ARGV + CASES[case]
     run_ppo_ray(parse_config(PPOConfig, argv, "bench"), save=False)
     monitor.cpu_seconds()  # one mark, which stop() reads
