@@ -79,7 +79,6 @@ def child_rlhfkit(model: Path, prompts: Path, out: Path, steps: int, ray: bool =
     """`run_ppo` (one process), or with `ray` `run_ppo_ray`: the RL loop runs in this process (the driver) in both,
     so the step ends are taken here; for Ray the CPU time and memory are those of the whole process tree (Ray's
     GCS, raylet, the actor and the vLLM engine), sampled by `TreeMonitor`."""
-    import os
 
     from rlhfkit.config.base import parse_config
     from rlhfkit.config.rl import PPOConfig
@@ -111,8 +110,8 @@ def child_rlhfkit(model: Path, prompts: Path, out: Path, steps: int, ray: bool =
     if ray:
         from rlhfkit.rl.ray_run import run_ppo_ray
 
-        # the actor and the engine take turns on one bundle of all the child's cores (README: Ray role threads)
-        os.environ["RLHFKIT_RAY_CPUS_PER_BUNDLE"] = os.environ.get("OMP_NUM_THREADS", "1")
+        # no RLHFKIT_RAY_CPUS_PER_BUNDLE: the default puts the actor and the engine, which take turns, on one
+        # bundle of all the child's cores (OMP_NUM_THREADS; docs/distributed.md, CPUs and threads per bundle)
         clock.cpu_ends = [monitor.cpu_seconds()]
         run_ppo_ray(cfg)
         clock.extra.update(monitor.stop())

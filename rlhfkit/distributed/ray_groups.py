@@ -30,6 +30,7 @@ import torch
 
 from rlhfkit.distributed.determinism import determinism_env, flag_from_env
 from rlhfkit.distributed.placement import ResourcePlan, Slot
+from rlhfkit.distributed.startup_clock import mark
 from rlhfkit.errors import ComponentFailed
 
 #: Environment of every role process. Threads: one unless the actor's slot says how many CPUs its bundle has
@@ -159,6 +160,7 @@ class RoleWorker:
     """The body of one rank's Ray actor: joins the group's process group, builds and serves the local role."""
 
     def __init__(self, rank: int, world_size: int, env: dict[str, str]):
+        mark("started")  # the process is up (or reused) and this module imported
         os.environ.update(env)
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         self.rank, self.world_size = rank, world_size
@@ -181,7 +183,9 @@ class RoleWorker:
         from rlhfkit.distributed.launch import init_distributed
 
         init_distributed()
+        mark("process_group")
         self.role = factory()
+        mark("role_built")
         self.offload_between_calls = offload_between_calls
         if offload_between_calls:
             self._offload()

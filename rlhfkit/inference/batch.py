@@ -132,12 +132,18 @@ class Engines:
     def _on_ray(self) -> Any:
         import ray
 
-        from rlhfkit.distributed.placement import ResourcePlan, RoleDemand, connect_ray, unwrap_user_error
+        from rlhfkit.distributed.placement import (
+            ResourcePlan,
+            RoleDemand,
+            bundle_cpus,
+            connect_ray,
+            unwrap_user_error,
+        )
         from rlhfkit.rollout.factory import engine_group
 
         spec = self.spec
-        cpus = float(os.environ.get("RLHFKIT_RAY_CPUS_PER_BUNDLE", "1"))
         demand = RoleDemand(spec.placement_role, spec.num_engines, spec.devices_per_engine)
+        cpus = bundle_cpus(demand.devices, self.use_gpu)  # the engines generate at once: the cores split over them
         self.started_ray = connect_ray(demand.devices * cpus)
         use_gpu = ray.cluster_resources().get("GPU", 0) > 0
         plan = self.plan = ResourcePlan.make([demand], use_gpu=use_gpu, cpus_per_bundle=cpus).create()

@@ -28,7 +28,8 @@ from rlhfkit.config.rl import PPOConfig
 from rlhfkit.config.rl_specs import rl_specs
 from rlhfkit.config.specs import PlacementSpec, RLSpecs
 from rlhfkit.distributed.determinism import enable_full_determinism, gpu_limits_note
-from rlhfkit.distributed.placement import ResourcePlan, connect_ray, plan_for, unwrap_user_error
+from rlhfkit.distributed.placement import ResourcePlan, bundle_cpus, connect_ray, plan_for, unwrap_user_error
+from rlhfkit.distributed.startup_clock import StartupClock, actor_marks
 from rlhfkit.errors import UserError
 from rlhfkit.rl.loop import RoleHandles, rl_settings
 from rlhfkit.rl.rollout_source import RolloutSource
@@ -63,10 +64,12 @@ class RayRunPlan:
     http_teacher: Any = None  # teacher.HTTPTeacher of --teacher_url (a local teacher is a role group)
 
 
-def check_ray_config(cfg: PPOConfig, use_gpu: bool | None = None, cpus_per_bundle: float = 1.0) -> RayRunPlan:
+def check_ray_config(cfg: PPOConfig, use_gpu: bool | None = None,
+                     cpus_per_bundle: float | None = None) -> RayRunPlan:
     """What needs the machine or the inputs, before any data and Ray (every flag rule, placement arithmetic
     included, ran when the config was parsed): the inputs, what the engines need (vLLM installed, GPUs for tensor
-    parallelism), the bundles of this machine, the model paths. Derives the run's specs. UserError."""
+    parallelism), the bundles of this machine (`cpus_per_bundle` CPUs each; None: `placement.bundle_cpus`), the
+    model paths. Derives the run's specs. UserError."""
     from rlhfkit.models.loading import check_model_path
     from rlhfkit.models.moe import check_aux_loss_coef
 
@@ -75,7 +78,10 @@ def check_ray_config(cfg: PPOConfig, use_gpu: bool | None = None, cpus_per_bundl
     specs = rl_specs(cfg)
     # A job on a running cluster may be driven from a node without GPUs: its GPUs are only known once connected.
     check_engines(specs.engine, use_gpu or bool(os.environ.get("RAY_ADDRESS")))
-    plan = plan_for(specs.placement, use_gpu=use_gpu, cpus_per_bundle=cpus_per_bundle)
+    plan = plan_for(specs.placement, use_gpu=use_gpu, cpus_per_bundle=cpus_per_bundle or 1.0)
+    if cpus_per_bundle is None:
+        plan = plan_for(specs.placement, use_gpu=use_gpu,
+                        cpus_per_bundle=bundle_cpus(sum(p.bundles for p in plan.pools), use_gpu))
     if specs.actor.model.lora_rank > 0 and "actor" in specs.placement.offload_between_calls and use_gpu:
         raise UserError("--deepspeed_enable_sleep with --lora_rank is not supported; drop one of them")
     check_model_path(specs.actor.model.pretrain)
@@ -96,7 +102,8 @@ def check_ray_config(cfg: PPOConfig, use_gpu: bool | None = None, cpus_per_bundl
     return run
 
 
-def prepare_ray_run(cfg: PPOConfig, use_gpu: bool | None = None, cpus_per_bundle: float = 1.0) -> RayRunPlan:
+def prepare_ray_run(cfg: PPOConfig, use_gpu: bool | None = None,
+                    cpus_per_bundle: float | None = None) -> RayRunPlan:
     """`check_ray_config` plus the tokenizer, the prompts and the text reward source (still no Ray)."""
     from rlhfkit.rl.teacher import check_distillation, http_teacher
     from rlhfkit.run.setup import load_rl_inputs
@@ -141,8 +148,9 @@ class RayRoles:
         self.plan.remove()
 
 
-def build_ray_roles(run: RayRunPlan) -> tuple[Any, RayRoles]:
-    """Placement groups, role groups and engines, each built from its spec; returns (RoleHandles, RayRoles)."""
+def build_ray_roles(run: RayRunPlan, clock: StartupClock | None = None) -> tuple[Any, RayRoles]:
+    """Placement groups, role groups and engines, each built from its spec; returns (RoleHandles, RayRoles). The
+    `clock` gets the placement and the roles-and-engines phases and each role's and engine's own milestones."""
     from rlhfkit.agents.episodes import run_episodes
     from rlhfkit.distributed.launch import DIST_TIMEOUT_ENV
     from rlhfkit.distributed.ray_groups import RayActorGroup
@@ -152,23 +160,33 @@ def build_ray_roles(run: RayRunPlan) -> tuple[Any, RayRoles]:
     from rlhfkit.rollout.factory import engine_group
 
     plan, specs = run.plan, run.specs
+    clock = clock or StartupClock()
     ray_roles = RayRoles(plan.create())
+    clock.lap("placement")
     try:
         steps = run.inputs.num_update_steps
         roles = {"actor": (ActorRole, (specs.actor, steps)), "critic": (CriticRole, (specs.critic, steps)),
                  "ref": (ReferenceRole, (specs.ref,)), "reward": (RewardModelRole, (specs.reward,)),
                  "teacher": (TeacherRole, (specs.teacher,))}
         timeout_env = {DIST_TIMEOUT_ENV: str(specs.placement.ddp_timeout)}  # role groups and the weight-sync group
+        # Engines first: they take longest to come up (vLLM's import alone is most of it), and a role group's
+        # constructor waits for its rank 0 process to answer (the rendezvous address) before it returns.
+        clock.launched("engine")
+        ray_roles.engine = engine_group(specs.engine, plan, use_gpu=run.use_gpu, sync_backend=run.sync_backend,
+                                        env=timeout_env, wait=False, episode_runner=run_episodes)
         for name, (cls, args) in roles.items():
             if name in plan.slots:
+                clock.launched(name)
                 ray_roles.groups[name] = RayActorGroup(
                     name, cls, plan, plan.slots[name], init_args=args, env=timeout_env, wait=False,
                     offload_between_calls=name in specs.placement.offload_between_calls)
-        ray_roles.engine = engine_group(specs.engine, plan, use_gpu=run.use_gpu, sync_backend=run.sync_backend,
-                                        env=timeout_env, wait=False, episode_runner=run_episodes)
         for group in ray_roles.groups.values():  # every role and engine started above loads in parallel
             group.ready()
         ray_roles.engine.info()
+        clock.lap("roles_and_engines")
+        for name, group in ray_roles.groups.items():  # rank 0 of each role, engine 0
+            clock.add_actor_marks(name, actor_marks(group.workers[:1])[0])
+        clock.add_actor_marks("engine", actor_marks(ray_roles.engine.engines[:1])[0])
     except BaseException:
         ray_roles.shutdown()
         raise
@@ -212,8 +230,8 @@ def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None,
     the trainer; `after_sync` callbacks get it after every weight sync (tests, benchmarks)."""
     from rlhfkit.run.setup import prepare_rl_run, train_rl
 
-    cpus = cpus_per_bundle or float(os.environ.get("RLHFKIT_RAY_CPUS_PER_BUNDLE", "1"))
-    run = prepare_ray_run(cfg, cpus_per_bundle=cpus)
+    clock = StartupClock()
+    run = prepare_ray_run(cfg, cpus_per_bundle=cpus_per_bundle)
     run_info = prepare_rl_run(cfg, "ppo_ray")
 
     from rlhfkit.distributed.ray_groups import set_call_timeout
@@ -222,19 +240,21 @@ def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None,
     strategy = DriverStrategy()
     for note in run.notes:
         strategy.print(f"train_ppo_ray: {note}")
+    clock.lap("checks_and_inputs")
     started_ray = connect_ray(run.plan.total()["CPU"])
+    clock.lap("ray_init")
     ray_roles = None
     try:
         import ray
 
         cluster_gpus = ray.cluster_resources().get("GPU", 0) > 0
         if cluster_gpus != run.use_gpu:  # e.g. a driver without GPUs on a GPU cluster: bundles follow the cluster
-            replanned = check_ray_config(cfg, cluster_gpus, cpus)
+            replanned = check_ray_config(cfg, cluster_gpus, cpus_per_bundle)
             run.plan, run.use_gpu, run.sync_backend = replanned.plan, cluster_gpus, replanned.sync_backend
 
         started = time.perf_counter()
         try:
-            roles, ray_roles = build_ray_roles(run)
+            roles, ray_roles = build_ray_roles(run, clock)
         except ray.exceptions.RayTaskError as e:
             raise unwrap_user_error(e) from None
         rank = run.specs.engine.lora_rank  # > 0: adapter-only sync, through the object store whatever the backend
@@ -245,7 +265,7 @@ def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None,
         if spread:
             strategy.print(f"train_ppo_ray: {spread}")
         assemble = ray_loop_assembly(cfg, roles, ray_roles.groups.get("reward"), run.inputs, strategy, run_info,
-                                     after_sync or [])
+                                     after_sync or [], clock)
         return train_rl(cfg, strategy, "ppo_ray", assemble, save=save)
     finally:
         if ray_roles is not None:
@@ -257,11 +277,23 @@ def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None,
             ray.shutdown()
 
 
+def _startup_done(clock: StartupClock, ray_sync: RayWeightSync, logger: Any, strategy: Any) -> None:
+    """After the first weight sync (the last of start-up): log and print the start-up phases, once."""
+    if len(ray_sync.seconds) != 1:
+        return
+    clock.lap("assembly_and_first_sync")
+    clock.phases["first_sync_s"] = ray_sync.seconds[0]
+    logger.log(0, clock.metrics(), prefix="startup")
+    strategy.print(f"train_ppo_ray: {clock.line()}")
+
+
 def ray_loop_assembly(cfg: PPOConfig, roles: RoleHandles, reward_group: Any, inputs: Any, strategy: Any,
-                      run_info: Any, after_sync: list[Callable[[RLTrainer], None]]) -> Callable[[Any], TrainingLoop]:
+                      run_info: Any, after_sync: list[Callable[[RLTrainer], None]],
+                      clock: StartupClock | None = None) -> Callable[[Any], TrainingLoop]:
     """How the Ray run's trainer is put together over its roles, given the metrics logger: the driver's rollout
     source over the engine group; weights streamed by `RayWeightSync`; synchronous, the source is the batch
-    supply; with --async_train the generator actor's queue is, and weight syncs take the generator's lock."""
+    supply; with --async_train the generator actor's queue is, and weight syncs take the generator's lock. The
+    start-up `clock`'s phases, the first weight sync last, go to the metrics at step 0 (`startup/<phase>_s`)."""
 
     def assemble(logger: Any) -> TrainingLoop:
         source = RolloutSource(cfg, roles.engine, roles.reward, inputs.tokenizer, inputs.prompts)
@@ -276,6 +308,8 @@ def ray_loop_assembly(cfg: PPOConfig, roles: RoleHandles, reward_group: Any, inp
             weight_sync = LockedWeightSync(ray_sync, supply)
         trainer = RLTrainer(cfg, roles.actor, supply, weight_sync, source, logger, strategy, ref=roles.ref,
                             critic=roles.critic, eval_prompts=inputs.eval_prompts, teacher=roles.teacher)
+        if clock is not None:
+            ray_sync.after_sync.append(functools.partial(_startup_done, clock, ray_sync, logger, strategy))
         ray_sync.after_sync.extend(functools.partial(callback, trainer) for callback in after_sync)
         return TrainingLoop(trainer, rl_settings(cfg), strategy, logger, run_info)
 

@@ -28,6 +28,7 @@ from rlhfkit.config.specs import CRITIC_HEAD_HINT, ActorSpec, CriticSpec, Refere
 from rlhfkit.distributed.accumulation import mark_accumulation_boundary
 from rlhfkit.distributed.nonfinite import NonFiniteGuard
 from rlhfkit.distributed.ray_groups import dispatch
+from rlhfkit.distributed.startup_clock import mark
 from rlhfkit.distributed.universal import load_engine_state, save_engine_state
 from rlhfkit.errors import UserError
 from rlhfkit.models.ema import ParameterEMA
@@ -188,6 +189,7 @@ class ActorRole(_TrainedRole):
     def __init__(self, spec: ActorSpec, num_update_steps: int):
         super().__init__(spec)
         model = load_trainable_lm(spec.model)
+        mark("model_loaded")  # the rest of the role's start-up is the strategy's (DeepSpeed) set-up
         self.engine = self.strategy.prepare_train(model, spec.learning_rate, num_update_steps)
         self.temperature = spec.temperature
         self.agg = spec.loss_agg

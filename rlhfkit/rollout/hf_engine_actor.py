@@ -14,6 +14,7 @@ import torch
 
 from rlhfkit.config.specs import EngineSpec
 from rlhfkit.distributed.determinism import enable_full_determinism, flag_from_env
+from rlhfkit.distributed.startup_clock import mark
 from rlhfkit.rollout.engine import EpisodeRunner
 from rlhfkit.rollout.hf_engine import HFRolloutEngine
 from rlhfkit.rollout.staged_weights import StagedWeights, apply_env
@@ -24,11 +25,13 @@ class HFEngineActor(StagedWeights):
 
     def __init__(self, spec: EngineSpec, env: dict[str, str] | None = None,
                  episode_runner: EpisodeRunner | None = None):
+        mark("started")
         apply_env(env or {})
         if flag_from_env():  # a --full_determinism run: the engine's forwards add in one fixed order too
             enable_full_determinism()
         device = torch.device("cuda") if torch.cuda.is_available() else None
         self.engine = HFRolloutEngine.from_spec(spec, device=device, episode_runner=episode_runner)
+        mark("engine_built")
         self._staged = []
 
     def generate(self, prompt_ids: Any, *, seed: int | None = None, seed_offset: int = 0, **sampling: Any) -> Any:

