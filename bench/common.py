@@ -285,11 +285,12 @@ def interleaved(script: Path, cases: Sequence[str], repeats: int, threads: int, 
 
 def table(results: dict[str, dict[str, dict[str, Any]]], unit: str = "s/step",
           describe: Callable[[str], str] = lambda case: case,
-          floor: Callable[[str, str, dict[str, Any]], float] | None = None) -> list[str]:
+          floor: Callable[[str, str, dict[str, Any]], float] | None = None, threads: int = 1) -> list[str]:
     """Wall-clock medians and their ratio, the ratio of each interleaved pair of runs, and the CPU-time medians and
     their ratio (the work per step, which a loaded machine distorts least). With `floor` (case, system, the
     child's extra fields -> the seconds a step needs at the machine's measured limit, bench/machine_limit.py), each
-    system's median as a fraction of the machine's limit, beside the ratio."""
+    system's median as a fraction of the machine's limit, beside the ratio (and the same on CPU time over the
+    `threads` of each process: the step's time had it had those cores to itself)."""
     limit_head = "rlhfkit % of machine limit | TRL % of machine limit | " if floor else ""
     rows = [f"| case | rlhfkit median {unit} | TRL median {unit} | ratio rlhfkit/TRL | {limit_head}ratio per run pair "
             f"| rlhfkit CPU {unit} | TRL CPU {unit} | CPU-time ratio | rlhfkit peak RSS MB | TRL peak RSS MB | "
@@ -300,8 +301,10 @@ def table(results: dict[str, dict[str, dict[str, Any]]], unit: str = "s/step",
         pairs = ", ".join(f"{a / b:.2f}" for a, b in zip(*(by_system[s]["runs"] for s in SYSTEMS)))
         rss = [max(by_system[s]["rss"]) for s in SYSTEMS]
         n = min(len(by_system[s]["times"]) for s in SYSTEMS)
-        limit = "".join(f"{100 * floor(case, s, by_system[s]['extra']) / t:.0f}% | "
-                        for s, t in zip(SYSTEMS, (ours, theirs))) if floor else ""
+        # wall-clock, and in brackets on CPU time (per thread): a loaded machine inflates the first, not the second
+        limit = "".join(f"{100 * floor(case, s, by_system[s]['extra']) / t:.0f}% (CPU "
+                        f"{100 * floor(case, s, by_system[s]['extra']) * threads / c:.0f}%) | "
+                        for s, t, c in zip(SYSTEMS, (ours, theirs), (cpu_ours, cpu_theirs))) if floor else ""
         rows.append(f"| {describe(case)} | {ours:.3f} | {theirs:.3f} | **{ours / theirs:.2f}** | {limit}{pairs} | "
                     f"{cpu_ours:.3f} | {cpu_theirs:.3f} | **{cpu_ours / cpu_theirs:.2f}** | {rss[0]:.0f} | "
                     f"{rss[1]:.0f} | {n} |")

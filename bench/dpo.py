@@ -160,7 +160,8 @@ def main() -> None:
     results = {}
     for case in cases:  # one case at a time, each with its own warm-up; the section is rewritten after each
         results.update(interleaved(Path(__file__), [case], args.repeats, args.threads, CASES[case][4]))
-        lines = table(results, describe=describe, floor=lambda case, system, extra: floors[case])
+        lines = table(results, describe=describe, floor=lambda case, system, extra: floors[case],
+                      threads=args.threads)
         path = write_section("dpo", "DPO step time", [*lines, "", limit.describe()], started_load, settings,
                              Path(args.results) if args.results else None)
     print(f"results: {path}")

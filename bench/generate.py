@@ -107,7 +107,8 @@ def main() -> None:
         new = extra["tokens_per_call"] / (PROMPTS * SAMPLES)
         return limit.generation_floor(CASES[case], lengths[case], SAMPLES, new)
 
-    lines = table(results, unit="s/call", describe=lambda case: f"{case} ({sizes[CASES[case]]:.1f}M)", floor=floor)
+    lines = table(results, unit="s/call", describe=lambda case: f"{case} ({sizes[CASES[case]]:.1f}M)",
+                  floor=floor, threads=args.threads)
     lines = [line.replace("TRL median", "TRL path (generate) median") for line in lines]
     lines += ["", "Generated tokens per call: " + "; ".join(
         f"{case}: rlhfkit {r['rlhfkit']['extra']['tokens_per_call']:.0f}, generate "

@@ -230,7 +230,8 @@ def main() -> None:
     for case in cases:  # the section is rewritten after each case
         results.update(interleaved(Path(__file__), [case], args.repeats, args.threads, CASES[case][2]))
         lines = table(results, describe=lambda case: f"{'train_ppo_ray ' if case.startswith('ray-') else ''}"
-                                                     f"{CASES[case][0]} ({sizes[CASES[case][0]]:.1f}M)", floor=floor)
+                                                     f"{CASES[case][0]} ({sizes[CASES[case][0]]:.1f}M)",
+                      floor=floor, threads=args.threads)
         lines += ["", "Mean response length (tokens): " + "; ".join(
             f"{case}: rlhfkit {r['rlhfkit']['extra'].get('response_length', float('nan')):.1f}, TRL "
             f"{r['trl']['extra'].get('response_length', float('nan')):.1f}" for case, r in results.items())]

@@ -148,6 +148,7 @@ def main() -> None:
     def describe(case: str) -> str:
         model, max_len, prompt_tokens, *_ = CASES[case]
         data = "demo short Q/A" if not prompt_tokens else f"~{prompt_tokens}-token prompts"
+        data = f"~{prompt_tokens}-token answers (compute-bound)" if case in COMPLETION_HEAVY else data
         return f"{model} ({sizes[model]:.1f}M), {data}, max_len {max_len}"
 
     settings = (f"Settings: batch {BATCH} (one micro-batch), fp32, AdamW (fused in both), lr {LR} constant, grad "
@@ -162,7 +163,8 @@ def main() -> None:
     results = {}
     for case in cases:  # one case at a time, each with its own warm-up; the section is rewritten after each
         results.update(interleaved(Path(__file__), [case], args.repeats, args.threads, CASES[case][4]))
-        lines = table(results, describe=describe, floor=lambda case, system, extra: floors[case])
+        lines = table(results, describe=describe, floor=lambda case, system, extra: floors[case],
+                      threads=args.threads)
         path = write_section("sft", "SFT step time", [*lines, "", limit.describe()], started_load, settings,
                              Path(args.results) if args.results else None)
     print(f"results: {path}")

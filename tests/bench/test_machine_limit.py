@@ -45,4 +45,4 @@ def test_rates_and_the_table_cell():
     results = {"case": {"rlhfkit": run, "trl": {**run, "times": [4.0], "runs": [4.0]}}}
     lines = common.table(results, floor=lambda case, system, extra: 1.0)
     assert "% of machine limit" in lines[0] and lines[1].count("---") == 13
-    assert "| **0.50** | 50% | 25% |" in lines[2]
+    assert "| **0.50** | 50% (CPU 50%) | 25% (CPU 50%) |" in lines[2]
