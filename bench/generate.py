@@ -116,7 +116,8 @@ def main() -> None:
     lines += ["", "Decode tokens/s against the bandwidth floor (fp32 weights read once per decode step of "
               f"{PROMPTS * SAMPLES} sequences, at the triad bandwidth): " + "; ".join(
                   f"{case}: ceiling {bandwidth_ceiling(limit, models[CASES[case]]):,.0f} tok/s, " + ", ".join(
-                      f"{s} {r[s]['extra']['tokens_per_call'] / statistics.median(r[s]['times']):,.0f} tok/s"
+                      f"{s} {r[s]['extra']['tokens_per_call'] / statistics.median(r[s]['times']):,.0f} tok/s (on CPU "
+                      f"time {r[s]['extra']['tokens_per_call'] * args.threads / statistics.median(r[s]['cpu']):,.0f})"
                       for s in r) for case, r in results.items()), "", limit.describe()]
     settings = (f"Settings: {PROMPTS * SAMPLES} prompts in one batch, at most {NEW_TOKENS} new tokens, temperature 1, "
                 f"fp32, {args.threads} torch threads per process, {args.repeats} interleaved runs per system, "

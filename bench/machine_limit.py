@@ -43,8 +43,9 @@ RESULTS = Path(__file__).resolve().parent / "results" / "machine_limit.json"
 SMOLLM2_135M = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
                 "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152}
 # the token counts (rows of the activation matrix) the benches run: 128 a decode step of 128 sequences, 512 to
-# 8192 a training micro-batch (16 rows of 32 to 512 tokens); the 135M LM head stops at 2048 (a 400 MB output)
-TOKENS = {"tiny": (128, 512, 2048, 8192), "25m": (128, 512, 2048, 8192), "135m": (128, 512, 2048)}
+# 8192 a training micro-batch (16 rows of 32 to 512 tokens; 64 GRPO samples of ~50); the 135M LM head stops at
+# 2048 (a 400 MB output); the tiny model's benches stay under 4096 tokens a micro-batch
+TOKENS = {"tiny": (128, 512, 2048), "25m": (128, 512, 2048, 8192), "135m": (128, 512, 2048)}
 
 
 # -- shapes and FLOPs ----------------------------------------------------------------------------------------------
@@ -84,29 +85,32 @@ def config_of(model_dir: Path) -> dict[str, Any]:
 
 
 # -- measuring -----------------------------------------------------------------------------------------------------
-def best_time(fn: Callable[[], Any], seconds: float) -> float:
-    """Seconds per call: the fastest of a few short chunks (a shared machine only ever slows a chunk down)."""
+def best_time(fn: Callable[[], Any], seconds: float, threads: int = 1) -> float:
+    """Seconds per call: the fastest of a few short chunks (a shared machine only ever slows a chunk down), each
+    chunk's time the smaller of its wall-clock and its process CPU time over `threads` (the time on cores of its
+    own: on a machine loaded past its cores the wall-clock of every chunk includes waits for a core)."""
     for _ in range(2):
         fn()
     best, start = float("inf"), time.perf_counter()
     while time.perf_counter() - start < seconds or best == float("inf"):
-        t0, n = time.perf_counter(), 0
+        t0, c0, n = time.perf_counter(), time.process_time(), 0
         while n < 2 or time.perf_counter() - t0 < seconds / 5:
             fn()
             n += 1
-        best = min(best, (time.perf_counter() - t0) / n)
+        wall, cpu = time.perf_counter() - t0, (time.process_time() - c0) / threads
+        best = min(best, min(wall, cpu) / n)
     return best
 
 
-def linear_times(m: int, k: int, n: int, dtype: Any, seconds: float) -> tuple[float, float]:
+def linear_times(m: int, k: int, n: int, dtype: Any, seconds: float, threads: int = 1) -> tuple[float, float]:
     """(forward seconds, forward + both backward products seconds) of a linear layer with m tokens."""
     import torch
     import torch.nn.functional as F
 
     x, w, g = (torch.randn(*s, dtype=dtype) for s in ((m, k), (n, k), (m, n)))
-    fwd = best_time(lambda: F.linear(x, w), seconds)
-    dgrad = best_time(lambda: torch.matmul(g, w), seconds)
-    wgrad = best_time(lambda: torch.matmul(g.t(), x), seconds)
+    fwd = best_time(lambda: F.linear(x, w), seconds, threads)
+    dgrad = best_time(lambda: torch.matmul(g, w), seconds, threads)
+    wgrad = best_time(lambda: torch.matmul(g.t(), x), seconds, threads)
     return fwd, fwd + dgrad + wgrad
 
 
@@ -125,7 +129,7 @@ def model_rates(config: dict[str, Any], tokens: int, threads: int, dtype: Any = 
         measured: dict[tuple[int, int], tuple[float, float]] = {}
         for name, k, n, count in linear_shapes(config):
             if (k, n) not in measured:
-                measured[k, n] = linear_times(tokens, k, n, dtype, seconds)
+                measured[k, n] = linear_times(tokens, k, n, dtype, seconds, threads)
             fwd, train = measured[k, n]
             per_shape[name] = 6 * tokens * k * n / train
             flops += 2 * tokens * k * n * count
@@ -144,8 +148,8 @@ def bandwidth(threads: int, seconds: float = 0.5, floats: int = 2**25) -> dict[s
     torch.set_num_threads(threads)
     try:
         a, b, c = torch.zeros(floats), torch.rand(floats), torch.rand(floats)
-        copy = best_time(lambda: a.copy_(b), seconds)
-        triad = best_time(lambda: torch.add(b, c, alpha=3.0, out=a), seconds)
+        copy = best_time(lambda: a.copy_(b), seconds, threads)
+        triad = best_time(lambda: torch.add(b, c, alpha=3.0, out=a), seconds, threads)
     finally:
         torch.set_num_threads(before)
     return {"copy": 8 * floats / copy, "triad": 12 * floats / triad}
@@ -233,6 +237,8 @@ def measure_all(configs: dict[str, dict[str, Any]], rounds: int, seconds: float)
                         r = model_rates(config, tokens, threads, dtype, seconds)
                         old = out["gemm"].get(key)
                         out["gemm"][key] = r if old is None or r["train"] > old["train"] else old
+                        print(f"{key}: train {r['train'] / 1e9:.0f} GFLOP/s, load {os.getloadavg()[0]:.1f}",
+                              flush=True)
             bw = bandwidth(threads)
             old_bw = out["bandwidth"].get(str(threads), {})
             out["bandwidth"][str(threads)] = {k: max(v, old_bw.get(k, 0.0)) for k, v in bw.items()}
