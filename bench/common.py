@@ -284,19 +284,28 @@ def interleaved(script: Path, cases: Sequence[str], repeats: int, threads: int, 
 
 
 def table(results: dict[str, dict[str, dict[str, Any]]], unit: str = "s/step",
-          describe: Callable[[str], str] = lambda case: case) -> list[str]:
+          describe: Callable[[str], str] = lambda case: case,
+          floor: Callable[[str, str, dict[str, Any]], float] | None = None, threads: int = 1) -> list[str]:
     """Wall-clock medians and their ratio, the ratio of each interleaved pair of runs, and the CPU-time medians and
-    their ratio (the work per step, which a loaded machine distorts least)."""
-    rows = [f"| case | rlhfkit median {unit} | TRL median {unit} | ratio rlhfkit/TRL | ratio per run pair | "
-            f"rlhfkit CPU {unit} | TRL CPU {unit} | CPU-time ratio | rlhfkit peak RSS MB | TRL peak RSS MB | "
-            "steps timed (each) |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    their ratio (the work per step, which a loaded machine distorts least). With `floor` (case, system, the
+    child's extra fields -> the seconds a step needs at the machine's measured limit, bench/machine_limit.py), each
+    system's median as a fraction of the machine's limit, beside the ratio (and the same on CPU time over the
+    `threads` of each process: the step's time had it had those cores to itself)."""
+    limit_head = "rlhfkit % of machine limit | TRL % of machine limit | " if floor else ""
+    rows = [f"| case | rlhfkit median {unit} | TRL median {unit} | ratio rlhfkit/TRL | {limit_head}ratio per run pair "
+            f"| rlhfkit CPU {unit} | TRL CPU {unit} | CPU-time ratio | rlhfkit peak RSS MB | TRL peak RSS MB | "
+            "steps timed (each) |", "| --- " * (11 + 2 * bool(floor)) + "|"]
     for case, by_system in results.items():
         ours, theirs = (statistics.median(by_system[s]["times"]) for s in SYSTEMS)
         cpu_ours, cpu_theirs = (statistics.median(by_system[s]["cpu"] or [float("nan")]) for s in SYSTEMS)
         pairs = ", ".join(f"{a / b:.2f}" for a, b in zip(*(by_system[s]["runs"] for s in SYSTEMS)))
         rss = [max(by_system[s]["rss"]) for s in SYSTEMS]
         n = min(len(by_system[s]["times"]) for s in SYSTEMS)
-        rows.append(f"| {describe(case)} | {ours:.3f} | {theirs:.3f} | **{ours / theirs:.2f}** | {pairs} | "
+        # wall-clock, and in brackets on CPU time (per thread): a loaded machine inflates the first, not the second
+        limit = "".join(f"{100 * floor(case, s, by_system[s]['extra']) / t:.0f}% (CPU "
+                        f"{100 * floor(case, s, by_system[s]['extra']) * threads / c:.0f}%) | "
+                        for s, t, c in zip(SYSTEMS, (ours, theirs), (cpu_ours, cpu_theirs))) if floor else ""
+        rows.append(f"| {describe(case)} | {ours:.3f} | {theirs:.3f} | **{ours / theirs:.2f}** | {limit}{pairs} | "
                     f"{cpu_ours:.3f} | {cpu_theirs:.3f} | **{cpu_ours / cpu_theirs:.2f}** | {rss[0]:.0f} | "
                     f"{rss[1]:.0f} | {n} |")
     return rows
@@ -321,6 +330,7 @@ def write_section(workload: str, title: str, lines: Sequence[str], load_start: s
     pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
     text = pattern.sub(lambda _: body, text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + body + "\n"
     path.write_text(text)
+    print("\n".join(lines), flush=True)  # the table, with each workload's fraction of the machine limit
     if path.resolve().parent == RESULTS_DIR:  # a results file elsewhere (--results) leaves the docs page alone
         update_benchmarks_page(path)
     return path

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import machine_limit
 from common import (
     StepClock,
     build_models,
@@ -50,6 +51,26 @@ def write_data(workdir: Path, assets, models: dict[str, Path], case: str) -> Pat
         out.append({"prompt": f"User: {question}\nAssistant: ", "chosen": r["chosen"], "rejected": r["rejected"]})
     path.write_text("".join(json.dumps(r) + "\n" for r in out))
     return path
+
+
+def step_floor(limit: machine_limit.Limit, model: str, data: Path, max_len: int) -> float:
+    """Seconds a step needs at the machine's limit: each pair's prompt once with its chosen and rejected answers,
+    forward and backward through the policy and forward through the reference (bench/machine_limit.py)."""
+    from transformers import AutoTokenizer
+
+    from rlhfkit.data.tokens import encode
+
+    tok = AutoTokenizer.from_pretrained(limit.models[model])
+    shape = machine_limit.model_shape(machine_limit.config_of(limit.models[model]))
+    train = forward = 0.0
+    tokens = 0
+    for r in [json.loads(x) for x in data.read_text().splitlines()][:BATCH]:
+        prompt = min(max_len, 1 + len(encode(tok, r["prompt"])))
+        answers = [min(max_len - prompt, 1 + len(encode(tok, r[k]))) for k in ("chosen", "rejected")]
+        train += machine_limit.shared_prefix_flops(shape, prompt, answers, train=True)
+        forward += machine_limit.shared_prefix_flops(shape, prompt, answers, train=False)
+        tokens += prompt + sum(answers)
+    return train / limit.rate(model, tokens) + forward / limit.rate(model, tokens, "forward")
 
 
 def child_rlhfkit(model: Path, data: Path, out: Path, max_len: int, steps: int) -> StepClock:
@@ -134,10 +155,15 @@ def main() -> None:
                 f"step, fp32, AdamW (fused in both), lr {LR} constant, grad clip 1.0, {args.threads} torch "
                 f"threads per process, {args.repeats} interleaved runs per system; step time = median gap between "
                 "optimizer-step ends after the warm-up steps.")
+    limit = machine_limit.Limit(models, args.threads)
+    floors = {case: step_floor(limit, CASES[case][0], workdir / "data" / f"dpo_{case}.jsonl", CASES[case][1])
+              for case in cases}
     results = {}
     for case in cases:  # one case at a time, each with its own warm-up; the section is rewritten after each
         results.update(interleaved(Path(__file__), [case], args.repeats, args.threads, CASES[case][4]))
-        path = write_section("dpo", "DPO step time", table(results, describe=describe), started_load, settings,
+        lines = table(results, describe=describe, floor=lambda case, system, extra: floors[case],
+                      threads=args.threads)
+        path = write_section("dpo", "DPO step time", [*lines, "", limit.describe()], started_load, settings,
                              Path(args.results) if args.results else None)
     print(f"results: {path}")
 

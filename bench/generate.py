@@ -15,6 +15,7 @@ import json
 import statistics
 from pathlib import Path
 
+import machine_limit
 from common import StepClock, build_models, count_params, interleaved, load, parent_args, table, write_section
 
 PROMPTS, SAMPLES, NEW_TOKENS = 16, 8, 32
@@ -73,6 +74,12 @@ def child_trl(model_dir: Path, prompts: list[list[int]]) -> StepClock:
     return clock
 
 
+def bandwidth_ceiling(limit: machine_limit.Limit, model_dir: Path) -> float:
+    """Generated tokens per second if each decode step only had to read the fp32 weights once."""
+    shape = machine_limit.model_shape(machine_limit.config_of(model_dir))
+    return PROMPTS * SAMPLES * limit.bandwidth() / (4 * shape.matmul_params)
+
+
 def main() -> None:
     args = parent_args(__doc__, list(CASES))
     workdir = Path(args.workdir).resolve()
@@ -86,15 +93,32 @@ def main() -> None:
         run(model_dir, prompts).report()
         return
     started_load = load()
-    _, models = build_models(workdir)
+    from transformers import AutoTokenizer
+
+    assets, models = build_models(workdir)
     cases = args.case or list(CASES)
     results = interleaved(Path(__file__), cases, args.repeats, args.threads, warmup=1)
     sizes = {name: count_params(path) / 1e6 for name, path in models.items()}
-    lines = table(results, unit="s/call", describe=lambda case: f"{case} ({sizes[CASES[case]]:.1f}M)")
+    limit = machine_limit.Limit(models, args.threads)
+    lengths = {case: [len(p) for p in prompt_ids(AutoTokenizer.from_pretrained(models[CASES[case]]), assets)]
+               [::SAMPLES] for case in cases}
+
+    def floor(case: str, system: str, extra: dict) -> float:  # each system's own generated tokens
+        new = extra["tokens_per_call"] / (PROMPTS * SAMPLES)
+        return limit.generation_floor(CASES[case], lengths[case], SAMPLES, new)
+
+    lines = table(results, unit="s/call", describe=lambda case: f"{case} ({sizes[CASES[case]]:.1f}M)",
+                  floor=floor, threads=args.threads)
     lines = [line.replace("TRL median", "TRL path (generate) median") for line in lines]
     lines += ["", "Generated tokens per call: " + "; ".join(
         f"{case}: rlhfkit {r['rlhfkit']['extra']['tokens_per_call']:.0f}, generate "
         f"{r['trl']['extra']['tokens_per_call']:.0f}" for case, r in results.items())]
+    lines += ["", "Decode tokens/s against the bandwidth floor (fp32 weights read once per decode step of "
+              f"{PROMPTS * SAMPLES} sequences, at the triad bandwidth): " + "; ".join(
+                  f"{case}: ceiling {bandwidth_ceiling(limit, models[CASES[case]]):,.0f} tok/s, " + ", ".join(
+                      f"{s} {r[s]['extra']['tokens_per_call'] / statistics.median(r[s]['times']):,.0f} tok/s (on CPU "
+                      f"time {r[s]['extra']['tokens_per_call'] * args.threads / statistics.median(r[s]['cpu']):,.0f})"
+                      for s in r) for case, r in results.items()), "", limit.describe()]
     settings = (f"Settings: {PROMPTS * SAMPLES} prompts in one batch, at most {NEW_TOKENS} new tokens, temperature 1, "
                 f"fp32, {args.threads} torch threads per process, {args.repeats} interleaved runs per system, "
                 f"{CALLS} calls per run (first one warm-up).")

@@ -23,6 +23,7 @@ import statistics
 import time
 from pathlib import Path
 
+import machine_limit
 from common import (
     ROOT,
     StepClock,
@@ -162,6 +163,23 @@ def child_trl(model_dir: Path, prompts: Path, out: Path, steps: int) -> StepCloc
     return clock
 
 
+def step_floor(limit: machine_limit.Limit, model: str, prompts: Path, response: float) -> float:
+    """Seconds a step needs at the machine's limit (bench/machine_limit.py): sampling SAMPLES answers of the mean
+    response length to each of a step's PROMPTS prompts (each prompt once; the decode roofline), then forward and
+    backward over every prompt once and its answers."""
+    from transformers import AutoTokenizer
+
+    from rlhfkit.data.tokens import encode, with_bos
+
+    tok = AutoTokenizer.from_pretrained(limit.models[model])
+    lengths = [min(64, len(with_bos(tok, encode(tok, json.loads(x)["prompt"]))))
+               for x in prompts.read_text().splitlines()[:PROMPTS]]
+    shape = machine_limit.model_shape(machine_limit.config_of(limit.models[model]))
+    train = sum(machine_limit.shared_prefix_flops(shape, p, [response] * SAMPLES, train=True) for p in lengths)
+    tokens = MICRO * (statistics.mean(lengths) + response)
+    return limit.generation_floor(model, lengths, SAMPLES, response) + train / limit.rate(model, int(tokens))
+
+
 def ray_line(case: str, extra: dict) -> str:
     """Start-up, memory and where the step goes for a train_ppo_ray case (its last run)."""
     phases = ", ".join(f"{p} {extra['phases_s'][p]:.2f}" for p in PHASES)
@@ -201,15 +219,23 @@ def main() -> None:
                 "weight sync to the engine; Ray start and engine build are excluded, their seconds are given apart). "
                 "train_ppo_ray CPU time and peak memory: the whole Ray process tree (peak of the summed RSS in the "
                 "table, which counts shared library pages once per process; peak summed PSS below).")
+    limit = machine_limit.Limit(models, args.threads)
+    prompts = workdir / "data" / "grpo_prompts.jsonl"
+
+    def floor(case: str, system: str, extra: dict) -> float:  # each system's own mean response length
+        return step_floor(limit, CASES[case][0], prompts, extra.get("response_length", NEW_TOKENS))
+
     results = {}
     for case in cases:  # the section is rewritten after each case
         results.update(interleaved(Path(__file__), [case], args.repeats, args.threads, CASES[case][2]))
         lines = table(results, describe=lambda case: f"{'train_ppo_ray ' if case.startswith('ray-') else ''}"
-                                                     f"{CASES[case][0]} ({sizes[CASES[case][0]]:.1f}M)")
+                                                     f"{CASES[case][0]} ({sizes[CASES[case][0]]:.1f}M)",
+                      floor=floor, threads=args.threads)
         lines += ["", "Mean response length (tokens): " + "; ".join(
             f"{case}: rlhfkit {r['rlhfkit']['extra'].get('response_length', float('nan')):.1f}, TRL "
             f"{r['trl']['extra'].get('response_length', float('nan')):.1f}" for case, r in results.items())]
         lines += [ray_line(case, r["rlhfkit"]["extra"]) for case, r in results.items() if case.startswith("ray-")]
+        lines += ["", limit.describe()]
         path = write_section("grpo", "GRPO step time", lines, started_load, settings,
                              Path(args.results) if args.results else None)
     print(f"results: {path}")

@@ -2,8 +2,11 @@
 
 Same model, data, batch (16 samples, one micro-batch), max_len, fp32, AdamW, gradient clipping 1.0, no gradient
 checkpointing, no packing, loss on the answer tokens only. Cases: the demo model and a ~25M-parameter random-init
-Llama on the demo's short question/answer records, and the 25M model on prompts of about 104 and 488 tokens
-(max_len 128 and 512).
+Llama on the demo's short question/answer records, the 25M model on prompts of about 104 and 488 tokens
+(max_len 128 and 512), and the 25M model on rows of about 500 tokens that are nearly all completion (`25m-512c`: a
+short question, a ~488-token answer; the compute-bound case: every position is trained, so no implementation can
+skip the LM head or the last layer anywhere). Each case's step is also given as a fraction of the machine's limit
+(bench/machine_limit.py: the model FLOPs over the machine's measured fp32 GEMM rate on the model's shapes).
 
     .venv/bin/python bench/sft.py [--case 25m-512] [--repeats 2] [--threads 2]
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import machine_limit
 from common import (
     StepClock,
     build_models,
@@ -32,7 +36,8 @@ LR = 1e-4
 BF16 = False  # the GPU suite (bench/gpu/suite.py) sets it
 # case: (model, max_len, prompt tokens (0: the demo's short questions), steps, warm-up steps)
 CASES = {"tiny-short": ("tiny", 128, 0, 12, 2), "25m-short": ("25m", 128, 0, 6, 2),
-         "25m-128": ("25m", 128, 104, 4, 1), "25m-512": ("25m", 512, 488, 3, 1)}
+         "25m-128": ("25m", 128, 104, 4, 1), "25m-512": ("25m", 512, 488, 3, 1), "25m-512c": ("25m", 512, 488, 3, 1)}
+COMPLETION_HEAVY = {"25m-512c"}  # its long text is the answer, not the prompt
 
 
 def write_data(workdir: Path, assets, models: dict[str, Path], case: str) -> Path:
@@ -45,10 +50,27 @@ def write_data(workdir: Path, assets, models: dict[str, Path], case: str) -> Pat
     tok = AutoTokenizer.from_pretrained(models[model])
     out = []
     for i, r in enumerate(records):
-        question = r["question"] if not prompt_tokens else long_prompt(tok, prompt_tokens - 8, i) + " " + r["question"]
-        out.append({"prompt": f"User: {question}\nAssistant: ", "completion": r["response"]})
+        question, answer = r["question"], r["response"]
+        if case in COMPLETION_HEAVY:
+            answer = long_prompt(tok, prompt_tokens, i) + " " + answer
+        elif prompt_tokens:
+            question = long_prompt(tok, prompt_tokens - 8, i) + " " + question
+        out.append({"prompt": f"User: {question}\nAssistant: ", "completion": answer})
     path.write_text("".join(json.dumps(r) + "\n" for r in out))
     return path
+
+
+def step_flops(model_dir: Path, data: Path, max_len: int) -> tuple[float, int]:
+    """Model FLOPs of one step (PaLM: every token of every row trained, bench/machine_limit.py) and its tokens."""
+    from transformers import AutoTokenizer
+
+    from rlhfkit.data.tokens import encode
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    rows = [json.loads(x) for x in data.read_text().splitlines()][:BATCH]
+    lengths = [min(max_len, 2 + len(encode(tok, r["prompt"])) + len(encode(tok, r["completion"]))) for r in rows]
+    shape = machine_limit.model_shape(machine_limit.config_of(model_dir))
+    return machine_limit.train_flops(shape, lengths), sum(lengths)
 
 
 def child_rlhfkit(model: Path, data: Path, out: Path, max_len: int, steps: int) -> StepClock:
@@ -128,16 +150,24 @@ def main() -> None:
     def describe(case: str) -> str:
         model, max_len, prompt_tokens, *_ = CASES[case]
         data = "demo short Q/A" if not prompt_tokens else f"~{prompt_tokens}-token prompts"
+        data = f"~{prompt_tokens}-token answers (compute-bound)" if case in COMPLETION_HEAVY else data
         return f"{model} ({sizes[model]:.1f}M), {data}, max_len {max_len}"
 
     settings = (f"Settings: batch {BATCH} (one micro-batch), fp32, AdamW (fused in both), lr {LR} constant, grad "
                 f"clip 1.0, loss on answer tokens, no packing, no gradient checkpointing, {args.threads} torch "
                 f"threads per process, {args.repeats} interleaved runs per system; step time = median gap between "
                 "optimizer-step ends after the warm-up steps.")
+    limit, floors = machine_limit.Limit(models, args.threads), {}
+    for case in cases:
+        model, max_len, *_ = CASES[case]
+        flops, tokens = step_flops(models[model], workdir / "data" / f"sft_{case}.jsonl", max_len)
+        floors[case] = flops / limit.rate(model, tokens)
     results = {}
     for case in cases:  # one case at a time, each with its own warm-up; the section is rewritten after each
         results.update(interleaved(Path(__file__), [case], args.repeats, args.threads, CASES[case][4]))
-        path = write_section("sft", "SFT step time", table(results, describe=describe), started_load, settings,
+        lines = table(results, describe=describe, floor=lambda case, system, extra: floors[case],
+                      threads=args.threads)
+        path = write_section("sft", "SFT step time", [*lines, "", limit.describe()], started_load, settings,
                              Path(args.results) if args.results else None)
     print(f"results: {path}")
 
