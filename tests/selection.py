@@ -46,6 +46,7 @@ SLOW = {
     "cli/test_train_ppo_ray.py::test_cli_process_exits_2_without_starting_ray",
     "cli/test_train_ppo_ray_failures.py",
     "cli/test_train_sft.py",
+    "cli/test_vlm_rl.py",
     "cli/test_vlm_train.py",
     "data/test_generated_tasks.py::test_two_grpo_steps_on_a_generated_task_with_the_packaged_reward",
     "distributed/test_fsdp2_parity.py",

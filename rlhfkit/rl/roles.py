@@ -34,6 +34,7 @@ from rlhfkit.models.ema import ParameterEMA
 from rlhfkit.models.loading import check_model_path, load_causal_lm, resolve_attn_implementation
 from rlhfkit.models.moe import router_aux_loss
 from rlhfkit.models.value_model import load_value_model
+from rlhfkit.models.vision import frozen_vision_names
 from rlhfkit.rl.actor_losses import distill_term, kl_loss_term
 from rlhfkit.rl.experience import Experience, as_experience
 from rlhfkit.rl.replay_buffer import OptimizerStep, ReplayBuffer, one_optimizer_step
@@ -188,6 +189,7 @@ class ActorRole(_TrainedRole):
     def __init__(self, spec: ActorSpec, num_update_steps: int):
         super().__init__(spec)
         model = load_trainable_lm(spec.model)
+        self.frozen_names = frozen_vision_names(model) if spec.freeze_visual_encoder else frozenset()  # never synced
         self.engine = self.strategy.prepare_train(model, spec.learning_rate, num_update_steps)
         self.temperature = spec.temperature
         self.agg = spec.loss_agg
@@ -268,8 +270,9 @@ class ActorRole(_TrainedRole):
         return stats, float(tokens)
 
     def state_dict(self) -> dict[str, torch.Tensor] | None:
-        """The policy weights (Transformers names, CPU) for the rollout engines."""
-        return hf_state_dict(self.strategy, self.engine)
+        """The policy weights (Transformers names, CPU) for the engines (--freeze_visual_encoder: the LM's only)."""
+        state = hf_state_dict(self.strategy, self.engine)
+        return {k: v for k, v in state.items() if k not in self.frozen_names} if state is not None else None
 
     def _after_optimizer_step(self) -> None:
         if self.ema is not None:
