@@ -117,8 +117,10 @@ def clip_range(cfg: PPOConfig) -> tuple[float, float]:
 
 
 def engine_backend(cfg: PPOConfig, single_process: bool = False) -> str:
-    """The rollout engines' backend: vLLM with --vllm_num_engines N > 0 (train_ppo_ray), else Transformers."""
-    return "vllm" if cfg.rollout.vllm_num_engines > 0 and not single_process else "transformers"
+    """The rollout engines' backend: vLLM with --vllm_num_engines N > 0 (train_ppo_ray), else Transformers; image
+    prompts always take the Transformers engine (`vision_engine_note` says why)."""
+    vllm = cfg.rollout.vllm_num_engines > 0 and not single_process and not cfg.vision.image_key
+    return "vllm" if vllm else "transformers"
 
 
 def critic_path(cfg: PPOConfig) -> str | None:

