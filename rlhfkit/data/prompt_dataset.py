@@ -29,6 +29,7 @@ class PromptDataset:
                  apply_chat_template: bool = False, tokenizer_chat_template: str | None = None,
                  images: RecordImages | None = None):
         format_prompt = PromptFormatter(tokenizer, input_template, apply_chat_template, tokenizer_chat_template)
+        self.images = images  # the image reader (also for agents' image feedback); None for text prompts
         self.samples: list[dict[str, Any]] = []
         for i, record in enumerate(records):
             where = locate(record, i)

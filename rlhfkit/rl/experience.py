@@ -222,6 +222,8 @@ def experience_from_samples(samples: Sequence[SampledSequence], pad_id: int,
     samples' images (`images`, one entry per sample; None: a text-only batch)."""
     if not samples:
         raise ValueError("no samples")
+    if images is None and any(s.images is not None for s in samples):  # agent episodes bring their own
+        images = [s.images for s in samples]
     lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
     seq_len, num_actions = max(lengths), max(max(len(s.response_ids) for s in samples), 1)
     batch = len(samples)

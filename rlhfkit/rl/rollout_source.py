@@ -200,7 +200,8 @@ class RolloutSource:
         self.engine.wake()
         samples, episode_reward, episodes = self._generate(ids, prompts, labels, temperature, seed, row_images)
         self.engine.sleep()
-        experience = experience_from_samples(samples, self.pad_id, row_images)
+        # agent episodes: each sample brings its context's images (prompt and feedback ones)
+        experience = experience_from_samples(samples, self.pad_id, None if episodes else row_images)
         responses = self.tokenizer.batch_decode([s.response_ids for s in samples], skip_special_tokens=False)
         queries = [p + resp for p, resp in zip(prompts, responses)]
         texts: dict[str, Any] = {"queries": queries, "prompts": prompts, "labels": labels}
@@ -225,13 +226,18 @@ class RolloutSource:
             return self.engine.generate(ids, max_new_tokens=self.cfg.data.generate_max_len, temperature=temperature,
                                         top_p=top_p, top_k=top_k, seed=seed, **with_images), None, []
         requests = [{"prompt": p, "prompt_ids": i, "label": lab} for p, i, lab in zip(prompts, ids, labels)]
+        reader = getattr(self.prompts, "images", None)  # image prompts / image feedback: the run's image reader
+        if reader is not None:
+            for request, row in zip(requests, images or [None] * len(requests)):
+                request["images"] = row
         code = self.cfg.user_code
         episodes = self.engine.generate_episodes(requests, agent, max_steps=self.cfg.agent.max_steps,
                                                  max_length=self.cfg.data.generate_max_len,
                                                  step_timeout=code.reward_timeout,
                                                  agent_workers=code.reward_workers,
                                                  tool_format=self.cfg.agent.tool_format, temperature=temperature,
-                                                 top_p=top_p, top_k=top_k, seed=seed)
+                                                 top_p=top_p, top_k=top_k, seed=seed,
+                                                 **({"image_reader": reader} if reader is not None else {}))
         samples, reward = episodes_to_samples(episodes, code.reward_fallback, code.max_reward_failure_ratio,
                                               f"agent {agent}", prompts)
         return samples, reward, [trace_fields(e) for e in episodes]

@@ -94,3 +94,34 @@ def test_frozen_vision_tower_is_left_out_of_the_weight_sync(vlm_assets):
     assert all(name.startswith("model.visual.") for name in names)
     assert not any(p.requires_grad for n, p in model.named_parameters() if n in names)
     assert all(p.requires_grad for n, p in model.named_parameters() if n not in names)
+
+
+def test_agent_image_feedback_joins_the_context_token_in_token_out(vlm, vlm_assets):
+    """An agent's feedback image becomes exact ids (its image-pad token once per vision token, mask 0) and pixels
+    that later turns and the trainer see: the trainer's log-probs of the episode equal the engine's."""
+    from pathlib import Path
+
+    from rlhfkit.agents.episodes import episodes_to_samples, run_episodes
+    from rlhfkit.rollout.hf_engine import HFRolloutEngine
+
+    model, tokenizer, images = vlm
+    data, ids = image_prompts(vlm_assets, tokenizer, images, n=2)
+    engine = HFRolloutEngine(model, tokenizer)
+    agent = str(Path(__file__).with_name("agent_image_feedback.py"))
+    requests = [{"prompt": s["prompt"], "prompt_ids": p, "label": s["label"], "images": s["images"]}
+                for s, p in zip(data.samples, ids)]
+    episodes = run_episodes(engine.generate, tokenizer, agent, requests, max_steps=3, max_length=64, seed=1,
+                            temperature=1.0, image_reader=images)
+    samples, reward = episodes_to_samples(episodes)
+    pad = images.tokens.image_token_id
+    for e, s in zip(episodes, samples):
+        assert e["finish"] == "done" and e["turns"] == 2, (e["finish"], e["turns"], e["error"])
+        assert s.images is not None and s.images["image_grid_thw"].shape[0] == 2  # the prompt's and the feedback's
+        feedback = [t for t, m in zip(s.response_ids, s.action_mask) if not m]
+        assert feedback.count(pad) == 4 and all(not m for t, m in zip(s.response_ids, s.action_mask) if t == pad)
+    exp = experience_from_samples(samples, tokenizer.pad_token_id)
+    assert exp.images is not None
+    with torch.no_grad():
+        trainer = action_log_probs(model, exp, temperature=1.0)
+    mask = exp.action_mask
+    assert (trainer - exp.rollout_log_probs).abs()[mask].max() < 1e-4
