@@ -352,6 +352,8 @@ def train_rl(cfg: PPOConfig, strategy: Any, kind: str, assemble: Callable[[Metri
             trainer.close()
         if save:
             trainer.save_final()
+            # a vision-language policy's image processor too: the saved model is a complete --pretrain
+            copy_image_processor(cfg.model.pretrain, cfg.checkpoint.save_path, strategy.is_rank0)
     finally:
         logger.close()
     strategy.print(f"{cfg.algo.advantage_estimator}: model saved to {cfg.checkpoint.save_path}; metrics in "

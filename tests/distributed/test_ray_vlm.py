@@ -50,6 +50,7 @@ def test_grpo_on_image_prompts_hybrid_engine_frozen_vision(ray_cluster, vlm_asse
     vision = [k for k in before if "visual." in k]
     language = [k for k in before if k not in vision]
     assert vision and all(before[k].equal(after[k]) for k in vision)  # bit-identical
+    assert (save / "preprocessor_config.json").is_file()  # the saved policy is a complete --pretrain
     assert sum(not before[k].equal(after[k]) for k in language) > 0
     steps = [r for r in map(json.loads, (save / "metrics.jsonl").read_text().splitlines()) if r.get("step")]
     assert len(steps) == 2
