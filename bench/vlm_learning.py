@@ -3,7 +3,7 @@
 SFT model (held-out pairwise accuracy of DPO's implicit reward, `eval_acc` of train_dpo), and GRPO from the SFT model
 (`train_ppo` on image prompts with the exact-match reward; held-out exact match, greedy).
 
-    nice .venv/bin/python bench/vlm_learning.py [--seeds 0 1] [--sft_steps 120] [--dpo_steps 40] [--grpo_steps 40]
+    nice .venv/bin/python bench/vlm_learning.py [--seeds 0 1] [--sft_steps 120] [--dpo_steps 40] [--grpo_steps 100]
 
 Writes bench/results/vlm_learning.md (`--dpo_steps 0` / `--grpo_steps 0` skip a stage; `--grpo_only` prints the
 GRPO figures without rewriting the file). Commands run through the CLIs in subprocesses, exactly as a user types
@@ -81,7 +81,7 @@ def grpo(assets, sft: Path, out: Path, work: Path, seed: int, steps: int) -> Non
         "--advantage_estimator", "group_norm", "--n_samples_per_prompt", "8", "--rollout_batch_size", "16",
         "--train_batch_size", "128", "--micro_train_batch_size", "32", "--micro_rollout_batch_size", "32",
         "--generate_max_len", "4", "--prompt_max_len", "64", "--max_rl_steps", str(steps),
-        "--actor_learning_rate", "1e-4", "--lr_scheduler", "constant", "--seed", str(seed), "--save_path", str(out),
+        "--actor_learning_rate", "3e-4", "--lr_scheduler", "constant", "--seed", str(seed), "--save_path", str(out),
         "--ckpt_path", str(work / f"ckpt_grpo_{seed}"), "--disable_progress_bar", "--save_steps", "-1",
         "--logging_steps", "5")
 
@@ -132,13 +132,23 @@ def write(results: list[dict], args: argparse.Namespace, load_start: str) -> Pat
              f"Tiny random-init Qwen2-VL (1.1M parameters), 56 x 56 images (4 vision tokens), tasks dots / colour / "
              f"digit. SFT: {args.sft_steps} steps of batch 32, lr 1e-3 constant, 3,000 records. DPO from the SFT "
              f"model: {args.dpo_steps} steps of batch 32, lr 2e-4, beta 0.1, 2,000 pairs (wrong answer of the same "
-             "kind rejected). Held-out: 200 image prompts (exact match, greedy, 4 new tokens), 200 pairs.", "",
-             "| seed | untrained EM | SFT EM | SFT EM per task | DPO held-out pairwise acc | SFT s | DPO s |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "kind rejected). GRPO from the SFT model: train_ppo, group_norm, 16 prompts x 8 samples per step, "
+             f"{args.grpo_steps} steps, lr 3e-4 constant, exact-match reward, frozen vision tower. Held-out: 200 "
+             "image prompts (exact match, greedy, 4 new tokens), 200 pairs.", "",
+             "| seed | untrained EM | SFT EM | SFT EM per task | GRPO EM | GRPO EM per task | DPO held-out pairwise "
+             "acc | SFT s | GRPO s | DPO s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+    def cell(r: dict, key: str, fmt: str) -> str:
+        return format(r[key], fmt) if key in r else "-"
+
     for r in results:
         per_task = ", ".join(f"{k} {v:.2f}" for k, v in r["sft"][1].items())
-        lines.append(f"| {r['seed']} | {r['untrained'][0]:.3f} | {r['sft'][0]:.3f} | {per_task} | "
-                     f"{r['dpo_eval_acc']:.3f} | {r['sft_s']:.0f} | {r['dpo_s']:.0f} |")
+        grpo_tasks = ", ".join(f"{k} {v:.2f}" for k, v in r["grpo"][1].items()) if "grpo" in r else "-"
+        grpo_em = f"{r['grpo'][0]:.3f}" if "grpo" in r else "-"
+        lines.append(f"| {r['seed']} | {r['untrained'][0]:.3f} | {r['sft'][0]:.3f} | {per_task} | {grpo_em} | "
+                     f"{grpo_tasks} | {cell(r, 'dpo_eval_acc', '.3f')} | {r['sft_s']:.0f} | "
+                     f"{cell(r, 'grpo_s', '.0f')} | {cell(r, 'dpo_s', '.0f')} |")
     out = ROOT / "bench" / "results" / "vlm_learning.md"
     out.write_text("\n".join(lines) + "\n")
     return out
@@ -149,7 +159,7 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--sft_steps", type=int, default=120)
     p.add_argument("--dpo_steps", type=int, default=40)
-    p.add_argument("--grpo_steps", type=int, default=40)
+    p.add_argument("--grpo_steps", type=int, default=100)
     p.add_argument("--grpo_only", action="store_true", help="print the figures, leave the results file alone")
     p.add_argument("--workdir", default="/tmp/rlhfkit_vlm_bench")
     args = p.parse_args()
