@@ -38,19 +38,22 @@ def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
 
 
 def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float, top_k: int,
-                  generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+                  generator: torch.Generator | None, banned: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row of logits [B, V]; returns (tokens [B], log-probs [B]).
 
     The log-prob is taken from log_softmax(logits / temperature) before top-k / top-p filtering (the engine
-    convention). temperature 0 is greedy and reports the temperature-1 log-prob.
+    convention). temperature 0 is greedy and reports the temperature-1 log-prob. `banned` token ids are never
+    sampled, a filter like top-k (the log-prob is still the unfiltered one's).
     """
     logits = logits.float()
     if temperature == 0:
-        tokens = logits.argmax(dim=-1)
+        pick = logits if banned is None else logits.index_fill(-1, banned, float("-inf"))
+        tokens = pick.argmax(dim=-1)
         return tokens, torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
     scaled = logits / temperature
     logp = torch.log_softmax(scaled, dim=-1)
-    filtered = scaled
+    filtered = scaled if banned is None else scaled.index_fill(-1, banned, float("-inf"))
     if 0 < top_k < scaled.shape[-1]:
         kth = torch.topk(scaled, top_k, dim=-1).values[:, -1:]
         filtered = filtered.masked_fill(filtered < kth, float("-inf"))
@@ -81,6 +84,12 @@ class HFRolloutEngine:
         self.max_batch_size = max_batch_size
         self.episode_runner = episode_runner
         self.has_adapter_slot = False  # a LoRA adapter slot was injected (adapter-only sync, `update_adapter`)
+        # A vision-language policy never samples an image / video placeholder: a response holding one would not
+        # match the images of the trainer's forward (Transformers counts every such token as an image's).
+        config = getattr(self.model, "config", None)
+        pads = [getattr(config, k, None) for k in ("image_token_id", "video_token_id")]
+        self.banned = torch.tensor([int(t) for t in pads if t is not None], dtype=torch.long,
+                                   device=self.device) if any(t is not None for t in pads) else None
 
     @classmethod
     def from_pretrained(cls, path: str, tokenizer: Any, *, dtype: torch.dtype = torch.float32,
@@ -146,7 +155,7 @@ class HFRolloutEngine:
             if step < min_new_tokens and stops:
                 logits = logits.clone()
                 logits[:, stop_ids] = float("-inf")
-            token, logp = sample_tokens(logits, temperature, top_p, top_k, generator)
+            token, logp = sample_tokens(logits, temperature, top_p, top_k, generator, self.banned)
             token = torch.where(done, torch.full_like(token, self.pad_id), token)
             tokens.append(token)
             logprobs.append(logp)

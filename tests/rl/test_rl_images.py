@@ -125,3 +125,17 @@ def test_agent_image_feedback_joins_the_context_token_in_token_out(vlm, vlm_asse
         trainer = action_log_probs(model, exp, temperature=1.0)
     mask = exp.action_mask
     assert (trainer - exp.rollout_log_probs).abs()[mask].max() < 1e-4
+
+
+def test_the_engine_never_samples_an_image_placeholder():
+    """A sampled image-pad token would not match the trainer's images: it is filtered out like top-k, and the
+    reported log-prob stays the unfiltered distribution's."""
+    from rlhfkit.rollout.hf_engine import sample_tokens
+
+    logits = torch.tensor([[0.0, 5.0, 1.0], [3.0, 9.0, 0.0]])
+    banned = torch.tensor([1])
+    for temperature in (0.0, 1.0):
+        tokens, logp = sample_tokens(logits, temperature, 1.0, -1, torch.Generator().manual_seed(0), banned)
+        assert not (tokens == 1).any()
+        scaled = logits / (temperature or 1.0)
+        assert torch.allclose(logp, torch.log_softmax(scaled, -1).gather(-1, tokens[:, None]).squeeze(-1))
