@@ -1,10 +1,13 @@
-"""Learning on the synthetic image tasks (issue 21, acceptance 3, offline part): the tiny random-init Qwen2-VL
+"""Learning on the synthetic image tasks (issue 21, acceptance 3): the tiny random-init Qwen2-VL
 (rlhfkit/demo/vlm_assets.py) before and after SFT on image prompts (held-out exact match, greedy), then DPO from the
-SFT model (held-out pairwise accuracy of DPO's implicit reward, `eval_acc` of train_dpo).
+SFT model (held-out pairwise accuracy of DPO's implicit reward, `eval_acc` of train_dpo), and GRPO from the SFT model
+(`train_ppo` on image prompts with the exact-match reward; held-out exact match, greedy).
 
-    nice .venv/bin/python bench/vlm_learning.py [--seeds 0 1] [--sft_steps 120] [--dpo_steps 40]
+    nice .venv/bin/python bench/vlm_learning.py [--seeds 0 1] [--sft_steps 120] [--dpo_steps 40] [--grpo_steps 100]
 
-Writes bench/results/vlm_learning.md. Commands run through the CLIs in subprocesses, exactly as a user types them.
+Writes bench/results/vlm_learning.md (`--dpo_steps 0` / `--grpo_steps 0` skip a stage; `--grpo_only` prints the
+GRPO figures without rewriting the file). Commands run through the CLIs in subprocesses, exactly as a user types
+them.
 """
 
 from __future__ import annotations
@@ -70,10 +73,23 @@ def last_eval(save: Path, key: str) -> float:
     return float(values[-1])
 
 
-def one_seed(seed: int, work: Path, sft_steps: int, dpo_steps: int) -> dict:
+def grpo(assets, sft: Path, out: Path, work: Path, seed: int, steps: int) -> None:
+    """GRPO from the SFT model on the RL image prompts with the demo's exact-match reward (8 samples per prompt)."""
+    cli("train_ppo", "--pretrain", str(sft), "--prompt_data", str(assets.split("rl_train")), "--input_key", "prompt",
+        "--label_key", "answer", "--apply_chat_template", "--data.image_key", "images",
+        "--actor.freeze_visual_encoder", "--remote_rm_url", str(ROOT / "examples" / "reward_func.py"),
+        "--advantage_estimator", "group_norm", "--n_samples_per_prompt", "8", "--rollout_batch_size", "16",
+        "--train_batch_size", "128", "--micro_train_batch_size", "32", "--micro_rollout_batch_size", "32",
+        "--generate_max_len", "4", "--prompt_max_len", "64", "--max_rl_steps", str(steps),
+        "--actor_learning_rate", "3e-4", "--lr_scheduler", "constant", "--seed", str(seed), "--save_path", str(out),
+        "--ckpt_path", str(work / f"ckpt_grpo_{seed}"), "--disable_progress_bar", "--save_steps", "-1",
+        "--logging_steps", "5")
+
+
+def one_seed(seed: int, work: Path, sft_steps: int, dpo_steps: int, grpo_steps: int = 0) -> dict:
     from rlhfkit.demo.vlm_assets import build_vlm_assets
 
-    assets = build_vlm_assets(work / f"assets_{seed}", seed=seed, n_sft=3000, n_eval=200, n_pref=2000, n_rl=8)
+    assets = build_vlm_assets(work / f"assets_{seed}", seed=seed, n_sft=3000, n_eval=200, n_pref=2000, n_rl=2000)
     result: dict = {"seed": seed}
     result["untrained"] = exact_match(assets.model_dir, assets.split("sft_eval"))
     sft = work / f"sft_{seed}"
@@ -85,6 +101,15 @@ def one_seed(seed: int, work: Path, sft_steps: int, dpo_steps: int) -> dict:
         *COMMON)
     result["sft_s"] = time.time() - t
     result["sft"] = exact_match(sft, assets.split("sft_eval"))
+    print(json.dumps(result), flush=True)
+    if grpo_steps:
+        t = time.time()
+        grpo(assets, sft, work / f"grpo_{seed}", work, seed, grpo_steps)
+        result["grpo_s"] = time.time() - t
+        result["grpo"] = exact_match(work / f"grpo_{seed}", assets.split("sft_eval"))
+        print(json.dumps(result), flush=True)
+    if not dpo_steps:
+        return result
     dpo = work / f"dpo_{seed}"
     t = time.time()
     cli("train_dpo", "--pretrain", str(sft), "--dataset", str(assets.split("pref_train")), "--eval_dataset",
@@ -107,13 +132,23 @@ def write(results: list[dict], args: argparse.Namespace, load_start: str) -> Pat
              f"Tiny random-init Qwen2-VL (1.1M parameters), 56 x 56 images (4 vision tokens), tasks dots / colour / "
              f"digit. SFT: {args.sft_steps} steps of batch 32, lr 1e-3 constant, 3,000 records. DPO from the SFT "
              f"model: {args.dpo_steps} steps of batch 32, lr 2e-4, beta 0.1, 2,000 pairs (wrong answer of the same "
-             "kind rejected). Held-out: 200 image prompts (exact match, greedy, 4 new tokens), 200 pairs.", "",
-             "| seed | untrained EM | SFT EM | SFT EM per task | DPO held-out pairwise acc | SFT s | DPO s |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "kind rejected). GRPO from the SFT model: train_ppo, group_norm, 16 prompts x 8 samples per step, "
+             f"{args.grpo_steps} steps, lr 3e-4 constant, exact-match reward, frozen vision tower. Held-out: 200 "
+             "image prompts (exact match, greedy, 4 new tokens), 200 pairs.", "",
+             "| seed | untrained EM | SFT EM | SFT EM per task | GRPO EM | GRPO EM per task | DPO held-out pairwise "
+             "acc | SFT s | GRPO s | DPO s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+    def cell(r: dict, key: str, fmt: str) -> str:
+        return format(r[key], fmt) if key in r else "-"
+
     for r in results:
         per_task = ", ".join(f"{k} {v:.2f}" for k, v in r["sft"][1].items())
-        lines.append(f"| {r['seed']} | {r['untrained'][0]:.3f} | {r['sft'][0]:.3f} | {per_task} | "
-                     f"{r['dpo_eval_acc']:.3f} | {r['sft_s']:.0f} | {r['dpo_s']:.0f} |")
+        grpo_tasks = ", ".join(f"{k} {v:.2f}" for k, v in r["grpo"][1].items()) if "grpo" in r else "-"
+        grpo_em = f"{r['grpo'][0]:.3f}" if "grpo" in r else "-"
+        lines.append(f"| {r['seed']} | {r['untrained'][0]:.3f} | {r['sft'][0]:.3f} | {per_task} | {grpo_em} | "
+                     f"{grpo_tasks} | {cell(r, 'dpo_eval_acc', '.3f')} | {r['sft_s']:.0f} | "
+                     f"{cell(r, 'grpo_s', '.0f')} | {cell(r, 'dpo_s', '.0f')} |")
     out = ROOT / "bench" / "results" / "vlm_learning.md"
     out.write_text("\n".join(lines) + "\n")
     return out
@@ -124,14 +159,17 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--sft_steps", type=int, default=120)
     p.add_argument("--dpo_steps", type=int, default=40)
+    p.add_argument("--grpo_steps", type=int, default=100)
+    p.add_argument("--grpo_only", action="store_true", help="print the figures, leave the results file alone")
     p.add_argument("--workdir", default="/tmp/rlhfkit_vlm_bench")
     args = p.parse_args()
     load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
     results = []
     for seed in args.seeds:
-        results.append(one_seed(seed, Path(args.workdir), args.sft_steps, args.dpo_steps))
+        results.append(one_seed(seed, Path(args.workdir), args.sft_steps, args.dpo_steps, args.grpo_steps))
         print(json.dumps(results[-1]), flush=True)
-    print(write(results, args, load_start))
+    if not args.grpo_only:
+        print(write(results, args, load_start))
 
 
 if __name__ == "__main__":

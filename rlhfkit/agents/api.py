@@ -15,8 +15,9 @@ super's. `AgentInstance.__init__` may be `async def` (as OpenRLHF's example agen
 (the last turn's is the episode's, default: the summed rewards), `environment_feedback` (text appended to the
 context, tokenised once), `done`, optional `sampling_params` (the next turn's: a dict whose "max_tokens" caps
 that turn; temperature / top_p / top_k must stay the run's, which the trainer's log-probs assume) and
-`extra_logs` (name -> number; the last turn's values are the episode's) and, for the run report's trace viewer,
-`tool_calls` (what the turn's tools were asked and answered: [{"name", "arguments", "result", "ok"}]).
+`extra_logs` (name -> number; the last turn's values are the episode's), `environment_images` (images shown
+with the feedback, for a vision-language policy: `rlhfkit.agents.image_feedback`) and, for the run report's trace
+viewer, `tool_calls` (what the turn's tools were asked and answered: [{"name", "arguments", "result", "ok"}]).
 
 Token in, token out (the multi-turn loop of `AgentExecutorBase.execute`): the context is a list of token ids that
 only ever grows: the prompt's ids as the trainer tokenised them, each turn's sampled ids exactly as the engine
@@ -264,12 +265,28 @@ class AgentExecutorBase:
                 break
             feedback = str(out.get("environment_feedback") or "")
             observation += action_text + feedback
-            if not _add_feedback(episode, context, tokenizer.encode(feedback, add_special_tokens=False)
-                                 if feedback else [], budget):
+            feedback_ids, pixels = _feedback_tokens(engine, tokenizer, feedback, out.get("environment_images"))
+            if not _add_feedback(episode, context, feedback_ids, budget):
                 break
+            if pixels is not None:  # the images are in the context now: later turns and the trainer see them
+                getattr(engine, "batcher", engine).keep_images(pixels)
         episode.score = scores if scores is not None else episode.reward
         episode.extra_logs = logs
         return episode
+
+
+def _feedback_tokens(engine: Any, tokenizer: Any, text: str, images: Any) -> tuple[list[int], Any]:
+    """(ids, pixels or None) of a turn's feedback; with `environment_images` the engine (the episodes'
+    `BatchingGenerator`) marks, tokenises and processes them (`rlhfkit.agents.image_feedback`)."""
+    if not images:
+        return (tokenizer.encode(text, add_special_tokens=False) if text else []), None
+    engine = getattr(engine, "batcher", engine)  # an OpenRLHF-form episode engine wraps the batching generator
+    if not hasattr(engine, "image_feedback"):
+        raise AgentFailure("bad_output", "step returned environment_images, but this engine takes no images")
+    try:
+        return engine.image_feedback(tokenizer, text, list(images))
+    except Exception as e:  # noqa: BLE001 - a bad image or a text policy: this episode's failure
+        raise AgentFailure("bad_output", f"environment_images: {e}") from None
 
 
 def _add_feedback(episode: Episode, context: list[int], feedback_ids: list[int], budget: int) -> bool:

@@ -23,6 +23,7 @@ from typing import Any
 from rlhfkit.agents.api import FINISH_FAILED, AgentExecutorBase, AgentFailure, Episode, Prompt
 from rlhfkit.agents.env_agent import bind_environment, environment_executor
 from rlhfkit.agents.episode_versions import Call, token_versions
+from rlhfkit.agents.image_feedback import EpisodeImages
 from rlhfkit.agents.openrlhf_compat import (
     IMPORT_ALIASES,
     OpenRLHFEngine,
@@ -62,6 +63,7 @@ class BatchingGenerator:
         self._arrived: asyncio.Event | None = None
         self.watch: LoopWatch | None = None  # the loop's watchdog: engine calls block the loop on purpose
         self.engine_error: Exception | None = None  # the engine itself failed (not the agent's code)
+        self.images = EpisodeImages(None)  # image prompts and image feedback (a vision-language policy)
 
     def episode_finished(self) -> None:
         self.active -= 1
@@ -107,7 +109,7 @@ class BatchingGenerator:
             self.calls += 1
             self.batch_sizes.append(len(items))
             try:
-                samples = self._engine_generate([ids for ids, _, _ in items], budget, seed)
+                samples = self._engine_generate([ids for ids, _, _ in items], budget, seed, [e for _, _, e in items])
             except LoopBlocked as e:  # the episodes were given up; the caller may be using the engine now
                 for _, future, _ in items:
                     future.set_exception(e)
@@ -126,11 +128,22 @@ class BatchingGenerator:
         if episode is not None and versions is not None:
             self.traces.setdefault(episode, []).append((len(context), list(sample.response_ids), list(versions)))
 
-    def _engine_generate(self, contexts: list[list[int]], budget: int, seed: int | None) -> list:
+    def image_feedback(self, tokenizer: Any, text: str, images: list[Any]) -> tuple[list[int], Any]:
+        """(ids, pixels) of a feedback text with images (`rlhfkit.agents.image_feedback`) for the asking episode."""
+        return self.images.feedback_ids(tokenizer, text, images, f"agent episode {EPISODE_INDEX.get()}")
+
+    def keep_images(self, pixels: Any) -> None:
+        """Feedback images that joined the asking episode's context: its later turns see them."""
+        self.images.keep(EPISODE_INDEX.get(), pixels)
+
+    def _engine_generate(self, contexts: list[list[int]], budget: int, seed: int | None,
+                         episodes: Sequence[int | None] = ()) -> list:
+        rows = [self.images.of(e) for e in episodes]
+        extra = {"images": rows} if any(r is not None for r in rows) else {}  # text episodes: the plain call
         if self.watch is None:
-            return self.engine_generate(contexts, max_new_tokens=budget, seed=seed, **self.sampling)
+            return self.engine_generate(contexts, max_new_tokens=budget, seed=seed, **self.sampling, **extra)
         with self.watch.engine_call():
-            return self.engine_generate(contexts, max_new_tokens=budget, seed=seed, **self.sampling)
+            return self.engine_generate(contexts, max_new_tokens=budget, seed=seed, **self.sampling, **extra)
 
 
 _IMPORT_CHECKED: set[tuple[str, float]] = set()  # (file, mtime) imported once in a worker by this process
@@ -259,7 +272,7 @@ async def _episode(executor: AgentExecutorBase, llm: BatchingGenerator, tokenize
 def run_episodes(engine_generate: Callable[..., list], tokenizer: Any, agent_path: str,
                  requests: Sequence[dict[str, Any]], *, max_steps: int, max_length: int, seed: int | None = None,
                  step_timeout: float | None = None, agent_workers: int = 0, tool_format: str | None = None,
-                 **sampling: Any) -> list[dict[str, Any]]:
+                 image_reader: Any = None, **sampling: Any) -> list[dict[str, Any]]:
     """One episode per request {"prompt": text, "prompt_ids": [...], "label": ...}, all at once; plain dicts
     (Episode fields plus "truncated") in request order.
 
@@ -269,10 +282,13 @@ def run_episodes(engine_generate: Callable[..., list], tokenizer: Any, agent_pat
     type. With `agent_workers` > 0 the AgentInstances (or an OpenAI executor's `run_agent`) run in that many worker
     processes (rlhfkit.agents.isolation), where a crash or a blocking call past `step_timeout` costs the episode too.
     Code that blocks the episodes' event loop here (a blocking `execute`) for `step_timeout` fails the episodes not
-    finished by then (rlhfkit.agents.watchdog). `tool_format`: --tool_format, for tool agents."""
+    finished by then (rlhfkit.agents.watchdog). `tool_format`: --tool_format, for tool agents. Image prompts
+    (a request's "images") and image feedback need `image_reader` (the run's `RecordImages`); each episode dict
+    then carries "images", every image of its context merged (None without)."""
     timeout = step_timeout or 60.0
     cls = load_agent_executor(agent_path, timeout)
     llm = BatchingGenerator(engine_generate, sampling, seed)
+    llm.images = EpisodeImages(image_reader)
     try:
         executor = make_executor(cls, max_steps, max_length, llm, tokenizer, step_timeout, tool_format)
     except UserError as e:
@@ -282,6 +298,7 @@ def run_episodes(engine_generate: Callable[..., list], tokenizer: Any, agent_pat
 
     async def one(i: int, request: dict[str, Any]) -> None:
         EPISODE_INDEX.set(i)  # this episode's task (and the tasks it starts) only
+        llm.images.start(i, request.get("images"))
         try:
             done[i] = await _episode(executor, llm, tokenizer, request, max_length)
         finally:
@@ -308,6 +325,7 @@ def run_episodes(engine_generate: Callable[..., list], tokenizer: Any, agent_pat
 
             release(agent_path, agent_workers, timeout, keys)
     return [{**asdict(done[i]), "truncated": done[i].truncated, "batch_sizes": llm.batch_sizes,
+             "images": llm.images.of(i),
              "versions": token_versions(done[i].prompt_ids, done[i].response_ids, done[i].action_mask,
                                         llm.traces.get(i, []))} for i in range(len(requests))]
 
@@ -337,7 +355,7 @@ def episodes_to_samples(episodes: Sequence[dict[str, Any]], fallback: float = 0.
     episodes = [_count_non_finite(e) for e in episodes]
     samples = [SampledSequence(list(e["prompt_ids"]), list(e["response_ids"]), list(e["logprobs"]),
                                FINISH_LENGTH if e["truncated"] else FINISH_STOP, list(e["action_mask"]),
-                               versions=e.get("versions"))
+                               versions=e.get("versions"), images=e.get("images"))
                for e in episodes]
     n = max(len(episodes), 1)
     logs: dict[str, float] = {}

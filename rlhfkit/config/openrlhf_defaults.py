@@ -237,6 +237,9 @@ DIFFERENCES: tuple[Difference, ...] = (
     Difference(_PPO, "train.max_tokens_per_gpu", "the budget depends on the model and the device, so "
                "--use_dynamic_batch asks for it (one line, exit 2) instead of assuming one",
                applies=lambda cfg: cfg.strategy.use_dynamic_batch),
+    Difference(_PPO, "data.max_images_per_prompt", "--image_key turns images on by itself, so one image per record "
+               "is allowed unless told; 0 would refuse every record that has one",
+               applies=lambda cfg: bool(cfg.vision.image_key)),
     Difference(("serve_rm",), "host", "serve this machine only unless told: 0.0.0.0 exposes the model to the "
                "network"),
     Difference(("serve_rm",), "batch_size", "bounds the memory of one forward pass; OpenRLHF scores a whole request "
@@ -255,6 +258,8 @@ SAME_MEANING: tuple[Difference, ...] = (
     Difference(_PPO, "actor.entropy_coef", "None and 0 both add no entropy term to the loss (rlhfkit logs the "
                "entropy either way)"),
     Difference(_PPO, "ckpt.best_metric_key", "'' and None both mean no best-model export"),
+    Difference(_PPO, "data.image_key", "both defaults train on text only: OpenRLHF reads no image with its default "
+               "of 0 images per prompt, rlhfkit reads images only with --image_key", ours="None: no images"),
     Difference(_PPO, "ckpt.max_mem", "1e8 GB (100 PB) is no limit in practice either"),
     *(Difference(_PPO, f"critic.{flag}", "the critic takes the actor's setting unless given its own, and the "
                  "actor's default is OpenRLHF's critic default", ours="None: the actor's")

@@ -56,6 +56,7 @@ from rlhfkit.config.rl_sections import (
 )
 from rlhfkit.config.sequence_parallel import refuse_ring_attn
 from rlhfkit.config.specs import CRITIC_HEAD_HINT as CRITIC_HEAD_HINT
+from rlhfkit.config.vision import VisionArgs, check_rl_vision, vision_inert_flags
 from rlhfkit.errors import UserError
 
 
@@ -79,6 +80,7 @@ class PPOConfig:
     save: RLSaveArgs = field(default_factory=RLSaveArgs)
     doctor: DoctorArgs = field(default_factory=DoctorArgs)
     distill: DistillArgs = field(default_factory=DistillArgs)
+    vision: VisionArgs = field(default_factory=VisionArgs)
 
     def validate(self) -> None:
         """Every flag rule (UserError, one line): the sections' own, then the ones that join sections."""
@@ -93,10 +95,11 @@ class PPOConfig:
         _validate_async(self)
         lora_sync_mode(self.rollout.lora_sync, self.model.lora_rank, engine_backend(self))
         validate_placement(self)  # colocation and each role's batch split (rules of train_ppo_ray's placement)
+        check_rl_vision(self)  # image prompts: which roles may see them
 
     def inert_flags(self) -> dict[str, str]:
         """The flags that cannot act in this run's layout, with why (`rl_inert.inert_flags`)."""
-        return inert_flags(self)
+        return {**inert_flags(self), **vision_inert_flags(self.vision)}
 
     def check_inputs(self) -> None:
         """What the run needs besides valid flags: a policy, prompts, a reward source, the files named (the
@@ -114,8 +117,10 @@ def clip_range(cfg: PPOConfig) -> tuple[float, float]:
 
 
 def engine_backend(cfg: PPOConfig, single_process: bool = False) -> str:
-    """The rollout engines' backend: vLLM with --vllm_num_engines N > 0 (train_ppo_ray), else Transformers."""
-    return "vllm" if cfg.rollout.vllm_num_engines > 0 and not single_process else "transformers"
+    """The rollout engines' backend: vLLM with --vllm_num_engines N > 0 (train_ppo_ray), else Transformers; image
+    prompts always take the Transformers engine (`vision_engine_note` says why)."""
+    vllm = cfg.rollout.vllm_num_engines > 0 and not single_process and not cfg.vision.image_key
+    return "vllm" if vllm else "transformers"
 
 
 def critic_path(cfg: PPOConfig) -> str | None:

@@ -65,7 +65,8 @@ def actor_spec(cfg: PPOConfig) -> ActorSpec:
                      is_correction_type=a.vllm_is_correction_type, is_low=is_low, is_high=is_high,
                      kl_estimator=a.kl_estimator, use_kl_loss=a.use_kl_loss, entropy_loss_coef=a.entropy_loss_coef,
                      aux_loss_coef=a.aux_loss_coef, ema_beta=cfg.save.ema_beta if cfg.save.enable_ema else None,
-                     save_hf_ckpt=cfg.save.save_hf_ckpt, **distill_settings(cfg))
+                     save_hf_ckpt=cfg.save.save_hf_ckpt, freeze_visual_encoder=cfg.vision.freeze_visual_encoder,
+                     **distill_settings(cfg))
 
 
 def distill_settings(cfg: PPOConfig) -> dict[str, Any]:

@@ -70,6 +70,7 @@ class ActorSpec(RoleSpec):
     distill_loss: str | None = None  # on-policy distillation's loss (reverse_kl, topk_forward_kl); None: none
     distill_coef: float = 1.0  # its weight beside the policy loss
     distill_only: bool = False  # no policy-gradient term
+    freeze_visual_encoder: bool = False  # a vision-language policy trains its language model only (and syncs it)
 
 
 @dataclass(frozen=True, kw_only=True)

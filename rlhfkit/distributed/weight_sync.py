@@ -152,8 +152,10 @@ def reload_states(role: Any) -> None:
 
 
 # -- streaming the full weights ---------------------------------------------------------------------------------
-def iter_full_parameters(module: nn.Module, keep: bool = True) -> Iterator[tuple[str, torch.Tensor | None]]:
-    """(name, full tensor) for every parameter, one at a time; call on every rank (ZeRO-3 gathers are collective).
+def iter_full_parameters(module: nn.Module, keep: bool = True, skip: frozenset[str] = frozenset()
+                         ) -> Iterator[tuple[str, torch.Tensor | None]]:
+    """(name, full tensor) for every parameter not named in `skip`, one at a time; call on every rank (ZeRO-3
+    gathers are collective).
 
     Names are Transformers names (the DeepSpeed engine's `module.` prefix removed). A rank with `keep` gets a CPU
     copy made while the parameter is gathered; the others get None (they only take part in the gather).
@@ -163,6 +165,8 @@ def iter_full_parameters(module: nn.Module, keep: bool = True) -> Iterator[tuple
     inner = getattr(module, "module", module)
     zero3 = _zero_stage(module) == 3
     for name, param in inner.named_parameters():
+        if name in skip:
+            continue
         if zero3 and hasattr(param, "ds_id"):
             import deepspeed
 
@@ -190,8 +194,10 @@ def policy_weights(role: Any, keep: bool) -> Iterator[tuple[str, torch.Tensor | 
     if _is_peft(module):
         state = role.state_dict() or {}
         yield from ((name, t if keep else None) for name, t in state.items())
-    else:
-        yield from iter_full_parameters(module, keep)
+        return
+    # --freeze_visual_encoder: the vision tower is not sent, the engines keep the same loaded one
+    frozen: frozenset[str] = getattr(role, "frozen_names", frozenset())
+    yield from iter_full_parameters(module, keep, skip=frozen)
 
 
 def weight_metas(role: Any) -> list[tuple[str, str, tuple[int, ...]]] | None:
@@ -201,8 +207,11 @@ def weight_metas(role: Any) -> list[tuple[str, str, tuple[int, ...]]] | None:
     if _is_peft(policy_module(role)):
         return None
     inner = getattr(policy_module(role), "module", policy_module(role))
+    frozen: frozenset[str] = getattr(role, "frozen_names", frozenset())  # not synced (see `policy_weights`)
     metas = []
     for name, p in inner.named_parameters():
+        if name in frozen:
+            continue
         shape = tuple(getattr(p, "ds_shape", p.shape))
         metas.append((name, str(p.dtype).removeprefix("torch."), shape))
     return metas

@@ -83,6 +83,19 @@ def add_multimodal_positions(model: M) -> M:
     return model
 
 
+def multimodal_positions(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         image_grid_thw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """M-RoPE position ids [3, B, T] of a (left- or right-) padded batch with images, and each row's offset [B]
+    from text position to M-RoPE position after its last image (what a token generated next adds to its count of
+    real tokens so far). Generation passes these explicitly, so a KV-cached decode continues exactly where the
+    trainer's one-pass forward of the whole sequence puts the response."""
+    inner = getattr(model, "model", model)
+    mm_token_type_ids = (input_ids == model.config.image_token_id).to(torch.int)  # type: ignore[union-attr]
+    positions, deltas = inner.get_rope_index(  # type: ignore[operator]
+        input_ids, mm_token_type_ids, image_grid_thw=image_grid_thw, attention_mask=attention_mask)
+    return positions, deltas.reshape(-1)
+
+
 def vision_tower(model: nn.Module) -> nn.Module:
     """The vision encoder (with its patch merger) of a Qwen2-VL-family model, plain or PEFT-wrapped."""
     for owner in (model, getattr(model, "model", None), getattr(getattr(model, "base_model", None), "model", None)):
@@ -107,6 +120,15 @@ def vision_parameter_names(model: nn.Module) -> list[str]:
     """Names (in `model.named_parameters()`) of the vision tower's tensors."""
     tower = {id(p) for p in vision_tower(model).parameters()}
     return [n for n, p in model.named_parameters() if id(p) in tower]
+
+
+def frozen_vision_names(model: nn.Module) -> frozenset[str]:
+    """`--freeze_visual_encoder` for an RL policy: freeze the vision tower and return its tensors' Transformers
+    names (a PEFT wrapper's prefix stripped), which the weight sync leaves out: the engines keep the same ones."""
+    names = frozenset(n.replace("base_model.model.", "", 1).replace(".base_layer", "")
+                      for n in vision_parameter_names(model))
+    freeze_visual_encoder(model)
+    return names
 
 
 def record_images(config: Any, path: str, tokenizer: Any, image_key: str, max_images: int) -> Any:

@@ -12,7 +12,11 @@ Layout (one row per sample; the samples of one prompt are adjacent):
   [B, R, k]: the teacher's k most likely tokens at each response position.
 - `rewards [B]`: the scalar reward used for the advantages (after clipping); `info`: per-sample numbers [B] for
   metrics (response_length, truncated, reward (raw), score).
-Every field is a CPU tensor (or None), so an experience crosses a process boundary as `to_dict()`.
+- `images`: image prompts (`--image_key`): per row, its images' {"pixel_values", "image_grid_thw"} (None for a row
+  without images); a list, since rows hold different numbers of vision patches. Every forward gets them with the
+  rows (`model_inputs`).
+Every field is a CPU tensor (or None, or the list of tensor dicts), so an experience crosses a process boundary as
+`to_dict()`.
 """
 
 from __future__ import annotations
@@ -30,6 +34,16 @@ from rlhfkit.rollout.engine import FINISH_LENGTH, SampledSequence
 ACTION_FIELDS = ("action_mask", "action_log_probs", "rollout_log_probs", "base_action_log_probs", "values",
                  "advantages", "returns", "kl", "teacher_log_probs", "teacher_topk_ids", "teacher_topk_log_probs")
 SEQUENCE_FIELDS = ("sequences", "attention_mask")
+RowImages = dict[str, torch.Tensor] | None  # one row's images (Qwen2-VL: pixel_values, image_grid_thw) or None
+
+
+def batch_images(rows: Sequence[RowImages]) -> dict[str, torch.Tensor]:
+    """The rows' images as one forward takes them: every image's patches one after another in row order, one
+    `image_grid_thw` line per image ({} when no row has images)."""
+    present = [r for r in rows if r]
+    if not present:
+        return {}
+    return {key: torch.cat([r[key] for r in present]) for key in present[0]}
 
 
 def pad_columns(t: torch.Tensor, width: int, value: float | int = 0) -> torch.Tensor:
@@ -79,6 +93,7 @@ class Experience:
     teacher_topk_ids: torch.Tensor | None = None
     teacher_topk_log_probs: torch.Tensor | None = None
     info: dict[str, torch.Tensor] = field(default_factory=dict)
+    images: list[RowImages] | None = None
 
     # -- basic shape --------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -95,8 +110,9 @@ class Experience:
         return action_positions(self.prompt_lengths, self.num_actions, self.sequences.shape[1])
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
-        """The padded batch a model forward takes (docs/CONVENTIONS.md)."""
-        return {"input_ids": self.sequences, "attention_mask": self.attention_mask}
+        """The padded batch a model forward takes (docs/CONVENTIONS.md), with the rows' images if they have some."""
+        return {"input_ids": self.sequences, "attention_mask": self.attention_mask,
+                **batch_images(self.images or [])}
 
     def packed_inputs(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """The rows packed into one (`--packing_samples`, docs/CONVENTIONS.md) and the packed position [B, R] whose
@@ -110,19 +126,24 @@ class Experience:
         return self.sequences[rows, (self.action_positions() + 1).clamp(max=self.sequences.shape[1] - 1)]
 
     # -- conversions --------------------------------------------------------------------------------------
-    def _map(self, fn: Any) -> Experience:
+    def _map(self, fn: Any, images: list[RowImages] | None = None) -> Experience:
         values: dict[str, Any] = {f.name: (fn(getattr(self, f.name)) if getattr(self, f.name) is not None else None)
-                  for f in dataclasses.fields(self) if f.name != "info"}
-        return Experience(**values, info={k: fn(v) for k, v in self.info.items()})
+                  for f in dataclasses.fields(self) if f.name not in ("info", "images")}
+        return Experience(**values, info={k: fn(v) for k, v in self.info.items()}, images=images)
 
     def to(self, device: torch.device | str) -> Experience:
-        return self._map(lambda t: t.to(device))
+        images = None if self.images is None else [
+            None if r is None else {k: v.to(device) for k, v in r.items()} for r in self.images]
+        return self._map(lambda t: t.to(device), images)
 
     def select(self, rows: torch.Tensor | list[int] | slice) -> Experience:
         """The experience of some rows (a slice, or a list / tensor of indices)."""
         if not isinstance(rows, slice):
             rows = torch.as_tensor(rows, dtype=torch.long)
-        return self._map(lambda t: t[rows])
+        images = None
+        if self.images is not None:
+            images = self.images[rows] if isinstance(rows, slice) else [self.images[i] for i in rows.tolist()]
+        return self._map(lambda t: t[rows], images)
 
     def trimmed(self) -> Experience:
         """Drop padding columns beyond the longest sequence and response of these rows (less compute)."""
@@ -151,7 +172,7 @@ class Experience:
         num_actions = max(p.num_actions for p in parts)
         values: dict[str, Any] = {}
         for f in dataclasses.fields(Experience):
-            if f.name == "info":
+            if f.name in ("info", "images"):
                 continue
             items = [getattr(p, f.name) for p in parts]
             if all(t is None for t in items):
@@ -166,7 +187,10 @@ class Experience:
             values[f.name] = torch.cat(items, dim=0)
         keys = set(parts[0].info)
         info = {k: torch.cat([p.info[k] for p in parts], dim=0) for k in keys if all(k in p.info for p in parts)}
-        return Experience(**values, info=info)
+        images = None
+        if any(p.images is not None for p in parts):
+            images = [row for p in parts for row in (p.images if p.images is not None else [None] * len(p))]
+        return Experience(**values, info=info, images=images)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain {name: tensor} (None fields left out; info under "info"), for role methods and Ray."""
@@ -192,10 +216,14 @@ def _action_mean(sample: SampledSequence) -> float:
     return sum(acted) / len(acted) if acted else float(min(versions, default=-1))
 
 
-def experience_from_samples(samples: Sequence[SampledSequence], pad_id: int) -> Experience:
-    """Pad sampled sequences into an Experience: sequences, masks, rollout log-probs, per-sample info."""
+def experience_from_samples(samples: Sequence[SampledSequence], pad_id: int,
+                            images: Sequence[RowImages] | None = None) -> Experience:
+    """Pad sampled sequences into an Experience: sequences, masks, rollout log-probs, per-sample info, and the
+    samples' images (`images`, one entry per sample; None: a text-only batch)."""
     if not samples:
         raise ValueError("no samples")
+    if images is None and any(s.images is not None for s in samples):  # agent episodes bring their own
+        images = [s.images for s in samples]
     lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
     seq_len, num_actions = max(lengths), max(max(len(s.response_ids) for s in samples), 1)
     batch = len(samples)
@@ -224,7 +252,8 @@ def experience_from_samples(samples: Sequence[SampledSequence], pad_id: int) -> 
         info["policy_version_mean"] = torch.tensor([_action_mean(s) for s in samples], dtype=torch.float32)
     return Experience(sequences=sequences, attention_mask=attention_mask,
                       prompt_lengths=torch.tensor([len(s.prompt_ids) for s in samples], dtype=torch.long),
-                      action_mask=action_mask, rollout_log_probs=rollout_log_probs, info=info)
+                      action_mask=action_mask, rollout_log_probs=rollout_log_probs, info=info,
+                      images=list(images) if images is not None and any(images) else None)
 
 
 def as_experience(batch: Experience | dict[str, Any]) -> Experience:

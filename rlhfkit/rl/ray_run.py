@@ -27,6 +27,7 @@ from rlhfkit.config.lora_sync import lora_sync_mode
 from rlhfkit.config.rl import PPOConfig
 from rlhfkit.config.rl_specs import rl_specs
 from rlhfkit.config.specs import PlacementSpec, RLSpecs
+from rlhfkit.config.vision import vision_engine_note
 from rlhfkit.distributed.determinism import enable_full_determinism, gpu_limits_note
 from rlhfkit.distributed.placement import ResourcePlan, bundle_cpus, connect_ray, plan_for, unwrap_user_error
 from rlhfkit.distributed.startup_clock import StartupClock, actor_marks
@@ -97,7 +98,10 @@ def check_ray_config(cfg: PPOConfig, use_gpu: bool | None = None,
     _, lora_note = lora_sync_mode(cfg.rollout.lora_sync, cfg.model.lora_rank, specs.engine.backend)
     if lora_note:
         run.notes.append(lora_note)
-    if specs.engine.enable_sleep and not use_gpu:
+    vision_note = vision_engine_note(cfg)
+    if vision_note:
+        run.notes.append(vision_note)
+    elif specs.engine.enable_sleep and not use_gpu:
         run.notes.append("--vllm_enable_sleep: vLLM has no sleep mode on CPU; engines only drop their prefix cache")
     return run
 

@@ -61,7 +61,8 @@ def action_logits(model: Any, exp: Experience, packed: bool = False) -> torch.Te
     """
     if packed:
         return _packed_action_logits(model, exp)
-    groups = share_prefixes(model, exp.sequences, exp.attention_mask, exp.prompt_lengths)
+    # image rows: their forward needs the images (and M-RoPE positions), which the shared-prefix pass does not take
+    groups = share_prefixes(model, exp.sequences, exp.attention_mask, exp.prompt_lengths) if not exp.images else None
     if groups is not None:
         return shared_prefix_logits(model, exp.sequences, exp.attention_mask, exp.prompt_lengths, exp.num_actions,
                                     groups)

@@ -4,11 +4,9 @@ The RL loop talks to a role only through the methods below, with CPU tensors, li
 so the same loop drives these objects in one process or a Ray actor group wrapping them (one object per rank).
 Their interfaces are the Protocols of `role_protocols.py`. How a group dispatches a method over its ranks is
 declared on the method (`@dispatch("split")`, read by `rlhfkit/distributed/ray_groups.py`):
-- "split" (rows of the batch spread over ranks, results concatenated): the scoring forwards `log_probs`, `values`,
-  `score`;
-- "broadcast", the default (every rank gets the same call; DeepSpeed collectives need all ranks): `train` (each rank
-  takes its own micro-batches, see `replay_buffer.py`), `state_dict`, `save_hf_model`, `save_checkpoint`,
-  `load_checkpoint`. The forward passes themselves are in `role_forward.py`.
+- "split" (rows spread over ranks, results concatenated): the scoring forwards `log_probs`, `values`, `score`;
+- "broadcast", the default (every rank gets the same call, as collectives need): `train` (each rank takes its own
+  micro-batches, `replay_buffer.py`), `state_dict` and the saves and loads. The forwards are in `role_forward.py`.
 A batch is an `Experience` or its `to_dict()`; action tensors come back as [B, R] matching the batch's R.
 """
 
@@ -35,6 +33,7 @@ from rlhfkit.models.ema import ParameterEMA
 from rlhfkit.models.loading import check_model_path, load_causal_lm, resolve_attn_implementation
 from rlhfkit.models.moe import router_aux_loss
 from rlhfkit.models.value_model import load_value_model
+from rlhfkit.models.vision import frozen_vision_names
 from rlhfkit.rl.actor_losses import distill_term, kl_loss_term
 from rlhfkit.rl.experience import Experience, as_experience
 from rlhfkit.rl.replay_buffer import OptimizerStep, ReplayBuffer, one_optimizer_step
@@ -190,6 +189,7 @@ class ActorRole(_TrainedRole):
         super().__init__(spec)
         model = load_trainable_lm(spec.model)
         mark("model_loaded")  # the rest of the role's start-up is the strategy's (DeepSpeed) set-up
+        self.frozen_names = frozen_vision_names(model) if spec.freeze_visual_encoder else frozenset()  # never synced
         self.engine = self.strategy.prepare_train(model, spec.learning_rate, num_update_steps)
         self.temperature = spec.temperature
         self.agg = spec.loss_agg
@@ -270,8 +270,9 @@ class ActorRole(_TrainedRole):
         return stats, float(tokens)
 
     def state_dict(self) -> dict[str, torch.Tensor] | None:
-        """The policy weights (Transformers names, CPU) for the rollout engines."""
-        return hf_state_dict(self.strategy, self.engine)
+        """The policy weights (Transformers names, CPU) for the engines (--freeze_visual_encoder: the LM's only)."""
+        state = hf_state_dict(self.strategy, self.engine)
+        return {k: v for k, v in state.items() if k not in self.frozen_names} if state is not None else None
 
     def _after_optimizer_step(self) -> None:
         if self.ema is not None:

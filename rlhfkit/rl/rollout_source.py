@@ -25,7 +25,9 @@ import torch
 from rlhfkit.agents.episodes import episodes_to_samples
 from rlhfkit.agents.trace import episode_traces, trace_fields
 from rlhfkit.config.rl import PPOConfig
+from rlhfkit.data.images import expand_image_tokens
 from rlhfkit.data.tokens import encode, with_bos
+from rlhfkit.errors import UserError
 from rlhfkit.rl.experience import Experience, experience_from_samples
 from rlhfkit.rl.shaping import fill_filtered_batch
 from rlhfkit.rollout.engine import SampledSequence
@@ -70,6 +72,20 @@ class Rollout:
             for row, trace in zip(rows, episode_traces(episodes, tokenizer, [r["reward"] for r in rows])):
                 row["trace"] = trace
         return rows
+
+
+def expand_prompt_images(ids: list[int], sample: dict[str, Any], prompt_max_len: int, index: int) -> list[int]:
+    """An image prompt's ids with each image-pad token repeated per vision token of its image (`image_grid_thw`
+    patches over merge size squared; `sample` a PromptDataset sample with "images" and "vision_tokens"). A prompt
+    that --prompt_max_len would cut is refused: the cut would split an image's vision tokens or drop an image whose
+    pixels the sample still holds."""
+    tokens = sample["vision_tokens"]
+    counts = [int(n) for n in sample["images"]["image_grid_thw"].prod(-1) // tokens.merge_size ** 2]
+    out = expand_image_tokens(ids, [0] * len(ids), counts, tokens.image_token_id, f"prompt {index}")[0]
+    if len(out) > prompt_max_len:
+        raise UserError(f"prompt {index}: {len(out)} tokens with its vision tokens, more than --prompt_max_len "
+                        f"{prompt_max_len} (an image prompt is never cut); raise --prompt_max_len")
+    return out
 
 
 class SamplingEngine(Protocol):
@@ -159,10 +175,12 @@ class RolloutSource:
     # -- the pieces --------------------------------------------------------------------------------------------
     def prompt_ids(self, dataset: Sequence[dict], index: int, key: int = 0) -> list[int]:
         """Token ids of a prompt: bos + prompt text, left-truncated to --prompt_max_len (cached per dataset
-        `key`)."""
+        `key`); an image prompt's image-pad tokens repeated once per vision token of their image first."""
         cached = self._prompt_ids.get((key, index))
         if cached is None:
             ids = with_bos(self.tokenizer, encode(self.tokenizer, dataset[index]["prompt"]))
+            if dataset[index].get("images") is not None:
+                ids = expand_prompt_images(ids, dataset[index], self.cfg.data.prompt_max_len, index)
             cached = ids[-self.cfg.data.prompt_max_len:]
             self._prompt_ids[(key, index)] = cached
         return cached
@@ -170,17 +188,20 @@ class RolloutSource:
     def sample(self, dataset: Sequence[dict], indices: Sequence[int], n: int, temperature: float, seed: int,
                key: int = 0) -> tuple[Experience, dict[str, Any]]:
         """Generate n responses per prompt (adjacent) and pad them into an Experience plus the texts."""
-        ids, prompts, labels = [], [], []
+        ids, prompts, labels, images = [], [], [], []
         for i in indices:
             record = dataset[i]
             for _ in range(n):
                 ids.append(self.prompt_ids(dataset, i, key))
                 prompts.append(record["prompt"])
                 labels.append(record.get("label"))
+                images.append(record.get("images"))
+        row_images = images if any(r is not None for r in images) else None
         self.engine.wake()
-        samples, episode_reward, episodes = self._generate(ids, prompts, labels, temperature, seed)
+        samples, episode_reward, episodes = self._generate(ids, prompts, labels, temperature, seed, row_images)
         self.engine.sleep()
-        experience = experience_from_samples(samples, self.pad_id)
+        # agent episodes: each sample brings its context's images (prompt and feedback ones)
+        experience = experience_from_samples(samples, self.pad_id, None if episodes else row_images)
         responses = self.tokenizer.batch_decode([s.response_ids for s in samples], skip_special_tokens=False)
         queries = [p + resp for p, resp in zip(prompts, responses)]
         texts: dict[str, Any] = {"queries": queries, "prompts": prompts, "labels": labels}
@@ -193,23 +214,30 @@ class RolloutSource:
         return experience, texts
 
     def _generate(self, ids: list[list[int]], prompts: list[str], labels: list[Any], temperature: float,
-                  seed: int) -> tuple[list[Any], dict[str, Any] | None, list[dict[str, Any]]]:
+                  seed: int, images: list[Any] | None = None
+                  ) -> tuple[list[Any], dict[str, Any] | None, list[dict[str, Any]]]:
         """(samples, the agent episodes' reward dict or None, the episodes' fields a trace needs): plain
-        generation, or with --agent_func_path multi-turn episodes run inside the engine(s), whose step rewards are
-        the reward."""
+        generation (with the prompts' `images`, one entry per prompt, if any), or with --agent_func_path multi-turn
+        episodes run inside the engine(s), whose step rewards are the reward."""
         r, agent = self.cfg.rollout, self.cfg.agent.agent_func_path
         top_p, top_k = (r.top_p, r.top_k) if temperature > 0 else (1.0, -1)
         if not agent:
+            with_images = {"images": images} if images is not None else {}  # text-only engines never see the kwarg
             return self.engine.generate(ids, max_new_tokens=self.cfg.data.generate_max_len, temperature=temperature,
-                                        top_p=top_p, top_k=top_k, seed=seed), None, []
+                                        top_p=top_p, top_k=top_k, seed=seed, **with_images), None, []
         requests = [{"prompt": p, "prompt_ids": i, "label": lab} for p, i, lab in zip(prompts, ids, labels)]
+        reader = getattr(self.prompts, "images", None)  # image prompts / image feedback: the run's image reader
+        if reader is not None:
+            for request, row in zip(requests, images or [None] * len(requests)):
+                request["images"] = row
         code = self.cfg.user_code
         episodes = self.engine.generate_episodes(requests, agent, max_steps=self.cfg.agent.max_steps,
                                                  max_length=self.cfg.data.generate_max_len,
                                                  step_timeout=code.reward_timeout,
                                                  agent_workers=code.reward_workers,
                                                  tool_format=self.cfg.agent.tool_format, temperature=temperature,
-                                                 top_p=top_p, top_k=top_k, seed=seed)
+                                                 top_p=top_p, top_k=top_k, seed=seed,
+                                                 **({"image_reader": reader} if reader is not None else {}))
         samples, reward = episodes_to_samples(episodes, code.reward_fallback, code.max_reward_failure_ratio,
                                               f"agent {agent}", prompts)
         return samples, reward, [trace_fields(e) for e in episodes]

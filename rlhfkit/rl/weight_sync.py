@@ -8,8 +8,9 @@ resume). The trainer holds one and calls `sync()`; the runners choose it:
 
 With `adapter` (a LoRA policy under `--lora_sync adapter`, `rlhfkit.config.rl.lora_sync_mode`) both send only the
 LoRA adapter into the engines' adapter slot (`rlhfkit.distributed.adapter_sync`); otherwise the full weights (a
-LoRA policy's merged into its base). `sync()` returns the sync's metrics: `sync/bytes`, the bytes moved to each
-engine, and with an adapter `sync/adapter_bytes`, the adapter's size (its tensors' bytes).
+LoRA policy's merged into its base; a vision-language policy under --freeze_visual_encoder: its language model's).
+`sync()` returns the sync's metrics: `sync/bytes`, the bytes moved to each engine; for full weights `sync/tensors`,
+how many tensors each engine loaded; with an adapter `sync/adapter_bytes`, the adapter's size (its tensors' bytes).
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ class LocalWeightSync:
         state = self.actor.state_dict()
         if state is None:  # only ranks other than 0 have none, and a local actor is rank 0
             raise RuntimeError("the local actor returned no state dict")
-        self.engine.update_weights(state)
-        return {"sync/bytes": float(payload_bytes(state))}
+        loaded = self.engine.update_weights(state)
+        return {"sync/bytes": float(payload_bytes(state)), "sync/tensors": float(loaded)}
 
 
 class RayWeightSync:
@@ -71,7 +72,8 @@ class RayWeightSync:
             moved, size = self.engines.sync_adapter_from(self.actor)
             metrics = {"sync/bytes": float(moved), "sync/adapter_bytes": float(size)}
         else:
-            metrics = {"sync/bytes": float(self.engines.sync_from(self.actor))}
+            metrics = {"sync/bytes": float(self.engines.sync_from(self.actor)),
+                       "sync/tensors": float(getattr(self.engines, "last_sync_tensors", 0))}
         self.seconds.append(time.perf_counter() - started)
         for callback in self.after_sync:
             callback()

@@ -34,6 +34,9 @@ class SampledSequence:
     action_mask: list[int] | None = None
     # Async training (rlhfkit.rl.async_generator): the policy version that sampled each response token.
     versions: list[int] | None = None
+    # Image prompts / agent episodes with image feedback: the images of the whole context, {"pixel_values",
+    # "image_grid_thw"} (None: none, or the caller keeps them).
+    images: dict[str, torch.Tensor] | None = None
 
 
 #: Runs agent episodes on an engine: `runner(generate, tokenizer, agent_path, requests, **kwargs)` -> episode dicts

@@ -52,21 +52,27 @@ class RolloutEngineGroup:
         self.bucket_mb = bucket_mb
         self._group_ready = False
         self.last_sync_seconds = 0.0
+        self.last_sync_tensors = 0
         self.last_generate_seconds = 0.0
 
     def __len__(self) -> int:
         return len(self.engines)
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], **sampling: Any) -> list[SampledSequence]:
-        """Spread the prompts over the engines in contiguous slices; samples come back in prompt order."""
+        """Spread the prompts over the engines in contiguous slices (image prompts with their `images`); samples
+        come back in prompt order."""
         from rlhfkit.distributed.ray_groups import ray_get, split_for_ranks
 
         started = time.perf_counter()
-        parts = split_for_ranks(list(prompt_ids), min(len(self.engines), max(len(prompt_ids), 1)))
+        n = min(len(self.engines), max(len(prompt_ids), 1))
+        parts = split_for_ranks(list(prompt_ids), n)
+        images = sampling.pop("images", None)
+        image_parts = split_for_ranks(list(images), n) if images is not None else [None] * n
         refs, offset = [], 0
-        for engine, part in zip(self.engines, parts):
+        for engine, part, part_images in zip(self.engines, parts, image_parts):
             if part:
-                refs.append(engine.generate.remote(part, seed_offset=offset, **sampling))
+                with_images = {"images": part_images} if part_images is not None else {}
+                refs.append(engine.generate.remote(part, seed_offset=offset, **sampling, **with_images))
             offset += len(part)
         samples = [sample for result in ray_get(refs, "the rollout engine (generate)") for sample in result]
         self.last_generate_seconds = time.perf_counter() - started
@@ -115,12 +121,13 @@ class RolloutEngineGroup:
                 self._init_sync_group(actor_group)
             receivers = [e.receive_broadcast.remote(metas) for e in self.engines]
             moved = ray_get(actor_group.run_async(weight_sync.send_weights_broadcast), "the rollout engine")[0]
-            ray_get(receivers, "the rollout engine")
+            loaded = ray_get(receivers, "the rollout engine")
         else:
             ray_get([e.begin_weight_update.remote() for e in self.engines], "the rollout engine")
             moved = actor_group.run_on_ranks(weight_sync.send_weights_object_store, self.engines, self.bucket_mb)[0]
-            ray_get([e.finish_weight_update.remote() for e in self.engines], "the rollout engine")
+            loaded = ray_get([e.finish_weight_update.remote() for e in self.engines], "the rollout engine")
         self.last_sync_seconds = time.perf_counter() - started
+        self.last_sync_tensors = int(loaded[0])  # tensors each engine loaded
         return int(moved)
 
     def update_adapter(self, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> int:

@@ -8,7 +8,9 @@ no slower: on the demo model (1.5M parameters, one CPU thread) 128 prompts x 8 n
 
 Prompts are left-padded into one batch with explicit position ids (0 at each prompt's first real token), so a
 sample's positions are the same as in the right-padded teacher-forced forward of the trainer; the log-probs then
-match that forward to float rounding.
+match that forward to float rounding. Image prompts (a vision-language policy, `--image_key`) carry their images'
+pixel tensors beside the ids; their prefill gets M-RoPE positions (`rlhfkit.models.vision.multimodal_positions`)
+and each decoded token continues from its row's last position, as the trainer's forward places it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import torch
 
 from rlhfkit.config.specs import EngineSpec
 from rlhfkit.rollout.engine import FINISH_LENGTH, FINISH_STOP, EpisodeRunner, SampledSequence, run_agent_episodes
+
+RowImages = dict[str, torch.Tensor] | None  # one prompt's images (pixel_values, image_grid_thw), or None
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
@@ -34,19 +38,22 @@ def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
 
 
 def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float, top_k: int,
-                  generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+                  generator: torch.Generator | None, banned: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row of logits [B, V]; returns (tokens [B], log-probs [B]).
 
     The log-prob is taken from log_softmax(logits / temperature) before top-k / top-p filtering (the engine
-    convention). temperature 0 is greedy and reports the temperature-1 log-prob.
+    convention). temperature 0 is greedy and reports the temperature-1 log-prob. `banned` token ids are never
+    sampled, a filter like top-k (the log-prob is still the unfiltered one's).
     """
     logits = logits.float()
     if temperature == 0:
-        tokens = logits.argmax(dim=-1)
+        pick = logits if banned is None else logits.index_fill(-1, banned, float("-inf"))
+        tokens = pick.argmax(dim=-1)
         return tokens, torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
     scaled = logits / temperature
     logp = torch.log_softmax(scaled, dim=-1)
-    filtered = scaled
+    filtered = scaled if banned is None else scaled.index_fill(-1, banned, float("-inf"))
     if 0 < top_k < scaled.shape[-1]:
         kth = torch.topk(scaled, top_k, dim=-1).values[:, -1:]
         filtered = filtered.masked_fill(filtered < kth, float("-inf"))
@@ -77,6 +84,12 @@ class HFRolloutEngine:
         self.max_batch_size = max_batch_size
         self.episode_runner = episode_runner
         self.has_adapter_slot = False  # a LoRA adapter slot was injected (adapter-only sync, `update_adapter`)
+        # A vision-language policy never samples an image / video placeholder: a response holding one would not
+        # match the images of the trainer's forward (Transformers counts every such token as an image's).
+        config = getattr(self.model, "config", None)
+        pads = [getattr(config, k, None) for k in ("image_token_id", "video_token_id")]
+        self.banned = torch.tensor([int(t) for t in pads if t is not None], dtype=torch.long,
+                                   device=self.device) if any(t is not None for t in pads) else None
 
     @classmethod
     def from_pretrained(cls, path: str, tokenizer: Any, *, dtype: torch.dtype = torch.float32,
@@ -107,8 +120,11 @@ class HFRolloutEngine:
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, top_k: int = -1, seed: int | None = None,
-                 stop_token_ids: Sequence[int] | None = None, min_new_tokens: int = 0) -> list[SampledSequence]:
-        """One sampled response per prompt, in order; stops at an eos / stop token or after max_new_tokens."""
+                 stop_token_ids: Sequence[int] | None = None, min_new_tokens: int = 0,
+                 images: Sequence[RowImages] | None = None) -> list[SampledSequence]:
+        """One sampled response per prompt, in order; stops at an eos / stop token or after max_new_tokens.
+        `images`: per prompt, its images' pixel tensors (None for a text prompt), its image-pad tokens already
+        repeated per vision token in its ids."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1 (got {max_new_tokens})")
         if any(len(p) == 0 for p in prompt_ids):
@@ -120,15 +136,16 @@ class HFRolloutEngine:
         out: list[SampledSequence] = []
         for start in range(0, len(prompt_ids), self.max_batch_size):
             chunk = [list(map(int, p)) for p in prompt_ids[start:start + self.max_batch_size]]
+            chunk_images = list(images[start:start + self.max_batch_size]) if images is not None else None
             out.extend(self._generate_batch(chunk, max_new_tokens, temperature, top_p, top_k, generator, stops,
-                                            min_new_tokens))
+                                            min_new_tokens, chunk_images))
         return out
 
     def _generate_batch(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
                         top_k: int, generator: torch.Generator | None, stops: list[int],
-                        min_new_tokens: int) -> list[SampledSequence]:
+                        min_new_tokens: int, images: list[RowImages] | None = None) -> list[SampledSequence]:
         batch = len(prompts)
-        logits, attention_mask, cache = self._prefill(prompts)
+        logits, attention_mask, cache, offsets = self._prefill(prompts, images)
         stop_ids = torch.tensor(stops, dtype=torch.long, device=self.device)
         next_position = attention_mask.sum(dim=-1)
         done = torch.zeros(batch, dtype=torch.bool, device=self.device)
@@ -138,7 +155,7 @@ class HFRolloutEngine:
             if step < min_new_tokens and stops:
                 logits = logits.clone()
                 logits[:, stop_ids] = float("-inf")
-            token, logp = sample_tokens(logits, temperature, top_p, top_k, generator)
+            token, logp = sample_tokens(logits, temperature, top_p, top_k, generator, self.banned)
             token = torch.where(done, torch.full_like(token, self.pad_id), token)
             tokens.append(token)
             logprobs.append(logp)
@@ -148,36 +165,63 @@ class HFRolloutEngine:
             if bool(done.all()) or step == max_new_tokens - 1:
                 break
             attention_mask = torch.cat([attention_mask, (~done).long()[:, None]], dim=-1)
-            logits = self.model(input_ids=token[:, None], attention_mask=attention_mask,
-                                position_ids=next_position[:, None], past_key_values=cache,
-                                use_cache=True).logits[:, -1]
+            positions = next_position[:, None] if offsets is None else \
+                (next_position + offsets)[None, :, None].expand(3, -1, -1)  # M-RoPE: past the row's images
+            logits = self.model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=positions,
+                                past_key_values=cache, use_cache=True).logits[:, -1]
             next_position = next_position + 1
         return _samples(prompts, torch.stack(tokens, dim=1).tolist(), torch.stack(logprobs, dim=1).float().tolist(),
                         stopped.tolist(), stops)
 
-    def _prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    def _prefill(self, prompts: list[list[int]], images: list[RowImages] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, Any, torch.Tensor | None]:
         """The left-padded prompts through the model: (next-token logits [B, V], attention mask [B, width], KV
-        cache). n samples of one prompt: each distinct prompt is prefilled once and its KV cache copied to its
-        rows."""
+        cache, each row's M-RoPE offset [B] or None for a text batch). n samples of one prompt: each distinct
+        prompt (ids and images object) is prefilled once and its KV cache copied to its rows."""
         from transformers import DynamicCache
 
         width = max(len(p) for p in prompts)
-        distinct: dict[tuple[int, ...], int] = {}
-        owner = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p in prompts], device=self.device)
+        rows = images if images is not None and any(r is not None for r in images) else None
+        distinct: dict[tuple[Any, ...], int] = {}
+        firsts: list[int] = []  # the first prompt of each distinct one
+        owner_list = []
+        for j, p in enumerate(prompts):
+            key = (tuple(p), id(rows[j]) if rows is not None else None)
+            if key not in distinct:
+                distinct[key] = len(distinct)
+                firsts.append(j)
+            owner_list.append(distinct[key])
+        owner = torch.tensor(owner_list, device=self.device)
         input_ids = torch.full((len(distinct), width), self.pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(distinct), width), dtype=torch.long)
-        for i, p in enumerate(distinct):
-            input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            attention_mask[i, width - len(p):] = 1
+        for i, j in enumerate(firsts):
+            input_ids[i, width - len(prompts[j]):] = torch.tensor(prompts[j], dtype=torch.long)
+            attention_mask[i, width - len(prompts[j]):] = 1
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
-        position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
-        logits = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                            past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        firsts_images = [rows[j] for j in firsts] if rows is not None else None
+        inputs, offsets = self._prefill_positions(input_ids, attention_mask, firsts_images)
+        logits = self.model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=True,
+                            logits_to_keep=1, **inputs).logits[:, -1]
         if len(distinct) < len(prompts):
             cache.batch_select_indices(owner)
             logits, attention_mask = logits[owner], attention_mask[owner]
-        return logits, attention_mask, cache
+            offsets = offsets[owner] if offsets is not None else None
+        return logits, attention_mask, cache, offsets
+
+    def _prefill_positions(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                           images: list[RowImages] | None) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+        """The prefill's position ids (and the rows' images, with their M-RoPE offsets [B] when there are any)."""
+        if images is None:
+            return {"position_ids": (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)}, None
+        from rlhfkit.models.vision import multimodal_positions
+
+        present = [r for r in images if r is not None]
+        pixels = {k: torch.cat([r[k] for r in present]).to(self.device) for k in present[0]}
+        if "pixel_values" in pixels:
+            pixels["pixel_values"] = pixels["pixel_values"].to(next(self.model.parameters()).dtype)
+        positions, offsets = multimodal_positions(self.model, input_ids, attention_mask, pixels["image_grid_thw"])
+        return {"position_ids": positions, **pixels}, offsets
 
     # -- weights --------------------------------------------------------------------------------------------
     @torch.no_grad()

@@ -194,7 +194,7 @@ def copy_image_processor(source: str | None, save_path: str, rank0: bool) -> Non
         shutil.copy(config, os.path.join(save_path, "preprocessor_config.json"))
 
 
-def load_record_images(cfg: OfflineConfig, tokenizer: Any) -> Any:
+def load_record_images(cfg: OfflineConfig | PPOConfig, tokenizer: Any) -> Any:
     """The reader of --image_key images (`rlhfkit.data.images.RecordImages`) for the run's model; None without
     --image_key. A text-only --pretrain is a UserError here, before any model loads."""
     vision = getattr(cfg, "vision", None)
@@ -270,12 +270,13 @@ def load_prompts(cfg: PPOConfig, tokenizer: Any) -> tuple[Any, Any | None]:
     d = cfg.data
     records = load_mixture(required(d.prompt_data, "prompt_data"), d.prompt_data_probs, d.prompt_split,
                            d.max_samples, cfg.strategy.seed, arg_name="--prompt_data")
-    prompts = PromptDataset.from_args(records, tokenizer, d)
+    images = load_record_images(cfg, tokenizer)  # --image_key: read and processed once, here
+    prompts = PromptDataset.from_args(records, tokenizer, d, images)
     eval_prompts = None
     if d.eval_dataset:
         eval_records = load_mixture(d.eval_dataset, None, d.eval_split, None, cfg.strategy.seed,
                                     arg_name="--eval_dataset")
-        eval_prompts = PromptDataset.from_args(eval_records, tokenizer, d)
+        eval_prompts = PromptDataset.from_args(eval_records, tokenizer, d, images)
     if len(prompts) < cfg.rollout.rollout_batch_size:
         raise UserError(f"--prompt_data has {len(prompts)} prompts, fewer than one --rollout_batch_size "
                         f"({cfg.rollout.rollout_batch_size})")
@@ -351,6 +352,8 @@ def train_rl(cfg: PPOConfig, strategy: Any, kind: str, assemble: Callable[[Metri
             trainer.close()
         if save:
             trainer.save_final()
+            # a vision-language policy's image processor too: the saved model is a complete --pretrain
+            copy_image_processor(cfg.model.pretrain, cfg.checkpoint.save_path, strategy.is_rank0)
     finally:
         logger.close()
     strategy.print(f"{cfg.algo.advantage_estimator}: model saved to {cfg.checkpoint.save_path}; metrics in "

@@ -75,10 +75,10 @@ def test_bad_image_input_is_one_line_exit_2(case, vlm_assets, tmp_path, capsys, 
     assert not clean_group.is_initialized()
 
 
-@pytest.mark.parametrize("cli", ["train_ppo", "train_rm"])
+@pytest.mark.parametrize("cli", ["train_rm", "batch_inference"])
 def test_commands_without_images_refuse_the_openrlhf_image_flags(cli, capsys):
     code, err = call_in_process(cli, ["--data.image_key", "images"], capsys)
-    assert_one_line_error(code, err, ("--data.image_key", "images train with train_sft, train_dpo and train_kto"))
+    assert_one_line_error(code, err, ("--data.image_key", "train_ppo and train_ppo_ray so far"))
 
 
 def test_packing_with_images_is_refused(vlm_assets, tmp_path, capsys):
@@ -96,3 +96,15 @@ def test_sequence_parallelism_with_images_is_refused(vlm_assets, tmp_path, capsy
     code, err = call_in_process("train_sft", ["--pretrain", str(vlm_assets.model_dir), "--dataset", "d.jsonl",
                                               "--image_key", "images", "--ring_attn_size", "2"], capsys)
     assert_one_line_error(code, err, ("--ring_attn_size 2 with --image_key is not supported yet",))
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["--advantage_estimator", "gae"], "--advantage_estimator gae with --image_key is not supported yet"),
+    (["--advantage_estimator", "group_norm", "--n_samples_per_prompt", "2", "--reward_pretrain", "rm"],
+     "--reward_pretrain with --image_key is not supported yet"),
+    (["--advantage_estimator", "group_norm", "--n_samples_per_prompt", "2", "--packing_samples"],
+     "--packing_samples with --image_key is not supported"),
+])
+def test_rl_roles_that_would_not_see_the_images_are_refused(argv, expect, capsys):
+    code, err = call_in_process("train_ppo", ["--data.image_key", "images", *argv], capsys)
+    assert_one_line_error(code, err, (expect,))
