@@ -30,12 +30,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default="runs/demo-real", help="output directory for data, model, metrics, report")
     p.add_argument("--task", default=DEFAULT_TASK, help="the reasoning_gym: data source (train split for SFT, "
                                                         "test split held out)")
-    p.add_argument("--train_size", type=int, default=2000, help="training problems drawn")
-    p.add_argument("--eval_size", type=int, default=200, help="held-out problems (the task's test split)")
-    p.add_argument("--sft_steps", type=int, default=150, help="SFT optimizer steps")
-    p.add_argument("--batch_size", type=int, default=16, help="SFT batch size")
-    p.add_argument("--learning_rate", type=float, default=5e-5, help="SFT learning rate")
-    p.add_argument("--max_new_tokens", type=int, default=24, help="reply length when measuring accuracy")
+    p.add_argument("--train_size", type=int, default=1000, help="training problems drawn")
+    p.add_argument("--eval_size", type=int, default=100, help="held-out problems drawn (the task's test split, less any question the "
+                                                             "train split holds)")
+    p.add_argument("--sft_steps", type=int, default=60, help="SFT optimizer steps")
+    p.add_argument("--batch_size", type=int, default=4, help="SFT batch size")
+    p.add_argument("--learning_rate", type=float, default=1e-4, help="SFT learning rate")
+    p.add_argument("--max_new_tokens", type=int, default=12, help="reply length when measuring accuracy")
     p.add_argument("--seed", type=int, default=0, help="training seed")
     return p.parse_args(argv)
 
