@@ -176,6 +176,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rlhfkit.cli.demo_real import main as real_main
 
         return real_main([a for a in argv if a != "--real"])
+    return run_demo(argv)
+
+
+def run_demo(argv: Sequence[str]) -> int:
+    """The embedded demo (module docstring)."""
     args = _parse(argv)  # first: --help and flag errors need no torch import
     quiet_libraries()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # the engines' start-up notes would bury the demo's lines

