@@ -110,7 +110,7 @@ def test_train_ppo_ray_two_steps_on_the_real_model(real_model, data, tmp_path):
 
     save = tmp_path / "ppo_ray"
     proc = run_module(["rlhfkit.cli.train_ppo_ray", *_ppo_argv(real_model, data, save), "--vllm_num_engines", "0",
-                       "--colocate_all_models", "--actor_num_gpus_per_node", "1"], timeout=300)
+                       "--colocate_all_models", "--actor_num_gpus_per_node", "1"], timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert len([r for r in _steps(save) if "train/rollout_logprob_diff" in r]) == 2
 
