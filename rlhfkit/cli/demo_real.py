@@ -31,7 +31,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--task", default=DEFAULT_TASK, help="the reasoning_gym: data source (train split for SFT, "
                                                         "test split held out)")
     p.add_argument("--train_size", type=int, default=1000, help="training problems drawn")
-    p.add_argument("--eval_size", type=int, default=100,
+    p.add_argument("--eval_size", type=int, default=250,
                    help="held-out problems drawn from the task's test split; any question the training problems "
                         "hold is dropped (with the default task about half of them: small numbers repeat)")
     p.add_argument("--sft_steps", type=int, default=60, help="SFT optimizer steps")
