@@ -11,7 +11,7 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: install demo test test-fast lint bench docs clean
+.PHONY: install demo demo-real test test-fast lint bench docs clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -39,6 +39,10 @@ install: $(STAMP)
 
 demo: install
 	$(PY) -m rlhfkit.cli.demo --out $(DEMO_OUT)
+
+# Opt-in: a real pretrained model (SmolLM2-135M-Instruct, installed into the rlhfkit cache) on a reasoning-gym task.
+demo-real: install
+	$(PY) -m rlhfkit.cli.demo --real --out runs/demo-real
 
 # The whole suite in two pytest-xdist workers: each module whole in one worker, every Ray test in one worker
 # (tests/selection.py, tests/group_scheduling.py). test-fast: the unit tests only (no Ray, no training subprocess).

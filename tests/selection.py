@@ -70,6 +70,7 @@ SLOW = {
     "logging/test_tensorboard.py",
     "logging/test_trace_view.py",
     "models/test_gguf.py::test_sft_two_steps_from_a_gguf_file",
+    "models/test_real_model.py",
     "models/test_sequence_parallel.py::test_split_sample_gives_one_rank_loss_and_gradients",
     "planner/test_plan_measured.py",
     "rewards/test_server.py::test_bad_port_fails_before_the_model_loads",
@@ -117,6 +118,7 @@ RAY = {
     "distributed/test_ray_distill.py",
     "distributed/test_ray_fsdp2.py",
     "examples/test_dapo_recipe.py",
+    "models/test_real_model.py",
     "rollout/test_vllm_engine.py",
     "run/test_kill_safety.py::test_ppo_ray_driver_sigkill_leaks_no_actors_and_resumes_to_the_same_weights",
 }

@@ -23,6 +23,8 @@ PROG = "rlhfkit demo"
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__)
+    p.add_argument("--real", action="store_true", help="the opt-in real-model recipe instead: SmolLM2-135M-Instruct "
+                                                       "on a reasoning-gym task (`rlhfkit demo --real --help`)")
     p.add_argument("--out", default="runs/demo", help="output directory for assets, models, metrics, report")
     p.add_argument("--seed", type=int, default=0, help="seed for assets and training")
     # 600 addition-only SFT steps leave the model part-way (measured ~0.6-0.7 held-out exact-match), so GRPO has
@@ -169,6 +171,16 @@ def run_preference_stages(out: Path, seed: int) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--real" in argv:  # the opt-in real-model recipe has its own flags (cli/demo_real.py)
+        from rlhfkit.cli.demo_real import main as real_main
+
+        return real_main([a for a in argv if a != "--real"])
+    return run_demo(argv)
+
+
+def run_demo(argv: Sequence[str]) -> int:
+    """The embedded demo (module docstring)."""
     args = _parse(argv)  # first: --help and flag errors need no torch import
     quiet_libraries()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # the engines' start-up notes would bury the demo's lines
