@@ -12,12 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from rlhfkit.cli.common import quiet_libraries, run_cli
+from rlhfkit.cli.common import quiet_libraries
 
 PROG = "rlhfkit demo --real"
 # Two-term sums of 1-2 digit numbers: the pretrained 135M model gets few right (it adds wrongly and pads its answer
@@ -127,6 +126,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"[demo] report: {report}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(run_cli(main, prog=PROG))
