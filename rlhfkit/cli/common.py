@@ -58,20 +58,28 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: interrupted\n")
         return 130
-    _leave_launched_group()
+    if _leave_launched_group():
+        # and skip the interpreter's C++ teardown, where a rank of a finished run still aborted (SIGABRT) in CI
+        # with the group left: a successful run exits with its code. Everything the run wrote is closed by now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        logging.shutdown()
+        os._exit(int(code or 0))
     return int(code or 0)
 
 
-def _leave_launched_group() -> None:
+def _leave_launched_group() -> bool:
     """A finished run launched over several ranks (torchrun, deepspeed) leaves its process group before the
     interpreter exits: left to exit, gloo's worker threads are destroyed unjoined and a rank can abort (SIGABRT,
     "terminate called without an active exception") after the run succeeded, which failed a 4-rank CI run once. A
-    world of one (a test or a notebook calling this in-process) keeps its group."""
+    world of one (a test or a notebook calling this in-process) keeps its group. True when it left one."""
     dist = sys.modules.get("torch.distributed")  # never imported: no group to leave (and no torch import for --help)
     if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         from rlhfkit.distributed.launch import leave_process_group
 
         leave_process_group()
+        return True
+    return False
 
 
 def note_openrlhf_defaults(prog: str, cfg: Any, given: frozenset[str]) -> None:
