@@ -83,7 +83,8 @@ def packed_multimodal_positions(model: nn.Module, input_ids: torch.Tensor, posit
     given (what flash-attention reads sample boundaries from), rows 1-3 each sample's M-RoPE positions computed on
     that sample alone by the model's own `get_rope_index`, so exactly what the padded forward of that sample gives."""
     inner = getattr(model, "model", model)
-    image_token_id = model.config.image_token_id  # type: ignore[union-attr]
+    config: Any = model.config
+    image_token_id = int(config.image_token_id)
     segments = []  # (row, start, end, images) of every sample, padding included (no images: text positions)
     for r in range(input_ids.shape[0]):
         starts = (position_ids[r] == 0).nonzero().flatten().tolist()

@@ -1,6 +1,7 @@
 """examples/agent_image_feedback.py trains 2 RL steps (train_ppo in this process, GRPO on packed rows) on the tiny
 Qwen2-VL: every trained sample holds one image per turn (the prompt's, then one per feedback), each feedback image's
-vision tokens sit in the response with action mask 0, the policy never samples one, and the weights move."""
+vision tokens sit in the response with action mask 0, the policy never samples one, the trainer's packed forward
+gives the engine's log-probs, and the weights move."""
 
 from __future__ import annotations
 
@@ -48,6 +49,8 @@ def test_two_rl_steps_train_the_image_feedback_agent(vlm_assets, tmp_path, monke
     steps = [r for r in map(json.loads, (save / "metrics.jsonl").read_text().splitlines())
              if "train/actor/policy_loss" in r]
     assert len(steps) == 2 and all(s["train/agent/failures"] == 0 for s in steps)
+    # the trainer's packed forward of the episodes, feedback images included, gives the engine's log-probs (fp32)
+    assert all(s["train/rollout_logprob_diff"] < 1e-4 for s in steps)
     assert (save / "model.safetensors").is_file() and len(trained) == 2
     image_token = json.loads((vlm_assets.model_dir / "config.json").read_text())["image_token_id"]
     turns_seen = []
