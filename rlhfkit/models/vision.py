@@ -88,6 +88,8 @@ def packed_multimodal_positions(model: nn.Module, input_ids: torch.Tensor, posit
     segments = []  # (row, start, end, images) of every sample, padding included (no images: text positions)
     for r in range(input_ids.shape[0]):
         starts = (position_ids[r] == 0).nonzero().flatten().tolist()
+        if not starts or starts[0] != 0:
+            raise ValueError("packed rows with images need position_ids that start at 0 at each sample's first token")
         for a, b in zip(starts, [*starts[1:], input_ids.shape[1]]):
             segments.append((r, a, b, image_runs(input_ids[r, a:b] == image_token_id)))
     if sum(n for *_, n in segments) != image_grid_thw.shape[0]:

@@ -81,6 +81,8 @@ def test_packed_positions_restart_per_sample_as_the_padded_forward_computes_them
     assert wide[:, :8].sub(wide[:, :1]).tolist() == [[0] * 8, [0, 0, 0, 0, 1, 1, 1, 1], [0, 1, 2, 3, 0, 1, 2, 3]]
     with pytest.raises(ValueError, match="hold 3 images but image_grid_thw has 2"):
         packed_multimodal_positions(model, packed["input_ids"], packed["position_ids"], packed["image_grid_thw"][:2])
+    with pytest.raises(ValueError, match="start at 0"):
+        packed_multimodal_positions(model, packed["input_ids"], packed["position_ids"] + 1, packed["image_grid_thw"])
 
 
 def test_packed_sft_loss_and_gradients_equal_the_padded_batch(vlm):
