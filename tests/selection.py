@@ -63,6 +63,7 @@ SLOW = {
     "distributed/test_ray_fsdp2.py",
     "docs/test_docs_site.py",
     "examples/test_dapo_recipe.py",
+    "examples/test_agent_image_feedback.py",
     "examples/test_agent_tools.py::test_two_rl_steps_train_the_tool_agent",
     "examples/test_env_examples.py::test_two_rl_steps_train_the_multi_tool_environment",
     "examples/test_iterative_dpo.py",

@@ -214,7 +214,7 @@ class DPOConfig:
         check_token_budget(self.strategy, 2 * self.data.max_len, "2 x --max_len: a chosen and a rejected row")
         check_aux_loss_flags(self.train.aux_loss_coef, self.data.packing_samples)
         check_ring_combinations(self.strategy, self.train.aux_loss_coef)
-        check_vision_flags(self.vision, self.data.packing_samples, self.strategy.ring_attn_size)
+        check_vision_flags(self.vision, self.strategy.ring_attn_size)
         if self.pairs.margin_key:
             raise UserError("--margin_key applies to train_rm only; DPO has no reward margin")
         if self.train.loss_type in REFERENCE_FREE_DPO_LOSSES and (self.reference.ref_pretrain or
@@ -257,7 +257,7 @@ class KTOConfig:
                             "another sample's completion from the same micro batch")
         refuse_ring_attn(self.strategy, "train_kto")
         check_aux_loss_flags(self.train.aux_loss_coef, self.data.packing_samples)
-        check_vision_flags(self.vision, self.data.packing_samples, self.strategy.ring_attn_size)
+        check_vision_flags(self.vision, self.strategy.ring_attn_size)
 
     def inert_flags(self) -> dict[str, str]:
         """Flags given that cannot act with the others (`rlhfkit.config.base.refuse_inert_flags`)."""

@@ -57,7 +57,7 @@ class SFTConfig:
         check_token_budget(self.strategy, self.data.max_len, "--max_len")
         check_aux_loss_flags(self.train.aux_loss_coef, self.data.packing_samples)
         check_ring_combinations(self.strategy, self.train.aux_loss_coef)
-        check_vision_flags(self.vision, self.data.packing_samples, self.strategy.ring_attn_size)
+        check_vision_flags(self.vision, self.strategy.ring_attn_size)
 
     def inert_flags(self) -> dict[str, str]:
         """Flags given that cannot act with the others (`rlhfkit.config.base.refuse_inert_flags`)."""

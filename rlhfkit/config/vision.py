@@ -29,12 +29,9 @@ class VisionArgs:
             raise UserError(f"--max_images_per_prompt {self.max_images_per_prompt}: must be at least 1")
 
 
-def check_vision_flags(vision: VisionArgs, packing_samples: bool, ring_attn_size: int = 1) -> None:
-    """Rules joining the vision flags with the data and layout flags: packed rows do not carry images yet, and the
-    sequence-parallel attention does not split vision-language (M-RoPE) forwards."""
-    if vision.image_key and packing_samples:
-        raise UserError("--packing_samples with --image_key is not supported yet: packed rows do not carry "
-                        "images; drop --packing_samples (padded batches and --use_dynamic_batch work)")
+def check_vision_flags(vision: VisionArgs, ring_attn_size: int = 1) -> None:
+    """Rules joining the vision flags with the layout flags: the sequence-parallel attention does not split
+    vision-language (M-RoPE) forwards. (Packed rows carry their samples' images: `--packing_samples` works.)"""
     if vision.image_key and ring_attn_size > 1:
         raise UserError(f"--ring_attn_size {ring_attn_size} with --image_key is not supported yet: sequence "
                         "parallelism does not split vision-language forwards; drop --ring_attn_size")
@@ -51,9 +48,9 @@ def vision_inert_flags(vision: VisionArgs) -> dict[str, str]:
 def check_rl_vision(cfg: Any) -> None:
     """The RL runs' rules for image prompts (`cfg` a PPOConfig): the policy, reference and rollout engines see the
     images; the models that would score them without images (a reward model, a critic, a distillation teacher) are
-    refused, as are packed forwards."""
+    refused."""
     vision = cfg.vision
-    check_vision_flags(vision, cfg.data.packing_samples, cfg.strategy.ring_attn_size)
+    check_vision_flags(vision, cfg.strategy.ring_attn_size)
     if not vision.image_key:
         return
     if cfg.rl_model.reward_pretrain:

@@ -43,10 +43,8 @@ def pad_collate(samples: Sequence[dict[str, Any]], pad_id: int, pad_to_multiple:
 def collate_samples(samples: Sequence[dict[str, Any]], pad_id: int, packing: bool = False,
                     pad_to_multiple: int | None = None) -> Batch:
     """pad_collate or pack_collate, by `--packing_samples`; the rows' images (if any) in row order."""
-    if packing:
-        if any("pixel_values" in s for s in samples):
-            raise ValueError("packing samples with images is not supported (the config refuses it)")
-        return pack_collate(samples, pad_to_multiple, pad_id=pad_id)
+    if packing:  # images in sample order too: the model reads each sample's M-RoPE positions from its own images
+        return with_pixels(pack_collate(samples, pad_to_multiple, pad_id=pad_id), samples)
     return with_pixels(pad_collate(samples, pad_id, pad_to_multiple), samples)
 
 

@@ -6,7 +6,9 @@ Enhancing Vision-Language Model's Perception of the World at Any Resolution"): a
 index and take their row and column as the other two, text continues after the image's largest index. Transformers
 computes them inside the forward pass from `input_ids`, `image_grid_thw` and `mm_token_type_ids` (1 on image
 tokens). `add_multimodal_positions` fills `mm_token_type_ids` in from the ids, so every forward of the code base
-(log-probs, value heads, generation) only passes `pixel_values` and `image_grid_thw` along.
+(log-probs, value heads, generation) only passes `pixel_values` and `image_grid_thw` along. Packed rows
+(`--packing_samples`: 2-D `position_ids` restarting at each sample) get each sample's own M-RoPE positions from the
+same hook, since Transformers would number a packed row as one sequence.
 """
 
 from __future__ import annotations
@@ -67,19 +69,64 @@ def load_image_processor(path: str, flag: str = "--pretrain") -> Any:
     return Qwen2VLImageProcessorPil(**{k: settings[k] for k in keep if k in settings})
 
 
-def _fill_mm_token_type_ids(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+def image_runs(is_image: torch.Tensor) -> int:
+    """How many images a row of vision-token flags [T] holds: its runs of consecutive vision tokens (one image's
+    tokens are contiguous, and the vision-end and vision-start tokens separate two images)."""
+    starts = is_image[1:] & ~is_image[:-1]
+    return int(is_image[:1].sum()) + int(starts.sum())
+
+
+def packed_multimodal_positions(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                                image_grid_thw: torch.Tensor) -> torch.Tensor:
+    """Position ids [4, R, T] of packed rows with images (docs/CONVENTIONS.md: `position_ids` [R, T] restart at 0 at
+    each sample's first token; the images' `image_grid_thw` lines run in row order): row 0 the text positions as
+    given (what flash-attention reads sample boundaries from), rows 1-3 each sample's M-RoPE positions computed on
+    that sample alone by the model's own `get_rope_index`, so exactly what the padded forward of that sample gives."""
+    inner = getattr(model, "model", model)
+    config: Any = model.config
+    image_token_id = int(config.image_token_id)
+    segments = []  # (row, start, end, images) of every sample, padding included (no images: text positions)
+    for r in range(input_ids.shape[0]):
+        starts = (position_ids[r] == 0).nonzero().flatten().tolist()
+        if not starts or starts[0] != 0:
+            raise ValueError("packed rows with images need position_ids that start at 0 at each sample's first token")
+        for a, b in zip(starts, [*starts[1:], input_ids.shape[1]]):
+            segments.append((r, a, b, image_runs(input_ids[r, a:b] == image_token_id)))
+    if sum(n for *_, n in segments) != image_grid_thw.shape[0]:
+        raise ValueError(f"packed rows hold {sum(n for *_, n in segments)} images but image_grid_thw has "
+                         f"{image_grid_thw.shape[0]} lines")
+    mrope = position_ids[None].repeat(3, 1, 1)
+    used = 0
+    for r, a, b, n in segments:
+        if n:
+            ids = input_ids[r:r + 1, a:b]
+            mrope[:, r, a:b] = inner.get_rope_index(  # type: ignore[operator]
+                ids, (ids == image_token_id).int(), image_grid_thw=image_grid_thw[used:used + n])[0][:, 0]
+            used += n
+    return torch.cat([position_ids[None], mrope])
+
+
+def _multimodal_inputs(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Forward pre-hook: `mm_token_type_ids` from the ids; for packed rows with images (2-D `position_ids`, which
+    rlhfkit passes only for packed rows), their per-sample M-RoPE positions (`packed_multimodal_positions`)."""
     ids = kwargs.get("input_ids")
     if ids is None and args:
         ids = args[0]
-    if kwargs.get("image_grid_thw") is not None and kwargs.get("mm_token_type_ids") is None and ids is not None:
-        image_token_id = module.config.image_token_id  # type: ignore[union-attr]
-        kwargs["mm_token_type_ids"] = (ids == image_token_id).to(torch.int)
+    grids = kwargs.get("image_grid_thw")
+    if grids is None or ids is None:
+        return args, kwargs
+    if kwargs.get("mm_token_type_ids") is None:
+        kwargs["mm_token_type_ids"] = (ids == module.config.image_token_id).to(torch.int)  # type: ignore[union-attr]
+    positions = kwargs.get("position_ids")
+    if positions is not None and positions.ndim == 2:
+        kwargs["position_ids"] = packed_multimodal_positions(module, ids, positions, grids)
     return args, kwargs
 
 
 def add_multimodal_positions(model: M) -> M:
-    """Give a Qwen2-VL-family model's forward the `mm_token_type_ids` its M-RoPE positions need (from the ids)."""
-    model.register_forward_pre_hook(_fill_mm_token_type_ids, with_kwargs=True)
+    """Give a Qwen2-VL-family model's forward the `mm_token_type_ids` its M-RoPE positions need (from the ids), and
+    packed rows with images their per-sample M-RoPE positions."""
+    model.register_forward_pre_hook(_multimodal_inputs, with_kwargs=True)
     return model
 
 

@@ -116,9 +116,11 @@ class Experience:
 
     def packed_inputs(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """The rows packed into one (`--packing_samples`, docs/CONVENTIONS.md) and the packed position [B, R] whose
-        output predicts each response token (clamped into its own sample where action_mask is 0)."""
+        output predicts each response token (clamped into its own sample where action_mask is 0). The rows' images
+        follow in row order, the order they are packed in."""
         batch, offsets = pack_padded(self.sequences, self.attention_mask)
-        return batch, packed_index(offsets, self.action_positions(), self.attention_mask.long().sum(dim=1))
+        index = packed_index(offsets, self.action_positions(), self.attention_mask.long().sum(dim=1))
+        return {**batch, **batch_images(self.images or [])}, index
 
     def action_tokens(self) -> torch.Tensor:
         """[B, R] the response token ids (garbage where action_mask is 0)."""

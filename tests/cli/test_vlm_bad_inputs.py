@@ -81,12 +81,6 @@ def test_commands_without_images_refuse_the_openrlhf_image_flags(cli, capsys):
     assert_one_line_error(code, err, ("--data.image_key", "train_ppo and train_ppo_ray so far"))
 
 
-def test_packing_with_images_is_refused(vlm_assets, tmp_path, capsys):
-    code, err = call_in_process("train_sft", ["--pretrain", str(vlm_assets.model_dir), "--dataset", "d.jsonl",
-                                              "--image_key", "images", "--packing_samples"], capsys)
-    assert_one_line_error(code, err, ("--packing_samples with --image_key is not supported",))
-
-
 def test_max_images_without_an_image_key_is_refused(capsys):
     code, err = call_in_process("train_dpo", ["--dataset", "d.jsonl", "--max_images_per_prompt", "2"], capsys)
     assert_one_line_error(code, err, ("--max_images_per_prompt", "add --image_key"))
@@ -102,8 +96,6 @@ def test_sequence_parallelism_with_images_is_refused(vlm_assets, tmp_path, capsy
     (["--advantage_estimator", "gae"], "--advantage_estimator gae with --image_key is not supported yet"),
     (["--advantage_estimator", "group_norm", "--n_samples_per_prompt", "2", "--reward_pretrain", "rm"],
      "--reward_pretrain with --image_key is not supported yet"),
-    (["--advantage_estimator", "group_norm", "--n_samples_per_prompt", "2", "--packing_samples"],
-     "--packing_samples with --image_key is not supported"),
 ])
 def test_rl_roles_that_would_not_see_the_images_are_refused(argv, expect, capsys):
     code, err = call_in_process("train_ppo", ["--data.image_key", "images", *argv], capsys)

@@ -1,6 +1,6 @@
 """The offline trainers on image prompts, from their CLIs (2 steps each on the tiny Qwen2-VL): SFT with OpenRLHF's
-`--data.image_key` and `--actor.freeze_visual_encoder` leaves the vision tower bit-identical, and its output feeds
-DPO and KTO directly (the image processor is saved with the model)."""
+`--data.image_key` and `--actor.freeze_visual_encoder` (on packed rows: `--packing_samples`) leaves the vision tower
+bit-identical, and its output feeds DPO and KTO directly (the image processor is saved with the model)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ def steps(save: Path) -> int:
 def test_sft_dpo_and_kto_train_two_steps_on_image_prompts(vlm_assets, tmp_path):
     sft = tmp_path / "sft"
     ok(cli("train_sft", "--pretrain", str(vlm_assets.model_dir), "--dataset", str(vlm_assets.split("sft_train")),
-           "--input_key", "prompt", "--output_key", "answer", "--actor.freeze_visual_encoder", "--save_path",
+           "--input_key", "prompt", "--output_key", "answer", "--actor.freeze_visual_encoder", "--packing_samples",
+           "--save_path",
            str(sft), *COMMON))
     before, after = load_file(vlm_assets.model_dir / "model.safetensors"), load_file(sft / "model.safetensors")
     vision = [k for k in before if "visual" in k]

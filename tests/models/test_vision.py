@@ -67,7 +67,7 @@ def test_images_and_mrope_positions_change_the_logprobs(vlm):
         other = forward_logits(model, dict(one, pixel_values=torch.zeros_like(one["pixel_values"])))
         flat = model(input_ids=one["input_ids"], attention_mask=one["attention_mask"],
                      pixel_values=one["pixel_values"], image_grid_thw=one["image_grid_thw"],
-                     position_ids=torch.arange(one["input_ids"].shape[1])[None]).logits
+                     position_ids=torch.arange(one["input_ids"].shape[1]).expand(3, 1, -1)).logits  # 2-D: packed
     assert (base - other).abs().max() > 1e-4  # the image is read
     assert (base - flat).abs().max() > 1e-4  # positions are M-RoPE's, not 0..T-1
     image_tokens = (one["input_ids"] == model.config.image_token_id).int()
