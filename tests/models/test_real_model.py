@@ -178,9 +178,14 @@ CHAT_ENV = Path(__file__).resolve().parent / "chat_env_fixture.py"
 
 
 def test_chat_feedback_on_the_real_template_closes_the_turn_once(tokenizer):
+    from rlhfkit.agents.api import AgentExecutorBase
     from rlhfkit.agents.tool_agent import feedback_text
 
     history = [{"role": "user", "content": "What is 12+7?"}]
+    rendered = tokenizer.apply_chat_template(history, add_generation_prompt=True, tokenize=False)
+    assert rendered.startswith(tokenizer.bos_token)  # SmolLM2's bos is <|im_start|>, which the template writes
+    assert AgentExecutorBase(hf_tokenizer=tokenizer)._prompt_ids(rendered, "") == list(
+        tokenizer.apply_chat_template(history, add_generation_prompt=True, tokenize=True, return_dict=False))
     follow_up = [{"role": "user", "content": "Add 10."}]
     after = "\n<|im_start|>user\nAdd 10.<|im_end|>\n<|im_start|>assistant\n"  # ChatML, written out by hand
     assert feedback_text(tokenizer, history, follow_up, (), "<|im_end|>") == after  # the model sampled the end
