@@ -39,12 +39,12 @@ def test_no_test_draw_shares_a_question_with_any_train_draw_whatever_the_sizes_a
     # Two-term sums of small numbers repeat questions across draws: a training split larger than the held-out one,
     # or drawn with another seed, used to hold some of the held-out questions (35 of 86 in one run).
     task = "reasoning_gym:chain_sum?min_terms=2&max_terms=2&min_digits=1&max_digits=2"
-    train = {r["prompt"] for size, seed in [(2000, 1), (500, 7)]
+    train = {r["prompt"] for size, seed in [(1000, 1), (300, 7)]
              for r in load_records(f"{task}&size={size}&seed={seed}")}
     for size, seed in [(100, 1), (60, 7), (40, 3)]:
         test = [r["prompt"] for r in load_records(f"{task}&size={size}&seed={seed}@test")]
         assert len(test) == size and not train & set(test), (size, seed, sorted(train & set(test))[:3])
-    assert len(load_records(f"{task}&size=2000&seed=1")) == 2000  # sizes are honoured on both sides
+    assert len(load_records(f"{task}&size=1000&seed=1")) == 1000  # sizes are honoured on both sides
 
 
 def test_the_question_partition_holds_out_a_fifth_of_questions():
@@ -54,6 +54,14 @@ def test_the_question_partition_holds_out_a_fifth_of_questions():
     share = sum(map(is_held_out, questions)) / len(questions)
     assert HELD_OUT_SHARE == 0.2 and abs(share - 0.2) < 0.03
     assert is_held_out(questions[0]) == is_held_out("What is 0 + 0?")  # a function of the text alone
+
+
+def test_a_split_that_finds_no_question_on_its_side_is_one_line(monkeypatch):
+    from rlhfkit.data import generated_tasks
+
+    monkeypatch.setattr(generated_tasks, "is_held_out", lambda question: False)  # a task of training questions only
+    with pytest.raises(UserError, match="none of the task's first 64 problems falls on the held-out side"):
+        load_records("reasoning_gym:basic_arithmetic?size=1@test", arg_name="--eval_dataset")
 
 
 def test_task_settings_pass_through_and_mix_with_other_sources():
