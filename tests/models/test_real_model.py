@@ -228,8 +228,9 @@ def test_a_multi_turn_chat_environment_keeps_the_exact_tokens_on_the_real_templa
         prompt = list(tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
                                               tokenize=True, return_dict=False))
         assert ep["prompt_ids"] == prompt  # the template's rendering, its generation prompt included
-        first, second = [s for c, s in calls if c[:len(prompt)] == prompt]
-        assert [c for c, s in calls if s == second and c[:len(prompt)] == prompt] == [prompt + first + feedback]
+        own = [(c, s) for c, s in calls if c[:len(prompt)] == prompt]  # this episode's engine calls, in order
+        first, second = [s for _, s in own]
+        assert [c for c, _ in own] == [prompt, prompt + first + feedback]  # turn 2 continued from the exact ids
         for turn in (first, second):  # each turn stopped at the <|im_end|> it sampled, and only there
             assert turn[-1] == im_end and im_end not in turn[:-1]
         assert ep["response_ids"] == first + feedback + second and sample.response_ids == ep["response_ids"]
