@@ -199,9 +199,11 @@ class AgentExecutorBase:
     def _prompt_ids(self, text: str, prompt: Any) -> list[int]:
         if isinstance(prompt, Prompt) and text == str(prompt):
             return list(prompt.token_ids)
-        ids = self.hf_tokenizer.encode(text, add_special_tokens=False)
-        bos = self.hf_tokenizer.bos_token_id
-        return ([bos] if bos is not None else []) + list(ids)
+        from rlhfkit.data.tokens import encode, with_bos
+
+        # A text rendered by a chat template may start with bos already (Llama 3's <|begin_of_text|>, SmolLM2's
+        # <|im_start|>): a second one would put the prompt off the template the model was trained on.
+        return with_bos(self.hf_tokenizer, encode(self.hf_tokenizer, text))
 
     async def execute(self, prompt: str, label: Any, sampling_params: Any, max_length: int | None = None,
                       hf_tokenizer: Any = None, llm_engine: Any = None) -> Episode:

@@ -8,7 +8,7 @@ FastAPI on uvicorn, 127.0.0.1 only, body limits and timeouts); each episode has 
 call's exact prompt token ids and sampled token ids (with their log-probs) are recorded into the episode's trace:
 
 - the first call's rendered prompt (`apply_chat_template(..., add_generation_prompt=True)` for chat, with the
-  request's `tools`; bos + text for completions) is the episode's prompt;
+  request's `tools`; bos (once) + text for completions) is the episode's prompt;
 - a later call must continue the conversation the endpoint returned (the same messages, with the assistant's
   replies as returned, tool calls included, then new ones such as `tool` results; for completions the previous
   prompt + completion text, then more). The new part is tokenised once and appended as feedback (action mask 0:
@@ -137,11 +137,12 @@ class EpisodeEndpoint:
         try:
             if body.stream:
                 raise EndpointError("stream is served on /chat/completions only")
+            from rlhfkit.data.tokens import encode, with_bos
+
             tok = self.trace.tokenizer
-            bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
-            with self.trace.lock:
+            with self.trace.lock:  # bos once, also when the prompt text starts with it
                 sample, context = self._generate(body, body.prompt, body.prompt, self.trace.history,
-                                                 bos + tok.encode(body.prompt, add_special_tokens=False))
+                                                 with_bos(tok, encode(tok, body.prompt)))
                 text = tok.decode(sample.response_ids, skip_special_tokens=True)
                 self.trace.history = body.prompt + text
         except EndpointError as e:

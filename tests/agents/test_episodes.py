@@ -245,3 +245,15 @@ def test_crash_and_timeout_of_isolated_agent_instances_cost_their_episode(engine
                          top_k=-1)
     assert [e["finish"] for e in again] == ["done", "done"]
     assert set(again[0]["batch_sizes"]) == {2}  # each turn of both episodes in one engine call, workers or not
+
+
+def test_a_reset_text_that_starts_with_bos_gets_no_second_bos(tokenizer):
+    # A text-mode agent whose reset renders the prompt through a chat template: Llama 3's template writes
+    # <|begin_of_text|>, SmolLM2's starts with <|im_start|>, the tokenizers' bos; the executor adds bos itself.
+    from rlhfkit.agents.api import AgentExecutorBase
+
+    executor = AgentExecutorBase(hf_tokenizer=tokenizer)
+    body = tokenizer.encode("User: hi\nAssistant: ", add_special_tokens=False)
+    bos = tokenizer.bos_token_id
+    assert executor._prompt_ids(tokenizer.bos_token + "User: hi\nAssistant: ", "other") == [bos, *body]
+    assert executor._prompt_ids("User: hi\nAssistant: ", "other") == [bos, *body]

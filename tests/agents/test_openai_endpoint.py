@@ -107,11 +107,11 @@ class Driver(OpenAIAgentExecutor):
         return 1.0
 
 
-def drive(tok, generate, mode: str, budget: int = 40):
+def drive(tok, generate, mode: str, budget: int = 40, prompt: str = "What is 2+3?"):
     llm = BatchingGenerator(generate, SAMPLING, seed=0)
     driver = Driver(mode).bind(max_steps=2, max_length=budget, llm_engine=llm, hf_tokenizer=tok, step_timeout=120)
     llm.active = 1
-    episode = asyncio.run(driver.execute(Prompt("What is 2+3?", [tok.bos_token_id]), "5", dict(SAMPLING)))
+    episode = asyncio.run(driver.execute(Prompt(prompt, [tok.bos_token_id]), "5", dict(SAMPLING)))
     return driver, episode
 
 
@@ -142,6 +142,9 @@ def test_completions_continue_the_text_token_exactly(policy):
     assert p2 == p1 + s1.response_ids + suffix
     assert episode.action_mask == [1] * len(s1.response_ids) + [0] * len(suffix) + [1] * len(s2.response_ids)
     assert episode.reward == 0.5 and driver.replies[1]["prompt_token_ids"] == p2
+    calls.clear()
+    drive(tok, generate, "completions", prompt=tok.bos_token + "What is 2+3?")  # a client that writes bos itself
+    assert calls[0][0] == p1  # bos once
 
 
 def test_one_rl_step_trains_on_http_driven_episodes(demo_assets, tmp_path):

