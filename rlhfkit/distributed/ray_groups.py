@@ -30,6 +30,8 @@ import torch
 
 from rlhfkit.distributed.determinism import determinism_env, flag_from_env
 from rlhfkit.distributed.placement import ResourcePlan, Slot
+from rlhfkit.distributed.rank_split import join_from_ranks as join_from_ranks
+from rlhfkit.distributed.rank_split import split_for_ranks as split_for_ranks
 from rlhfkit.distributed.startup_clock import mark
 from rlhfkit.errors import ComponentFailed
 
@@ -113,47 +115,6 @@ def dispatch(mode: str) -> Callable[[_F], _F]:
         return method
 
     return mark
-
-
-def split_for_ranks(value: Any, n: int) -> list[Any]:
-    """Cut `value` into n contiguous, nearly equal slices (the first slices get one more on a remainder)."""
-    if isinstance(value, torch.Tensor):
-        return list(torch.tensor_split(value, n, dim=0))
-    if isinstance(value, dict):
-        parts = {k: split_for_ranks(v, n) for k, v in value.items()}
-        return [{k: parts[k][i] for k in value} for i in range(n)]
-    if isinstance(value, tuple):
-        columns = [split_for_ranks(v, n) for v in value]
-        return [tuple(c[i] for c in columns) for i in range(n)]
-    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
-        size, extra = divmod(len(value), n)
-        out, start = [], 0
-        for i in range(n):
-            stop = start + size + (1 if i < extra else 0)
-            out.append(list(value[start:stop]))
-            start = stop
-        return out
-    raise TypeError(f"cannot split a {type(value).__name__} over ranks; pass a list, tensor, dict or tuple")
-
-
-def join_from_ranks(results: list[Any]) -> Any:
-    """Inverse of `split_for_ranks` for results: concatenate in rank order, average numbers."""
-    first = results[0]
-    if first is None:
-        return None
-    if isinstance(first, torch.Tensor):
-        return torch.cat(results, dim=0) if first.dim() > 0 else torch.stack(results).float().mean()
-    if isinstance(first, dict):
-        return {k: join_from_ranks([r[k] for r in results]) for k in first}
-    if isinstance(first, tuple):
-        return tuple(join_from_ranks(list(parts)) for parts in zip(*results))
-    if isinstance(first, list):
-        return [item for r in results for item in r]
-    if isinstance(first, bool):
-        return all(results)
-    if isinstance(first, (int, float)):
-        return sum(results) / len(results)
-    return first
 
 
 class RoleWorker:
