@@ -54,7 +54,7 @@ from rlhfkit.config.rl_sections import (
     RolloutArgs,
     UserCodeArgs,
 )
-from rlhfkit.config.sequence_parallel import refuse_ring_attn
+from rlhfkit.config.sequence_parallel import check_rl_ring
 from rlhfkit.config.specs import CRITIC_HEAD_HINT as CRITIC_HEAD_HINT
 from rlhfkit.config.vision import VisionArgs, check_rl_vision, vision_inert_flags
 from rlhfkit.errors import UserError
@@ -86,7 +86,7 @@ class PPOConfig:
         """Every flag rule (UserError, one line): the sections' own, then the ones that join sections."""
         validate_sections(self)
         check_fsdp2_for_rl(self)
-        refuse_ring_attn(self.strategy, "train_ppo_ray")
+        check_rl_ring(self)  # --ring_attn_size: each role's ranks in groups of that size
         _validate_reward_flags(self)
         validate_resources(self)  # before the batch arithmetic, which divides by the actor's device count
         _validate_batches(self)
@@ -171,7 +171,8 @@ def _validate_batches(cfg: PPOConfig) -> None:
         raise UserError(f"--rollout_batch_size {r.rollout_batch_size} x --n_samples_per_prompt "
                         f"{r.n_samples_per_prompt} = {samples} samples per step is not divisible by "
                         f"--train_batch_size {s.train_batch_size}; make the samples a multiple of it")
-    check_batch_split(s.train_batch_size, s.micro_train_batch_size, role_ranks(cfg, "actor"), "actor devices")
+    check_batch_split(s.train_batch_size, s.micro_train_batch_size, role_ranks(cfg, "actor") // s.ring_attn_size,
+                      "actor devices" if s.ring_attn_size == 1 else "actor devices / --ring_attn_size")
     if samples % r.micro_rollout_batch_size:
         raise UserError(f"{samples} samples per step (--rollout_batch_size x --n_samples_per_prompt) are not "
                         f"divisible by --micro_rollout_batch_size {r.micro_rollout_batch_size}")

@@ -1,5 +1,9 @@
 """Cutting a batch over the ranks of a role group and joining their results (`rlhfkit.distributed.ray_groups`'s
 "split" dispatch).
+
+With sequence parallelism (--ring_attn_size P) the P ranks of a sequence-parallel group share their rows (each
+runs a slice of every row's tokens): the batch is cut into world / P parts, every rank of group k gets part k
+(`split_for_groups`), and each group's result counts once (`results_of_groups`).
 """
 
 from __future__ import annotations
@@ -49,3 +53,15 @@ def join_from_ranks(results: list[Any]) -> Any:
     if isinstance(first, (int, float)):
         return sum(results) / len(results)
     return first
+
+
+def split_for_groups(value: Any, world_size: int, sp_size: int = 1) -> list[Any]:
+    """One part per rank: `value` cut into world_size / sp_size parts, part k for each of the sp_size consecutive
+    ranks of sequence-parallel group k (the ranks [k x sp_size, (k + 1) x sp_size), as the strategy forms them)."""
+    parts = split_for_ranks(value, world_size // sp_size)
+    return [parts[rank // sp_size] for rank in range(world_size)]
+
+
+def results_of_groups(results: list[Any], sp_size: int = 1) -> list[Any]:
+    """The results of one rank per sequence-parallel group (its ranks return the same rows)."""
+    return results[::sp_size]
