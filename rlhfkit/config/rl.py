@@ -177,6 +177,19 @@ def _validate_batches(cfg: PPOConfig) -> None:
         raise UserError(f"{samples} samples per step (--rollout_batch_size x --n_samples_per_prompt) are not "
                         f"divisible by --micro_rollout_batch_size {r.micro_rollout_batch_size}")
     check_token_budget(s, cfg.data.prompt_max_len + cfg.data.generate_max_len, "--prompt_max_len + --generate_max_len")
+    _check_scoring_budget(cfg)
+
+
+def _check_scoring_budget(cfg: PPOConfig) -> None:
+    """--rollout_max_tokens_per_gpu: a token budget like --max_tokens_per_gpu's, for the scoring forwards."""
+    budget, longest = cfg.rollout.rollout_max_tokens_per_gpu, cfg.data.prompt_max_len + cfg.data.generate_max_len
+    if budget is None:
+        return
+    if not cfg.strategy.use_dynamic_batch:
+        raise UserError("--rollout_max_tokens_per_gpu only applies with --use_dynamic_batch; add that flag or drop it")
+    if budget < longest:
+        raise UserError(f"--rollout_max_tokens_per_gpu {budget} is smaller than the longest possible sample "
+                        f"({longest} tokens: --prompt_max_len + --generate_max_len); raise it to at least {longest}")
 
 
 def _validate_algorithm(cfg: PPOConfig) -> None:

@@ -31,13 +31,15 @@ from rlhfkit.rl.experience import Experience, gather_actions, pad_columns
 def per_chunk(exp: Experience, batch: BatchSpec, strategy: DeepSpeedStrategy,
               fn: Callable[[Experience], torch.Tensor], action_width: bool = True) -> torch.Tensor:
     """Run `fn` over micro-batches of --micro_rollout_batch_size rows (or, with --use_dynamic_batch, of at most
-    --max_tokens_per_gpu tokens) and stitch the CPU results back in row order ([B, R] or [B]).
+    --rollout_max_tokens_per_gpu, else --max_tokens_per_gpu, tokens) and stitch the CPU results back in row order
+    ([B, R] or [B]).
 
     Every rank runs as many forwards as the busiest one (repeating its first micro-batch), because under ZeRO-3 a
     forward is a collective."""
-    if batch.max_tokens_per_gpu is not None:
+    budget = batch.scoring_max_tokens_per_gpu or batch.max_tokens_per_gpu  # --rollout_max_tokens_per_gpu's first
+    if budget is not None:
         lengths = exp.attention_mask.sum(dim=1).tolist()
-        chunks = plan_micro_batches(lengths, batch.max_tokens_per_gpu, widths=None if batch.packed else lengths)[0]
+        chunks = plan_micro_batches(lengths, budget, widths=None if batch.packed else lengths)[0]
     else:
         size = batch.micro_rollout_batch_size
         chunks = [list(range(i, min(i + size, len(exp)))) for i in range(0, len(exp), size)]
