@@ -1,8 +1,9 @@
 """OpenRLHF's long-context RL commands pass validation (issue 20, acceptance 3): its 64k-token REINFORCE++
 (`examples/scripts/train_reinforce_baseline_hybrid_engine.sh`) and async-agent
-(`train_reinforce_baseline_ray_agent_async.sh`) scripts, as of its DeepSpeed releases: flat flags (commit 8b78539c, February 2026) and dotted
-flags (0.10.2+, commit ed62d0e2; between the two the length flags became --max_len / --max_new_tokens). They are not among the seeds
-(../shared/seeds), so their flags are written out here, the scripts' bash arrays joined in order.
+(`train_reinforce_baseline_ray_agent_async.sh`) scripts, as of its DeepSpeed releases: flat flags (commit
+8b78539c, February 2026) and dotted flags (0.10.2+, commit ed62d0e2; in between, the length flags became --max_len
+/ --max_new_tokens). They are not among the seeds (../shared/seeds), so their flags are written out here, the
+scripts' bash arrays joined in order.
 
 Each flat command is scaled to the tiny demo model as the seed-command tests scale theirs (`scale` of
 tests/cli/test_seed_commands.py), except the device counts: every role keeps a multiple of --ring_attn_size 2
