@@ -5,6 +5,8 @@ steps, with a trained critic and a reward model (`demo_reward_model` of tests/co
 - "ring2": the actor, the critic and the reward model each on one sequence-parallel group of 2 ranks (DeepSpeed
   ZeRO-0 at world 2, one data-parallel rank), `--ring_head_stride 2` as OpenRLHF's commands give it;
 - "world1": every role on 1 rank (the plain torch engine).
+Both at --adam_eps 1e-6 (see `argv`). The gradient norms (before clipping) show the gradient scale is the one-rank
+one, which AdamW's scale invariance would hide from the weights.
 Both runs see the same samples: the Transformers rollout engine samples from the seed and the synced weights. The
 figures: per-step gaps of the actor's policy loss, the critic's value loss and the reward; the engine's log-probs of
 what it sampled against the trainer's (`train/rollout_logprob_diff`, which under ring2 compares one whole-sample
@@ -29,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ROOT, load, machine, versions  # noqa: E402
 
 RESULT = ROOT / "bench" / "results" / "rl_sequence_parallel.md"
-KEYS = ("train/actor/policy_loss", "train/critic/value_loss", "train/reward")
+KEYS = ("train/actor/policy_loss", "train/critic/value_loss", "train/reward", "train/actor/grad_norm",
+        "train/critic/grad_norm")
 
 
 def assets(work: Path):
@@ -56,6 +59,10 @@ def argv(demo, reward: Path, out: Path, ranks: int) -> list[str]:
             "--prompt_max_len", "32", "--actor_learning_rate", "5e-3", "--critic_learning_rate", "5e-3",
             "--advantage_estimator", "gae", "--init_kl_coef", "0", "--vllm_num_engines", "0", "--param_dtype",
             "fp32", "--packing_samples", "--colocate_all_models", "--save_path", str(out),
+            # AdamW's first step divides each gradient by its own magnitude: at the default eps (1e-8) a gradient
+            # entry near 0 turns a last-bit difference of summation order into an lr-sized one (as in
+            # tests/distributed/test_sequence_parallel_parity.py's DPO case); 1e-6 keeps the weights comparable
+            "--adam_eps", "1e-6", "--critic_adam_eps", "1e-6",
             "--disable_progress_bar", "--actor_num_gpus_per_node", str(ranks), "--critic_num_gpus_per_node",
             str(ranks), "--reward_num_gpus_per_node", str(ranks), *ring]
 
