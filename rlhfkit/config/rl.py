@@ -86,7 +86,7 @@ class PPOConfig:
         """Every flag rule (UserError, one line): the sections' own, then the ones that join sections."""
         validate_sections(self)
         check_fsdp2_for_rl(self)
-        check_rl_ring(self)  # --ring_attn_size: each role's ranks in groups of that size
+        check_rl_ring(self, {r: role_ranks(self, r) for r in ROLES if role_needed(self, r)})  # --ring_attn_size
         _validate_reward_flags(self)
         validate_resources(self)  # before the batch arithmetic, which divides by the actor's device count
         _validate_batches(self)

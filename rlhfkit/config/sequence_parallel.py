@@ -62,12 +62,10 @@ def check_ring_combinations(strategy: Any, aux_loss_coef: float) -> None:
                         "count whole samples, not each rank's slice); use --micro_train_batch_size")
 
 
-def check_rl_ring(cfg: Any) -> None:
-    """train_ppo / train_ppo_ray (`cfg` a PPOConfig): every role's ranks form groups of --ring_attn_size (actor,
-    critic, reference and reward model each split their samples' tokens over a group), and what the RL forwards
-    do not split stops here."""
-    from rlhfkit.config.rl_resources import ROLES, role_needed, role_ranks
-
+def check_rl_ring(cfg: Any, role_ranks: dict[str, int]) -> None:
+    """train_ppo / train_ppo_ray (`cfg` a PPOConfig; `role_ranks` the devices of each role the run has): every
+    role's ranks form groups of --ring_attn_size (actor, critic, reference and reward model each split their
+    samples' tokens over a group), and what the RL forwards do not split stops here."""
     size = cfg.strategy.ring_attn_size
     if size <= 1:
         return
@@ -78,8 +76,7 @@ def check_rl_ring(cfg: Any) -> None:
     if cfg.algo.aux_loss_coef > 0:
         raise UserError("--aux_loss_coef with --ring_attn_size: the MoE router loss would be counted on each "
                         "rank's slice of a sample; drop one")
-    for role in (r for r in ROLES if role_needed(cfg, r)):
-        ranks = role_ranks(cfg, role)
+    for role, ranks in role_ranks.items():
         if ranks % size:
             raise UserError(f"--ring_attn_size {size} does not divide the {ranks} {role} ranks (--{role}_num_nodes "
                             f"x --{role}_num_gpus_per_node): each group of {size} ranks of a role shares one "
