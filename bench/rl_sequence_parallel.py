@@ -12,7 +12,9 @@ figures: per-step gaps of the actor's policy loss, the critic's value loss and t
 what it sampled against the trainer's (`train/rollout_logprob_diff`, which under ring2 compares one whole-sample
 forward with the group's split forward); the largest gap of the final weights.
 
-    nice .venv/bin/python bench/rl_sequence_parallel.py   (about 3-5 minutes on the 2-core machine)
+    nice .venv/bin/python bench/rl_sequence_parallel.py [--backend fsdp2]   (3-5 minutes on the 2-core machine)
+
+`--backend fsdp2` puts the ring2 roles on FSDP2 instead of DeepSpeed (the world1 run stays the plain engine).
 
 Result: bench/results/rl_sequence_parallel.md (written by this script, with machine, versions, date and load).
 """
@@ -50,8 +52,9 @@ def assets(work: Path):
     return demo, reward
 
 
-def argv(demo, reward: Path, out: Path, ranks: int) -> list[str]:
-    ring = ["--ring_attn_size", "2", "--ring_head_stride", "2"] if ranks == 2 else ["--zero_stage", "0"]
+def argv(demo, reward: Path, out: Path, ranks: int, backend: str = "deepspeed") -> list[str]:
+    ring = ["--ring_attn_size", "2", "--ring_head_stride", "2", "--backend", backend] if ranks == 2 else \
+        ["--zero_stage", "0"]
     return ["--pretrain", str(demo.model_dir), "--reward_pretrain", str(reward), "--prompt_data", str(demo.rl_train),
             "--input_key", "prompt", "--input_template", "User: {}\nAssistant: ", "--max_samples", "4",
             "--rollout_batch_size", "2", "--n_samples_per_prompt", "1", "--micro_rollout_batch_size", "1",
@@ -75,6 +78,7 @@ def main() -> None:
     from rlhfkit.rl.ray_run import run_ppo_ray
     from tests.distributed.ray_cluster import ensure_ray
 
+    backend = sys.argv[sys.argv.index("--backend") + 1] if "--backend" in sys.argv else "deepspeed"
     load_start, started = load(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -84,7 +88,7 @@ def main() -> None:
         for name, ranks in (("world1", 1), ("ring2", 2)):
             out = work / name
             t = time.time()
-            run_ppo_ray(parse_config(PPOConfig, argv(demo, reward, out, ranks), "bench"))
+            run_ppo_ray(parse_config(PPOConfig, argv(demo, reward, out, ranks, backend), "bench"))
             seconds[name] = time.time() - t
             lines = (out / "metrics.jsonl").read_text().splitlines()
             rows[name] = [r for r in map(json.loads, lines) if "train/actor/policy_loss" in r]
@@ -93,7 +97,8 @@ def main() -> None:
     gaps = {k: max(abs(x[k] - y[k]) for x, y in zip(a, b)) for k in KEYS}
     w1, w2 = weights["world1"], weights["ring2"]
     weight_gap = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
-    lines = [f"## {started}", "", f"Machine: {machine()}; load at start {load_start}, at end {load()}.",
+    lines = [f"## {started}: ring2 on {backend}", "",
+             f"Machine: {machine()}; load at start {load_start}, at end {load()}.",
              f"Versions: {versions()}.", "",
              "| figure | value |", "| --- | --- |", f"| RL steps (each run) | {len(a)} and {len(b)} |",
              *[f"| max per-step gap, {k} | {gaps[k]:.2e} |" for k in KEYS],
