@@ -138,10 +138,13 @@ class StrategyArgs:
                                  "each holding a contiguous slice of its tokens; attention exchanges heads with one "
                                  "all-to-all per layer (DeepSpeed-Ulysses, exact; gloo or NCCL). The data-parallel "
                                  "world is world size / this; it must divide the world size and the model's "
-                                 "attention heads. train_sft, train_rm and train_dpo (padded and packed samples), "
-                                 "DeepSpeed or --backend fsdp2.")
-    ring_head_stride: int = arg(1, "OpenRLHF's ring-flash-attn head stride; rlhfkit's sequence parallelism is "
-                                   "Ulysses (no ring), so only 1 is accepted.")
+                                 "attention heads (in train_ppo_ray: every role's devices). train_sft, train_rm, "
+                                 "train_dpo and the RL trainers' actor, critic, reference and reward forwards "
+                                 "(padded and packed samples), DeepSpeed or --backend fsdp2; rollout engines "
+                                 "generate as before.")
+    ring_head_stride: int = arg(1, "OpenRLHF's ring-flash-attn head stride (heads per ring step); accepted for "
+                                   "OpenRLHF's commands and without effect: rlhfkit's sequence parallelism is "
+                                   "Ulysses, one all-to-all of whole heads, with no ring.")
 
     def validate(self) -> None:
         """Out-of-range numbers fail at parse time, before any model loads (NaN fails every `ok` test)."""

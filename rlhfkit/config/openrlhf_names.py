@@ -59,6 +59,7 @@ ALIASES: dict[str, str | tuple[str, ...]] = {
     "train.dynamic_batch_enable": "use_dynamic_batch",
     "train.max_tokens_per_gpu": "max_tokens_per_gpu",
     "train_max_tokens_per_gpu": "max_tokens_per_gpu",
+    "rollout.max_tokens_per_gpu": "rollout_max_tokens_per_gpu",
     "train.enable_ema": "enable_ema",
     "train.ema_beta": "ema_beta",
     "ckpt.best_metric_key": "best_metric_key",
@@ -312,18 +313,14 @@ ADAPTED: tuple[Adapted, ...] = (
 )
 
 # -- no equivalent yet --------------------------------------------------------------------------------------
-_ROLLOUT_BUDGET = ("rlhfkit has one token budget for training and scoring forwards: --max_tokens_per_gpu "
-                   "(--train.max_tokens_per_gpu)")
 _VLM = ("images train with train_sft, train_dpo, train_kto, train_ppo and train_ppo_ray so far; train_rm and "
         "batch_inference do not take images yet")
 
 NOT_SUPPORTED: dict[str, str] = {
     # flat (OpenRLHF 0.8/0.9) flags
-    "rollout_max_tokens_per_gpu": _ROLLOUT_BUDGET,
     "disable_ds_ckpt": "checkpoints always hold the DeepSpeed states needed to resume",
     "use_ms": "ModelScope downloads are not supported; pass a local model directory",
     # dotted (OpenRLHF 0.10.2+) flags
-    "rollout.max_tokens_per_gpu": _ROLLOUT_BUDGET,
     "ds.experts_implementation": "MoE expert kernels are chosen by Transformers",
     "vllm.sync_with_ray": "weights reach the engines over --vllm_sync_backend or the Ray object store as chosen "
                           "by rlhfkit",

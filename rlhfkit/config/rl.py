@@ -54,7 +54,7 @@ from rlhfkit.config.rl_sections import (
     RolloutArgs,
     UserCodeArgs,
 )
-from rlhfkit.config.sequence_parallel import refuse_ring_attn
+from rlhfkit.config.sequence_parallel import check_rl_ring
 from rlhfkit.config.specs import CRITIC_HEAD_HINT as CRITIC_HEAD_HINT
 from rlhfkit.config.vision import VisionArgs, check_rl_vision, vision_inert_flags
 from rlhfkit.errors import UserError
@@ -86,7 +86,7 @@ class PPOConfig:
         """Every flag rule (UserError, one line): the sections' own, then the ones that join sections."""
         validate_sections(self)
         check_fsdp2_for_rl(self)
-        refuse_ring_attn(self.strategy, "train_ppo_ray")
+        check_rl_ring(self, {r: role_ranks(self, r) for r in ROLES if role_needed(self, r)})  # --ring_attn_size
         _validate_reward_flags(self)
         validate_resources(self)  # before the batch arithmetic, which divides by the actor's device count
         _validate_batches(self)
@@ -171,11 +171,25 @@ def _validate_batches(cfg: PPOConfig) -> None:
         raise UserError(f"--rollout_batch_size {r.rollout_batch_size} x --n_samples_per_prompt "
                         f"{r.n_samples_per_prompt} = {samples} samples per step is not divisible by "
                         f"--train_batch_size {s.train_batch_size}; make the samples a multiple of it")
-    check_batch_split(s.train_batch_size, s.micro_train_batch_size, role_ranks(cfg, "actor"), "actor devices")
+    check_batch_split(s.train_batch_size, s.micro_train_batch_size, role_ranks(cfg, "actor") // s.ring_attn_size,
+                      "actor devices" if s.ring_attn_size == 1 else "actor devices / --ring_attn_size")
     if samples % r.micro_rollout_batch_size:
         raise UserError(f"{samples} samples per step (--rollout_batch_size x --n_samples_per_prompt) are not "
                         f"divisible by --micro_rollout_batch_size {r.micro_rollout_batch_size}")
     check_token_budget(s, cfg.data.prompt_max_len + cfg.data.generate_max_len, "--prompt_max_len + --generate_max_len")
+    _check_scoring_budget(cfg)
+
+
+def _check_scoring_budget(cfg: PPOConfig) -> None:
+    """--rollout_max_tokens_per_gpu: a token budget like --max_tokens_per_gpu's, for the scoring forwards."""
+    budget, longest = cfg.rollout.rollout_max_tokens_per_gpu, cfg.data.prompt_max_len + cfg.data.generate_max_len
+    if budget is None:
+        return
+    if not cfg.strategy.use_dynamic_batch:
+        raise UserError("--rollout_max_tokens_per_gpu only applies with --use_dynamic_batch; add that flag or drop it")
+    if budget < longest:
+        raise UserError(f"--rollout_max_tokens_per_gpu {budget} is smaller than the longest possible sample "
+                        f"({longest} tokens: --prompt_max_len + --generate_max_len); raise it to at least {longest}")
 
 
 def _validate_algorithm(cfg: PPOConfig) -> None:

@@ -135,8 +135,10 @@ def validate_placement(cfg: RLFlags) -> None:
             raise UserError(f"{why}: {guest} needs {devices[guest]} devices but the {owner} has {devices[owner]}; "
                             f"give the {guest} at most as many (--{guest}_num_nodes x --{guest}_num_gpus_per_node)")
     samples = cfg.rollout.rollout_batch_size * cfg.rollout.n_samples_per_prompt
-    for role, ranks in devices.items():
-        flags = f"--{role}_num_nodes x --{role}_num_gpus_per_node"
+    for role, devices_of_role in devices.items():
+        ranks = devices_of_role // s.ring_attn_size  # data-parallel: a sequence-parallel group shares its samples
+        flags = f"--{role}_num_nodes x --{role}_num_gpus_per_node" + (
+            f" / --ring_attn_size {s.ring_attn_size}" if s.ring_attn_size > 1 else "")
         if samples % ranks:
             raise UserError(f"{samples} samples per step (--rollout_batch_size x --n_samples_per_prompt) do not "
                             f"split evenly over the {ranks} {role} ranks ({flags}); use a multiple of {ranks}")

@@ -123,6 +123,10 @@ class RolloutArgs:
     rollout_batch_size: int = arg(1024, "Prompts per RL step; the step makes rollout_batch_size x "
                                         "n_samples_per_prompt samples.")
     micro_rollout_batch_size: int = arg(1, "Samples per forward pass when scoring (log-probs, values, rewards).")
+    rollout_max_tokens_per_gpu: int | None = arg(None, "With --use_dynamic_batch: the token budget of one scoring "
+                                                       "forward (old log-probs, reference log-probs, values, "
+                                                       "rewards; no backward, so it may exceed the training one); "
+                                                       "default: --max_tokens_per_gpu.")
     num_episodes: int = arg(1, "Passes over the prompt data.")
     max_epochs: int = arg(1, "Passes over each rollout batch when training on it.")
     max_rl_steps: int = arg(-1, "Stop after this many RL steps (-1: every episode); learning-rate schedules still "

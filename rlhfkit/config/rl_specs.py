@@ -43,6 +43,7 @@ def batch_spec(cfg: PPOConfig) -> BatchSpec:
     return BatchSpec(train_batch_size=s.train_batch_size, micro_train_batch_size=s.micro_train_batch_size,
                      micro_rollout_batch_size=cfg.rollout.micro_rollout_batch_size,
                      max_tokens_per_gpu=s.max_tokens_per_gpu if s.use_dynamic_batch else None,
+                     scoring_max_tokens_per_gpu=cfg.rollout.rollout_max_tokens_per_gpu,
                      packed=cfg.data.packing_samples, max_epochs=cfg.rollout.max_epochs)
 
 

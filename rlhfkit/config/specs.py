@@ -29,6 +29,7 @@ class BatchSpec:
     micro_train_batch_size: int  # samples per forward/backward on one rank
     micro_rollout_batch_size: int  # rows per scoring forward (log-probs, values, rewards)
     max_tokens_per_gpu: int | None  # token budget of a micro-batch (--use_dynamic_batch); None: cut by rows
+    scoring_max_tokens_per_gpu: int | None = None  # the scoring forwards' budget; None: max_tokens_per_gpu's
     packed: bool  # --packing_samples: forwards on packed rows
     max_epochs: int  # passes over each rollout batch when training on it
 

@@ -30,6 +30,9 @@ import torch
 
 from rlhfkit.distributed.determinism import determinism_env, flag_from_env
 from rlhfkit.distributed.placement import ResourcePlan, Slot
+from rlhfkit.distributed.rank_split import join_from_ranks as join_from_ranks
+from rlhfkit.distributed.rank_split import results_of_groups, split_for_groups
+from rlhfkit.distributed.rank_split import split_for_ranks as split_for_ranks
 from rlhfkit.distributed.startup_clock import mark
 from rlhfkit.errors import ComponentFailed
 
@@ -113,47 +116,6 @@ def dispatch(mode: str) -> Callable[[_F], _F]:
         return method
 
     return mark
-
-
-def split_for_ranks(value: Any, n: int) -> list[Any]:
-    """Cut `value` into n contiguous, nearly equal slices (the first slices get one more on a remainder)."""
-    if isinstance(value, torch.Tensor):
-        return list(torch.tensor_split(value, n, dim=0))
-    if isinstance(value, dict):
-        parts = {k: split_for_ranks(v, n) for k, v in value.items()}
-        return [{k: parts[k][i] for k in value} for i in range(n)]
-    if isinstance(value, tuple):
-        columns = [split_for_ranks(v, n) for v in value]
-        return [tuple(c[i] for c in columns) for i in range(n)]
-    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
-        size, extra = divmod(len(value), n)
-        out, start = [], 0
-        for i in range(n):
-            stop = start + size + (1 if i < extra else 0)
-            out.append(list(value[start:stop]))
-            start = stop
-        return out
-    raise TypeError(f"cannot split a {type(value).__name__} over ranks; pass a list, tensor, dict or tuple")
-
-
-def join_from_ranks(results: list[Any]) -> Any:
-    """Inverse of `split_for_ranks` for results: concatenate in rank order, average numbers."""
-    first = results[0]
-    if first is None:
-        return None
-    if isinstance(first, torch.Tensor):
-        return torch.cat(results, dim=0) if first.dim() > 0 else torch.stack(results).float().mean()
-    if isinstance(first, dict):
-        return {k: join_from_ranks([r[k] for r in results]) for k in first}
-    if isinstance(first, tuple):
-        return tuple(join_from_ranks(list(parts)) for parts in zip(*results))
-    if isinstance(first, list):
-        return [item for r in results for item in r]
-    if isinstance(first, bool):
-        return all(results)
-    if isinstance(first, (int, float)):
-        return sum(results) / len(results)
-    return first
 
 
 class RoleWorker:
@@ -302,13 +264,14 @@ class RayActorGroup:
 
     `role_cls` is the local role class: rank r builds `role_cls(*init_args, **init_kwargs)` (or `factory()` when
     given), and only its public methods are served. A method's dispatch mode is the one its `@dispatch(...)`
-    declares, else "broadcast".
+    declares, else "broadcast". With `sp_size` (--ring_attn_size) > 1 the ranks of each sequence-parallel group
+    get the same part of a "split" call (`rlhfkit.distributed.rank_split.split_for_groups`).
     """
 
     def __init__(self, name: str, role_cls: type | None, plan: ResourcePlan, slots: list[Slot], *,
                  init_args: tuple = (), init_kwargs: dict[str, Any] | None = None,
                  factory: Callable[[], Any] | None = None, env: dict[str, str] | None = None,
-                 offload_between_calls: bool = False, wait: bool = True):
+                 offload_between_calls: bool = False, wait: bool = True, sp_size: int = 1):
         import ray
 
         if factory is None:
@@ -318,6 +281,7 @@ class RayActorGroup:
         self.name = name
         self.role_cls = role_cls
         self.world_size = len(slots)
+        self.sp_size = sp_size  # --ring_attn_size: ranks that share the rows of a "split" call
         self.workers: list[Any] = []
         remote_cls = ray.remote(RoleWorker)
         for rank, slot in enumerate(slots):
@@ -354,7 +318,7 @@ class RayActorGroup:
     def call_async(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Start `method` on every rank (dispatched as configured); returns one Ray ObjectRef per rank."""
         if self.mode(method) == "split" and args:
-            parts = split_for_ranks(args[0], self.world_size)
+            parts = split_for_groups(args[0], self.world_size, self.sp_size)
             return [w.call.remote(method, (part, *args[1:]), kwargs) for w, part in zip(self.workers, parts)]
         return [w.call.remote(method, args, kwargs) for w in self.workers]
 
@@ -363,7 +327,7 @@ class RayActorGroup:
 
         results = ray_get(refs, f"the {self.name} role ({method})")
         if self.mode(method) == "split":
-            return join_from_ranks(results)
+            return join_from_ranks(results_of_groups(results, self.sp_size))
         return results[0]
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:

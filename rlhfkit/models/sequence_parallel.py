@@ -32,6 +32,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from rlhfkit.algorithms.logprobs import entropy_from_logits
 from rlhfkit.algorithms.sft_loss import shifted_target_mask, token_logprobs
 
 ATTENTION_NAME = "rlhfkit_ulysses"
@@ -282,19 +283,47 @@ def sequence_parallel_logprobs(model: nn.Module, batch: dict[str, torch.Tensor],
     return token_logprobs(logits, labels), mine["targets"], mine["owner"], num_samples
 
 
+def whole_rows(local: torch.Tensor, first: int, width: int) -> torch.Tensor:
+    """Each rank's columns [R, T/P] (starting at column `first`) -> the whole rows [R, width] on every rank of the
+    group: a sum over the group of the slices zero-padded to the padded width (differentiable, `sum_over_group`)."""
+    padded_width = local.shape[1] * sequence_parallel_size()
+    whole = F.pad(local, (first, padded_width - first - local.shape[1]))
+    return sum_over_group(whole)[:, :width]
+
+
 def sequence_parallel_token_values(backbone: nn.Module, head: nn.Module, batch: dict[str, torch.Tensor]
                                    ) -> torch.Tensor:
     """A value head over the whole batch, [R, T] on every rank of the group (differentiable): each rank runs the
-    backbone and head on its slice, and a sum over the group of the slices, zero-padded to T, assembles the rows.
-    A reward model reads it at each sample's last token, wherever that token's rank is."""
+    backbone and head on its slice, and `whole_rows` assembles the rows. A reward model reads it at each sample's
+    last token, wherever that token's rank is."""
     mine, mask, first, _ = split_for_rank(batch)
     use_ulysses_attention(backbone)
     hidden = backbone(input_ids=mine["input_ids"], position_ids=mine["position_ids"], attention_mask=mask,
                       use_cache=False).last_hidden_state
-    local = head(hidden).squeeze(-1).float()
-    padded_width = local.shape[1] * sequence_parallel_size()
-    whole = F.pad(local, (first, padded_width - first - local.shape[1]))
-    return sum_over_group(whole)[:, :batch["input_ids"].shape[1]]
+    return whole_rows(head(hidden).squeeze(-1).float(), first, batch["input_ids"].shape[1])
+
+
+def sequence_parallel_next_token_stats(model: nn.Module, batch: dict[str, torch.Tensor], temperature: float = 1.0,
+                                       entropy: str | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The RL actor's forward over the group: for every position t of the whole batch, on every rank, log p(token
+    t+1) under softmax(logits_t / temperature), [R, T] float32 (differentiable), and with `entropy` ("metric":
+    without gradient, "loss": with it) that distribution's entropy [R, T]. Each rank's LM head runs on its own
+    slice only; only the [R, T] results cross ranks. Positions whose next token belongs to another sample or to
+    padding hold values the caller does not read (the rollout's action positions never point there)."""
+    mine, mask, first, _ = split_for_rank(batch)
+    use_ulysses_attention(model)
+    logits = model(input_ids=mine["input_ids"], position_ids=mine["position_ids"], attention_mask=mask,
+                   use_cache=False).logits
+    if temperature != 1.0:
+        logits = logits / temperature
+    width = batch["input_ids"].shape[1]
+    logp = whole_rows(token_logprobs(logits, mine["labels"]), first, width)
+    if entropy is None:
+        return logp, None
+    if entropy == "loss":
+        return logp, whole_rows(entropy_from_logits(logits), first, width)
+    with torch.no_grad():
+        return logp, whole_rows(entropy_from_logits(logits.detach()), first, width)
 
 
 def sequence_parallel_sample_logps(model: nn.Module, batch: dict[str, torch.Tensor], fp32: bool = False

@@ -64,6 +64,21 @@ def _ring_candidates(cfg: TrainConfig, devices: Devices, world_size: int) -> lis
     return out
 
 
+def _rl_ring_candidates(cfg: PPOConfig, world_size: int) -> list[tuple[str, Change, int]]:
+    """train_ppo_ray: a larger --ring_attn_size that divides every role's devices and the policy's heads (each role's
+    rank then holds 1/size of a sample's activations; the rollout engines are unchanged)."""
+    from rlhfkit.config.rl_resources import ROLES, role_needed, role_ranks
+    from rlhfkit.planner.memory import read_model_shape
+
+    if cfg.strategy.ds_tensor_parallel_size > 1 or not cfg.model.pretrain:
+        return []
+    ranks = [role_ranks(cfg, role) for role in ROLES if role_needed(cfg, role)]
+    heads = read_model_shape(cfg.model.pretrain, "--pretrain").num_heads
+    return [(f"--ring_attn_size {size}", _set("strategy", "ring_attn_size", size), world_size)
+            for size in (2, 4, 8, 16) if size > cfg.strategy.ring_attn_size and heads % size == 0
+            and all(r % size == 0 for r in ranks)]
+
+
 def _candidates(cfg: TrainConfig, trainer: str, devices: Devices, world_size: int) -> list[tuple[str, Change, int]]:
     """(flag text, change, world size after it) for every change that could lower the peak, cheapest first."""
     m, s = cfg.model, cfg.strategy
@@ -75,6 +90,8 @@ def _candidates(cfg: TrainConfig, trainer: str, devices: Devices, world_size: in
         out.append((f"--micro_train_batch_size {half}", _set("strategy", "micro_train_batch_size", half), world_size))
     if not isinstance(cfg, PPOConfig):
         out += _ring_candidates(cfg, devices, world_size)
+    elif trainer == "ppo_ray":
+        out += _rl_ring_candidates(cfg, world_size)
     ranks = world_size if not isinstance(cfg, PPOConfig) else \
         cfg.resources.actor_num_nodes * cfg.resources.actor_num_gpus_per_node if trainer == "ppo_ray" else 1
     if s.zero_stage < 3 and ranks > 1:

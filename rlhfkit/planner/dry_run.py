@@ -37,6 +37,17 @@ def _devices(plan_args: DryRunArgs) -> tuple[Devices, int]:
     return Devices("cpu", float(available), 1, "MemAvailable of this machine, no GPU"), world
 
 
+def _check_rl_heads(cfg: TrainConfig) -> None:
+    """The RL commands' --ring_attn_size must split the policy's heads (the preference trainers' plans check their
+    own model; an RL run checks when its roles build, which --dry_run never reaches)."""
+    from rlhfkit.config.rl import PPOConfig
+    from rlhfkit.config.sequence_parallel import check_ring_heads
+    from rlhfkit.planner.memory import read_model_shape
+
+    if isinstance(cfg, PPOConfig) and cfg.strategy.ring_attn_size > 1 and cfg.model.pretrain:
+        check_ring_heads(cfg.strategy.ring_attn_size, read_model_shape(cfg.model.pretrain, "--pretrain").num_heads)
+
+
 def dry_run(cfg: TrainConfig, trainer: str, prog: str) -> bool:
     """--dry_run: print the memory plan of this validated config and return True (the caller exits 0 without
     loading a model); False without --dry_run. `trainer` is sft, rm, dpo, kto, ppo or ppo_ray."""
@@ -44,6 +55,7 @@ def dry_run(cfg: TrainConfig, trainer: str, prog: str) -> bool:
     if not plan_args.dry_run:
         return False
     devices, world = _devices(plan_args)
+    _check_rl_heads(cfg)
     if os.environ.get("RANK", "0") == "0":
         import torch
 

@@ -29,12 +29,15 @@ def kl_loss_term(spec: ActorSpec, logp: torch.Tensor, micro: Experience, agg: st
     return kl_loss, {"kl_loss": kl_loss.item()}
 
 
-def distill_term(spec: ActorSpec, logits: torch.Tensor, logp: torch.Tensor, micro: Experience, agg: str,
+def distill_term(spec: ActorSpec, logits: torch.Tensor | None, logp: torch.Tensor, micro: Experience, agg: str,
                  agg_kwargs: dict[str, Any]) -> Term:
     """The distillation loss against the teacher's scores in the micro-batch (none without a teacher). Feedback
-    tokens of agent episodes have action_mask 0, so only the student's own tokens are distilled."""
+    tokens of agent episodes have action_mask 0, so only the student's own tokens are distilled. `logits` is None
+    under sequence parallelism, which the config layer refuses with a teacher."""
     if spec.distill_loss is None:
         return None, {}
+    if logits is None:
+        raise ValueError("distillation needs the actor's whole logits (not sequence parallel)")
     loss, info = distillation_loss(spec.distill_loss, logits, logp, micro.action_mask,
                                    teacher_logp=micro.teacher_log_probs, topk_ids=micro.teacher_topk_ids,
                                    topk_logp=micro.teacher_topk_log_probs, agg=agg, **agg_kwargs)

@@ -183,7 +183,8 @@ def build_ray_roles(run: RayRunPlan, clock: StartupClock | None = None) -> tuple
                 clock.launched(name)
                 ray_roles.groups[name] = RayActorGroup(
                     name, cls, plan, plan.slots[name], init_args=args, env=timeout_env, wait=False,
-                    offload_between_calls=name in specs.placement.offload_between_calls)
+                    offload_between_calls=name in specs.placement.offload_between_calls,
+                    sp_size=specs.actor.strategy.ring_attn_size)  # one --ring_attn_size for every role
         for group in ray_roles.groups.values():  # every role and engine started above loads in parallel
             group.ready()
         ray_roles.engine.info()

@@ -1,7 +1,11 @@
 """The forward passes of the RL roles (`roles.py`), as plain functions of a model and an `Experience`: action
 log-probs and logits (padded or packed rows, the LM head only where actions are), critic values, reward-model
 scores, micro-batched over a rank's share with the same number of forwards on every rank; plus the actor's reused
-old log-probs and its weights under Transformers names."""
+old log-probs and its weights under Transformers names.
+
+With sequence parallelism (--ring_attn_size) the ranks of a group hold the same rows and each runs a slice of every
+row's tokens (`rlhfkit.models.sequence_parallel`): action log-probs and entropies come back whole on every rank of
+the group (`sp_action_stats`); critic values and rewards take the same route inside `token_values`."""
 
 from __future__ import annotations
 
@@ -11,12 +15,13 @@ from typing import Any
 import torch
 
 from rlhfkit.algorithms.kl import compute_approx_kl
-from rlhfkit.algorithms.logprobs import token_logprobs
+from rlhfkit.algorithms.logprobs import entropy_from_logits, token_logprobs
 from rlhfkit.algorithms.masking import masked_mean
 from rlhfkit.config.specs import BatchSpec
 from rlhfkit.data.token_budget import plan_micro_batches
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
 from rlhfkit.models.policy import attn_implementation_of, model_dtype, model_inputs
+from rlhfkit.models.sequence_parallel import sequence_parallel_next_token_stats, sequence_parallel_size
 from rlhfkit.models.shared_prefix import share_prefixes, shared_prefix_logits
 from rlhfkit.models.trimmed_forward import trimmed_forward
 from rlhfkit.models.value_model import sequence_rewards, token_values
@@ -26,13 +31,15 @@ from rlhfkit.rl.experience import Experience, gather_actions, pad_columns
 def per_chunk(exp: Experience, batch: BatchSpec, strategy: DeepSpeedStrategy,
               fn: Callable[[Experience], torch.Tensor], action_width: bool = True) -> torch.Tensor:
     """Run `fn` over micro-batches of --micro_rollout_batch_size rows (or, with --use_dynamic_batch, of at most
-    --max_tokens_per_gpu tokens) and stitch the CPU results back in row order ([B, R] or [B]).
+    --rollout_max_tokens_per_gpu, else --max_tokens_per_gpu, tokens) and stitch the CPU results back in row order
+    ([B, R] or [B]).
 
     Every rank runs as many forwards as the busiest one (repeating its first micro-batch), because under ZeRO-3 a
     forward is a collective."""
-    if batch.max_tokens_per_gpu is not None:
+    budget = batch.scoring_max_tokens_per_gpu or batch.max_tokens_per_gpu  # --rollout_max_tokens_per_gpu's first
+    if budget is not None:
         lengths = exp.attention_mask.sum(dim=1).tolist()
-        chunks = plan_micro_batches(lengths, batch.max_tokens_per_gpu, widths=None if batch.packed else lengths)[0]
+        chunks = plan_micro_batches(lengths, budget, widths=None if batch.packed else lengths)[0]
     else:
         size = batch.micro_rollout_batch_size
         chunks = [list(range(i, min(i + size, len(exp)))) for i in range(0, len(exp), size)]
@@ -87,8 +94,38 @@ def _packed_action_logits(model: Any, exp: Experience) -> torch.Tensor:
 
 def action_log_probs(model: Any, exp: Experience, temperature: float, packed: bool = False) -> torch.Tensor:
     """log softmax(logits / temperature) of each response token, [B, R] (the rollout engine's convention)."""
+    return actor_forward(model, exp, temperature, packed)[1]
+
+
+def actor_forward(model: Any, exp: Experience, temperature: float, packed: bool = False, entropy: str | None = None
+                  ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+    """The actor's forward: (logits / temperature [B, R, V], or None under sequence parallelism, where no rank
+    holds a whole row's logits; log-probs [B, R]; with `entropy` ("metric": no gradient, "loss") the entropy [B, R])."""
+    if sequence_parallel_size() > 1:
+        return None, *sp_action_stats(model, exp, temperature, packed, entropy)
     logits = action_logits(model, exp, packed)
-    return token_logprobs(logits / temperature if temperature != 1.0 else logits, exp.action_tokens())
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = token_logprobs(logits, exp.action_tokens())
+    if entropy == "loss":
+        return logits, logp, entropy_from_logits(logits)
+    if entropy == "metric":
+        with torch.no_grad():
+            return logits, logp, entropy_from_logits(logits.detach())
+    return logits, logp, None
+
+
+def sp_action_stats(model: Any, exp: Experience, temperature: float, packed: bool, entropy: str | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Sequence parallelism: [B, R] log-probs (and entropies) of the response tokens, the group's ranks each
+    running a slice of the rows' tokens (padded rows, or the rows packed into one without their padding)."""
+    if packed:
+        batch, index = exp.packed_inputs()
+        logp, ent = sequence_parallel_next_token_stats(model, batch, temperature, entropy)
+        return logp[0][index], None if ent is None else ent[0][index]
+    positions = exp.action_positions()
+    logp, ent = sequence_parallel_next_token_stats(model, exp.model_inputs(), temperature, entropy)
+    return gather_actions(logp, positions), None if ent is None else gather_actions(ent, positions)
 
 
 def action_values(model: Any, exp: Experience, packed: bool = False) -> torch.Tensor:

@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-from rlhfkit.algorithms.logprobs import entropy_from_logits, token_logprobs
 from rlhfkit.algorithms.masking import aggregate_loss, masked_mean
 from rlhfkit.algorithms.policy_loss import policy_loss, value_loss
 from rlhfkit.config.specs import CRITIC_HEAD_HINT, ActorSpec, CriticSpec, ReferenceSpec, RewardSpec, RoleSpec
@@ -39,8 +38,8 @@ from rlhfkit.rl.experience import Experience, as_experience
 from rlhfkit.rl.replay_buffer import OptimizerStep, ReplayBuffer, one_optimizer_step
 from rlhfkit.rl.role_forward import (
     action_log_probs,
-    action_logits,
     action_values,
+    actor_forward,
     hf_state_dict,
     per_chunk,
     reused_old_log_probs,
@@ -92,8 +91,8 @@ class _TrainedRole(_Role):
 
     def _buffer(self, exp: Experience, seed: int) -> ReplayBuffer:
         b = self.spec.batch
-        return ReplayBuffer(exp, b.train_batch_size, b.micro_train_batch_size, rank=self.strategy.rank,
-                            world_size=self.strategy.world_size, seed=seed, max_tokens=b.max_tokens_per_gpu,
+        return ReplayBuffer(exp, b.train_batch_size, b.micro_train_batch_size, rank=self.strategy.dp_rank,
+                            world_size=self.strategy.dp_world_size, seed=seed, max_tokens=b.max_tokens_per_gpu,
                             packed=self.packed)
 
     def _reduce(self, sums: dict[str, float], weights: dict[str, float]) -> dict[str, float]:
@@ -108,8 +107,9 @@ class _TrainedRole(_Role):
     def _step_scale(self, tokens: int, rows: int, agg: str, step_tokens: int, step_rows: int) -> float:
         """Factor turning a micro-batch mean into its share of the optimizer step's mean (see replay_buffer.py).
 
-        DeepSpeed averages gradients over ranks, hence the world size in the denominator."""
-        world = self.strategy.world_size
+        DeepSpeed averages gradients over ranks, hence the data-parallel world in the denominator: the ranks of a
+        sequence-parallel group share each micro-batch and their gradients add up to P x its own."""
+        world = self.strategy.dp_world_size
         if agg == "token_mean":  # a step whose every episode failed before sampling has no action token at all
             return tokens / (max(step_tokens, 1) / world)
         return rows / (step_rows / world)
@@ -229,11 +229,9 @@ class ActorRole(_TrainedRole):
                     entropy_metric: bool = True) -> tuple[Stats, float]:
         a = self.spec
         mask = micro.action_mask
+        want_entropy = "loss" if a.entropy_loss_coef > 0 else "metric" if entropy_metric else None
         with router_aux_loss(self.engine, a.aux_loss_coef > 0) as aux:
-            logits = action_logits(self.engine, micro, self.packed)
-        if self.temperature != 1.0:
-            logits = logits / self.temperature
-        logp = token_logprobs(logits, micro.action_tokens())
+            logits, logp, entropy = actor_forward(self.engine, micro, self.temperature, self.packed, want_entropy)
         reused_stats: dict[str, tuple[float, float]] = {}
         if micro.action_log_probs is None:
             micro.action_log_probs, reused_stats = reused_old_log_probs(logp, micro, a.kl_estimator)
@@ -253,14 +251,10 @@ class ActorRole(_TrainedRole):
             if term is not None:
                 total = total + coef * term
             stats.update(term_stats)
-        if a.entropy_loss_coef > 0:
-            entropy = entropy_from_logits(logits)
-            entropy_loss = aggregate_loss(entropy, mask, self.agg, **agg_kwargs)
-            total = total - a.entropy_loss_coef * entropy_loss
+        if entropy is not None and a.entropy_loss_coef > 0:
+            total = total - a.entropy_loss_coef * aggregate_loss(entropy, mask, self.agg, **agg_kwargs)
+        if entropy is not None:
             stats["entropy"] = masked_mean(entropy.detach(), mask).item()
-        elif entropy_metric:
-            with torch.no_grad():
-                stats["entropy"] = masked_mean(entropy_from_logits(logits.detach()), mask).item()
         if aux:  # MoE router load balancing (rlhfkit.models.moe)
             total = total + a.aux_loss_coef * aux[0]
             stats["aux_loss"] = aux[0].item()

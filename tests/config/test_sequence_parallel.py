@@ -12,17 +12,31 @@ from rlhfkit.config.sequence_parallel import check_ring_heads, check_ring_world
 from rlhfkit.config.sft import SFTConfig
 from rlhfkit.errors import UserError
 
+RL_RING = ["--ring_attn_size", "2", "--actor_num_gpus_per_node", "2", "--advantage_estimator", "reinforce",
+           "--init_kl_coef", "0"]
+
 
 def test_openrlhf_spellings_set_the_ring_size():
     assert parse_config(SFTConfig, ["--ring_attn_size", "2"], "t").strategy.ring_attn_size == 2
     assert parse_config(RMConfig, ["--ring_attn_size", "2"], "t").strategy.ring_attn_size == 2
     dpo = parse_config(DPOConfig, ["--ds.ring_attn_size", "4", "--ds.ring_attn_head_stride", "1"], "t")
     assert (dpo.strategy.ring_attn_size, dpo.strategy.ring_head_stride) == (4, 1)
+    # OpenRLHF's long-context commands pass --ring_head_stride 2: accepted, without effect (Ulysses has no ring)
+    assert parse_config(SFTConfig, ["--ring_head_stride", "2"], "t").strategy.ring_head_stride == 2
+
+
+def test_rl_groups_of_ring_size_in_every_role():
+    """train_ppo_ray: each role's devices split into groups of --ring_attn_size; the batch rules count the
+    data-parallel ranks (2 actor devices in one group: 1 data-parallel rank), packed and with a token budget."""
+    cfg = parse_config(PPOConfig, [*RL_RING, "--init_kl_coef", "0.01", "--ref_num_gpus_per_node", "2",
+                                   "--advantage_estimator", "gae", "--critic_num_gpus_per_node", "4",
+                                   "--train_batch_size", "8", "--micro_train_batch_size", "2", "--packing_samples",
+                                   "--use_dynamic_batch", "--max_tokens_per_gpu", "4096"], "t")
+    assert cfg.strategy.ring_attn_size == 2
 
 
 @pytest.mark.parametrize("config, flags, needle", [
-    (SFTConfig, ["--ring_head_stride", "2"], "--ring_head_stride 2: rlhfkit's sequence parallelism is Ulysses"),
-    (DPOConfig, ["--ds.ring_attn_head_stride", "4"], "--ring_head_stride 4"),
+    (SFTConfig, ["--ring_head_stride", "0"], "--ring_head_stride 0: must be at least 1"),
     (SFTConfig, ["--ring_attn_size", "0"], "--ring_attn_size 0: must be at least 1"),
     (SFTConfig, ["--ring_attn_size", "2", "--aux_loss_coef", "0.01"], "--aux_loss_coef with --ring_attn_size"),
     (DPOConfig, ["--ring_attn_size", "2", "--use_dynamic_batch", "--max_tokens_per_gpu", "4096"],
@@ -30,7 +44,13 @@ def test_openrlhf_spellings_set_the_ring_size():
     (RMConfig, ["--ring_attn_size", "2", "--use_dynamic_batch", "--max_tokens_per_gpu", "4096"],
      "--use_dynamic_batch with --ring_attn_size"),
     (KTOConfig, ["--ring_attn_size", "2"], "--ring_attn_size is not supported by train_kto yet"),
-    (PPOConfig, ["--ring_attn_size", "2"], "--ring_attn_size is not supported by train_ppo_ray yet"),
+    (PPOConfig, ["--ring_attn_size", "2"], "--ring_attn_size 2 does not divide the 1 actor ranks"),
+    (PPOConfig, [*RL_RING, "--init_kl_coef", "0.01", "--ref_num_gpus_per_node", "3"],
+     "--ring_attn_size 2 does not divide the 3 ref ranks"),
+    (PPOConfig, [*RL_RING, "--teacher_url", "http://127.0.0.1:1"], "on-policy distillation"),
+    (PPOConfig, [*RL_RING, "--aux_loss_coef", "0.01"], "--aux_loss_coef with --ring_attn_size"),
+    (PPOConfig, [*RL_RING, "--actor_num_gpus_per_node", "4", "--train_batch_size", "4",
+                 "--micro_train_batch_size", "4"], "actor devices / --ring_attn_size"),
 ])
 def test_refused_combinations_name_the_flag(config, flags, needle):
     with pytest.raises(UserError) as err:

@@ -3,6 +3,8 @@ by hand for a small shape, and `--dry_run` with them: the rows it prints and the
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from rlhfkit.cli import train_sft
@@ -101,3 +103,35 @@ def test_32k_sample_needs_the_ring_within_the_budget(capsys, tmp_path):
         in one
     four = dry_run(capsys, [*argv, "--dry_run_num_gpus", "4", "--ring_attn_size", "4"])
     assert "verdict: FITS: largest per-device peak 532.3 MiB of 1.50 GiB" in four
+
+
+def test_rl_dry_run_plans_the_ring_and_advises_it(capsys, tmp_path):
+    """train_ppo_ray: the actor's activations are split by --ring_attn_size; without it, the advice finds the ring
+    sizes that divide every role's devices and the heads (4 devices, 32 heads: 2 and 4, not 8), and the planner
+    stops a size that does not split the heads with one line. (`dry_run` on the parsed config: the CLI adds only
+    its start-up notes, seconds of type-hint reading per run.)"""
+    from rlhfkit.config.base import parse_config
+    from rlhfkit.config.rl import PPOConfig
+    from rlhfkit.errors import UserError
+    from rlhfkit.planner.dry_run import dry_run as plan
+
+    model = str(write_config(tmp_path / "l7", {**LLAMA2_7B, "max_position_embeddings": 32768}))
+    reward = str(Path(__file__).parents[1] / "distributed" / "reward_exact_match.py")
+    argv = ["--pretrain", model, "--prompt_data", "p.jsonl", "--remote_rm_url", reward,
+            "--advantage_estimator", "reinforce", "--init_kl_coef", "0", "--actor_num_gpus_per_node", "4",
+            "--prompt_max_len", "31744", "--generate_max_len", "1024", "--train_batch_size", "4",
+            "--micro_train_batch_size", "1", "--rollout_batch_size", "4", "--micro_rollout_batch_size", "1",
+            "--vllm_num_engines", "1", "--vllm_gpu_memory_utilization", "0.5", "--bf16", "--gradient_checkpointing",
+            "--dry_run", "--dry_run_gpu_memory_gb", "48"]
+
+    def run(*extra: str) -> str:
+        assert plan(parse_config(PPOConfig, [*argv, *extra], "x"), "ppo_ray", "x")
+        return capsys.readouterr().out
+
+    out = run()
+    advised = [line.strip().split(":")[0] for line in out.splitlines() if line.strip().startswith("--ring_attn_size")]
+    assert advised == ["--ring_attn_size 2", "--ring_attn_size 4"], out
+    assert "/ ring 4" in run("--ring_attn_size", "4")
+    with pytest.raises(UserError, match="--ring_attn_size 3 does not divide the model's 32 attention heads"):
+        run("--ring_attn_size", "3", "--actor_num_gpus_per_node", "12", "--train_batch_size", "12",
+            "--rollout_batch_size", "12")
