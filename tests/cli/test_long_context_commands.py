@@ -1,5 +1,5 @@
 """OpenRLHF's long-context RL commands pass validation (issue 20, acceptance 3): its 64k-token REINFORCE++
-(`examples/scripts/train_reinforce_baseline_hybrid_engine.sh`) and async-agent
+(its scripts directory's `train_reinforce_baseline_hybrid_engine.sh`) and async-agent
 (`train_reinforce_baseline_ray_agent_async.sh`) scripts, as of its DeepSpeed releases: flat flags (commit
 8b78539c, February 2026) and dotted flags (0.10.2+, commit ed62d0e2; in between, the length flags became --max_len
 / --max_new_tokens). They are not among the seeds (../shared/seeds), so their flags are written out here, the
