@@ -24,6 +24,7 @@ from typing import Any
 
 from rlhfkit.config import openrlhf_names as theirs
 from rlhfkit.config.base import field_defaults, field_names, field_values, iter_fields
+from rlhfkit.errors import UserError
 
 ANCHOR = "docs/migration.md#defaults"
 
@@ -324,7 +325,11 @@ def differing_defaults(command: str, values: dict[str, Any] | None = None) -> di
     ours = field_defaults(cls) if values is None else values
     found = {}
     for flag, default in OPENRLHF[command].items():
-        wanted = our_values(flag, default, cls, ours.get)
+        try:
+            wanted = our_values(flag, default, cls, ours.get)
+        except UserError:
+            continue  # their default cannot stand beside this run's other values (--data.max_len 2048 under
+            # --generate_max_len 4096): the run could not take it, so there is no difference it relies on
         if wanted is None:
             continue  # not implemented: giving it fails, and leaving it out is the only behaviour rlhfkit has
         mine = {name: ours[name] for name in wanted}

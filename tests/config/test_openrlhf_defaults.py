@@ -126,6 +126,15 @@ def test_startup_lines_name_each_listed_default_a_command_relies_on(monkeypatch)
     assert "rlhfkit: --host not given: 127.0.0.1 here, OpenRLHF uses 0.0.0.0 (docs/migration.md#defaults)" in served
 
 
+def test_a_long_response_beside_a_prompt_limit_starts_without_a_total_length_error(monkeypatch):
+    """OpenRLHF's --data.max_len default (2048, prompt + response) cannot stand beside --generate_max_len 4096: the
+    start-up notes used to convert it anyway and stopped the run with "leaves no room", though the user gave
+    --prompt_max_len and never --data.max_len."""
+    on_cpu(monkeypatch)
+    argv = [*PPO, "--prompt_max_len", "1024", "--generate_max_len", "4096"]
+    assert "--generate_max_len" not in flags_noted(notes(PPOConfig, "train_ppo_ray", argv))
+
+
 def test_conditional_differences_appear_only_when_the_run_uses_them(monkeypatch):
     on_cpu(monkeypatch)
     assert flags_noted(notes(SFTConfig, "train_sft", SFT)) == ["--bf16", "--attn_implementation"]
