@@ -235,16 +235,20 @@ def _runnable(blocks: list[Block]) -> dict[str, Block]:
 
 RUNNABLE = _runnable(BLOCKS)
 # Blocks that do not run on their own (each train_ppo_ray run costs ~30 s of the Ray test worker): block -> (the
-# block whose run covers it, the config fields in which the two differ). The covering run sets every flag the
-# block sets to the same value and adds features (gradient checkpointing, packing, a --load_checkpoint that finds
-# no checkpoint, ...); where the block asks for something the covering run does not do (001-7's
-# --normalize_reward), another run does it (test_covered_blocks_differ_from_their_run_only_as_listed checks both).
+# block whose run covers it, the config fields in which the two differ). The covering run sets the block's flags to
+# the same values and adds features: gradient checkpointing, packing, a --load_checkpoint that finds no checkpoint,
+# an HF checkpoint, wandb; 002-2 formats its prompts with the chat template where 001-0, 001-2 and 001-5 give an
+# --input_template, which most other runs train with. Where a block asks for something its covering run does not do
+# (001-7's --normalize_reward), another run does it: test_covered_blocks_differ_from_their_run_only_as_listed checks
+# both.
+_LIKE_002_2 = {"apply_chat_template", "input_template", "ckpt_path", "enforce_eager", "save_hf_ckpt", "use_wandb"}
 COVERED = {
     "001-13-train_ppo_ray": ("001-9-train_ppo_ray", {"load_checkpoint", "ckpt_path"}),
-    "001-2-train_ppo_ray": ("001-0-train_ppo_ray",
-                            {"gradient_checkpointing", "packing_samples", "vllm_gpu_memory_utilization"}),
-    "001-5-train_ppo_ray": ("001-0-train_ppo_ray",
-                            {"actor_learning_rate", "gradient_checkpointing", "normalize_reward", "packing_samples"}),
+    "001-0-train_ppo_ray": ("002-2-train_ppo_ray", _LIKE_002_2),
+    "001-2-train_ppo_ray": ("002-2-train_ppo_ray", _LIKE_002_2 | {"gradient_checkpointing", "packing_samples",
+                                                                  "vllm_gpu_memory_utilization"}),
+    "001-5-train_ppo_ray": ("002-2-train_ppo_ray", _LIKE_002_2 | {"actor_learning_rate", "gradient_checkpointing",
+                                                                  "normalize_reward", "packing_samples"}),
     "001-7-train_ppo_ray": ("001-10-train_ppo_ray",
                             {"normalize_reward", "packing_samples", "save_hf_ckpt", "use_wandb", "wandb_project"}),
 }
