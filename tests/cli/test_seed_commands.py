@@ -238,9 +238,9 @@ RUNNABLE = _runnable(BLOCKS)
 # block whose run covers it, the config fields in which the two differ). The covering run sets the block's flags to
 # the same values and adds features: gradient checkpointing, packing, a --load_checkpoint that finds no checkpoint,
 # an HF checkpoint, wandb; 002-2 formats its prompts with the chat template where 001-0, 001-2 and 001-5 give an
-# --input_template, which most other runs train with. Where a block asks for something its covering run does not do
-# (001-7's --normalize_reward), another run does it: test_covered_blocks_differ_from_their_run_only_as_listed checks
-# both.
+# --input_template, which most other runs train with (001-0 also trains verbatim, 2-rank actor and 2 vLLM engines, in
+# distributed/test_ray_ppo.py::test_seed_hybrid_engine_ppo_command). Where a block asks for something its covering
+# run does not do (001-7's --normalize_reward), another run does it. The test below checks both.
 _LIKE_002_2 = {"apply_chat_template", "input_template", "ckpt_path", "enforce_eager", "save_hf_ckpt", "use_wandb"}
 COVERED = {
     "001-13-train_ppo_ray": ("001-9-train_ppo_ray", {"load_checkpoint", "ckpt_path"}),
