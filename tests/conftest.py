@@ -104,3 +104,24 @@ def pytest_xdist_make_scheduler(config, log):
     from tests.group_scheduling import GroupScheduling
 
     return GroupScheduling(config, log)
+
+
+# make test's balance: the seconds each xdist worker spent in tests, and the "ray" group's share (tests/selection.py),
+# so a run shows which worker is the long path before anyone moves tests between them.
+_BUSY: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    node = getattr(report, "node", None)  # set by xdist's controller on a worker's report
+    if node is not None:
+        from tests.selection import group_of
+
+        for key in (node.gateway.id, f"{node.gateway.id} {group_of(report.nodeid)}"):
+            _BUSY[key] = _BUSY.get(key, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    workers = sorted(k for k in _BUSY if " " not in k)
+    if workers:
+        line = "; ".join(f"{w} {_BUSY[w]:.0f} s (ray group {_BUSY.get(f'{w} ray', 0.0):.0f} s)" for w in workers)
+        terminalreporter.write_line(f"time in tests per worker: {line}")

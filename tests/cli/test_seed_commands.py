@@ -9,7 +9,9 @@ the count), and:
    one-line CPU message). Scaling replaces values and adds what a partial block ("# ... other args") leaves to the
    reader; it removes only what carries host data: the `ray job submit` / `deepspeed` launcher with its
    `--address` and `--runtime-env-json`, and the `...` placeholder. Runs of 2 RL steps share this process's Ray
-   cluster; identical scaled commands run once.
+   cluster; identical scaled commands run once, and a block whose scaled command is another block's with some of
+   its features left out rides on that block's run (`COVERED`: the fields that differ are checked, and each of the
+   block's values of them runs in some other block).
 3. The agent blocks (`--agent_func_path`, `--async_train`) run like the others: their agent file is the example
    of the same name in examples/ (else examples/agent_func.py), trained asynchronously for 2 steps.
 """
@@ -232,6 +234,47 @@ def _runnable(blocks: list[Block]) -> dict[str, Block]:
 
 
 RUNNABLE = _runnable(BLOCKS)
+# Blocks that do not run on their own (each train_ppo_ray run costs ~30 s of the Ray test worker): block -> (the
+# block whose run covers it, the config fields in which the two differ). The covering run sets the block's flags to
+# the same values and adds features: gradient checkpointing, packing, a --load_checkpoint that finds no checkpoint,
+# an HF checkpoint, wandb; 002-2 formats its prompts with the chat template where 001-0, 001-2 and 001-5 give an
+# --input_template, which most other runs train with (001-0 also trains verbatim, 2-rank actor and 2 vLLM engines, in
+# distributed/test_ray_ppo.py::test_seed_hybrid_engine_ppo_command). Where a block asks for something its covering
+# run does not do (001-7's --normalize_reward), another run does it. The test below checks both.
+_LIKE_002_2 = {"apply_chat_template", "input_template", "ckpt_path", "enforce_eager", "save_hf_ckpt", "use_wandb"}
+COVERED = {
+    "001-13-train_ppo_ray": ("001-9-train_ppo_ray", {"load_checkpoint", "ckpt_path"}),
+    "001-0-train_ppo_ray": ("002-2-train_ppo_ray", _LIKE_002_2),
+    "001-2-train_ppo_ray": ("002-2-train_ppo_ray", _LIKE_002_2 | {"gradient_checkpointing", "packing_samples",
+                                                                  "vllm_gpu_memory_utilization"}),
+    "001-5-train_ppo_ray": ("002-2-train_ppo_ray", _LIKE_002_2 | {"actor_learning_rate", "gradient_checkpointing",
+                                                                  "normalize_reward", "packing_samples"}),
+    "001-7-train_ppo_ray": ("001-10-train_ppo_ray",
+                            {"normalize_reward", "packing_samples", "save_hf_ckpt", "use_wandb", "wandb_project"}),
+}
+RUNS = sorted(set(RUNNABLE) - set(COVERED))
+
+
+def _scaled_fields(block: Block) -> dict[str, object]:
+    """The block's config, scaled as for its run (placeholder paths, one output directory for all), flat."""
+    from types import SimpleNamespace
+
+    from rlhfkit.config.base import field_values, parse_config
+
+    where = SimpleNamespace(model_dir="MODEL", rl_train="RL", sft_train="SFT")
+    return field_values(parse_config(CONFIGS[block.module], scale(block, where, Path("OUT")), block.module))
+
+
+def test_covered_blocks_differ_from_their_run_only_as_listed():
+    """Each covered block parses and validates, differs from its covering run in exactly the listed fields, and
+    its own value of each of them is trained by a run."""
+    runs = {run: _scaled_fields(RUNNABLE[run]) for run in RUNS if RUNNABLE[run].module == "train_ppo_ray"}
+    for block_id, (run, fields) in COVERED.items():
+        assert block_id in RUNNABLE and run in RUNS, (block_id, run)
+        mine = _scaled_fields(RUNNABLE[block_id])
+        assert {f for f in mine if mine[f] != runs[run][f]} == fields, block_id
+        for field in fields:
+            assert any(cfg[field] == mine[field] for cfg in runs.values()), (block_id, field, mine[field])
 
 
 @pytest.fixture(scope="module")
@@ -259,7 +302,7 @@ def _main(module: str):
     return importlib.import_module(f"rlhfkit.cli.{module}").main
 
 
-@pytest.mark.parametrize("block_id", sorted(RUNNABLE))
+@pytest.mark.parametrize("block_id", RUNS)
 def test_seed_block_runs(block_id, demo_assets, demo_reward_model, chat_pairs, wandb_offline, capsys):
     block = RUNNABLE[block_id]
     out = chat_pairs.parent / block_id
