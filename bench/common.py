@@ -169,6 +169,7 @@ class TreeMonitor:
         self.root = psutil.Process()
         self.interval, self.pss_every = interval, pss_every
         self.peak_rss = self.peak_pss = self.own_cpu = 0.0
+        self.peak_pss_by_process: dict[str, float] = {}  # title -> PSS (MB) in the sample of the peak
         self.marks: list[dict[int, tuple[str, float]]] = []  # per cpu_seconds() call: pid -> (title, CPU s)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -184,12 +185,18 @@ class TreeMonitor:
         while not self._stop.wait(self.interval):
             with_pss, n = n % self.pss_every == 0, n + 1
             rss = pss = 0.0
+            by_process: dict[str, float] = {}
             for proc in self.processes():
                 try:
                     mem = proc.memory_full_info() if with_pss else proc.memory_info()
+                    title = _title(proc) if with_pss else ""
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     continue
                 rss, pss = rss + mem.rss, pss + getattr(mem, "pss", 0)
+                if with_pss:
+                    by_process[title] = by_process.get(title, 0.0) + getattr(mem, "pss", 0) / 2**20
+            if pss > self.peak_pss:
+                self.peak_pss_by_process = {k: round(v) for k, v in sorted(by_process.items(), key=lambda kv: -kv[1])}
             self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
             self.own_cpu = time.thread_time()
 
@@ -239,7 +246,18 @@ class TreeMonitor:
         self._stop.set()
         self._thread.join()
         return {"peak_rss_mb": self.peak_rss / 2**20, "peak_pss_mb": self.peak_pss / 2**20,
+                "peak_pss_by_process": self.peak_pss_by_process,
                 "monitor_cpu_s": self.own_cpu, "cpu_by_process": self.cpu_by_process(first)}
+
+
+def _title(proc: Any) -> str:
+    """A short name of a process of the tree: a Ray worker's title (ray::RoleWorker), a Ray daemon's program or
+    script (gcs_server, dashboard.py), else its program."""
+    cmdline = proc.cmdline() or [proc.name()]
+    if cmdline[0].startswith("ray::"):
+        return cmdline[0].split()[0]
+    script = next((a for a in cmdline[1:] if a.endswith(".py")), cmdline[0])
+    return script.split("/")[-1][:40]
 
 
 def step_times(ends: Sequence[float], warmup: int) -> list[float]:

@@ -6,7 +6,8 @@ prompts x 8 samples, the actor on one bundle, --colocate_all_models): `vllm` (on
 Reported per run: wall time from the child's start to the first step's rollout (`to_first_step_s`); the time
 `train_ppo_ray` prints for "roles and engines up"; the run's own start-up breakdown (metrics `startup/<phase>_s`,
 logged by `rlhfkit.rl.ray_run`); and the peak summed PSS of the child's process tree (the driver and its local
-Ray cluster, `common.TreeMonitor`). Runs alternate between the cases, `--repeats` times.
+Ray cluster, `common.TreeMonitor`), with each process's share at that peak. Runs alternate between the cases,
+`--repeats` times.
 
     .venv/bin/python bench/ray_startup.py [--case vllm] [--case hf] [--repeats 2] [--label before]
 """
@@ -99,7 +100,8 @@ def run_child(case: str, code: str, rep: int, args: argparse.Namespace, workdir:
     up = next((x for x in proc.stdout.splitlines() if "roles and engines up" in x), "")
     print(f"{args.label} {code} {case} rep {rep}: first step at {r['to_first_step_s']:.1f} s, peak PSS "
           f"{r['peak_pss_mb']:.0f} MB (at first step {r['pss_at_first_step_mb']:.0f}), load {load()}\n"
-          f"    {up.strip()}\n    {json.dumps({k: round(v, 2) for k, v in r['startup'].items()})}",
+          f"    {up.strip()}\n    {json.dumps({k: round(v, 2) for k, v in r['startup'].items()})}\n"
+          f"    PSS at the peak by process (MB): {json.dumps(r.get('peak_pss_by_process', {}))}",
           flush=True)
 
 

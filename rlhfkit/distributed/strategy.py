@@ -25,7 +25,12 @@ from rlhfkit.config.common import StrategyArgs, check_batch_split
 from rlhfkit.config.sequence_parallel import check_ring_world
 from rlhfkit.distributed import optimizers, tensor_parallel
 from rlhfkit.distributed.determinism import enable_full_determinism, flag_from_env, note_gpu_limits
-from rlhfkit.distributed.launch import default_ds_accelerator, init_distributed, world_size_from_env
+from rlhfkit.distributed.launch import (
+    default_ds_accelerator,
+    import_deepspeed,
+    init_distributed,
+    world_size_from_env,
+)
 from rlhfkit.distributed.plain_torch_engine import PlainTorchEngine
 from rlhfkit.models.sequence_parallel import check_heads, set_sequence_parallel_group
 
@@ -225,7 +230,7 @@ class DeepSpeedStrategy:
             return PlainTorchEngine(model, optimizer, scheduler, self.accumulation_steps, self.args.max_norm,
                                self.args.train_batch_size)
         optimizers.check_deepspeed_optimizer(self.args, self.bf16)
-        import deepspeed
+        deepspeed = import_deepspeed()
 
         optimizer = self.make_optimizer(model, learning_rate)
         scheduler = self.make_scheduler(optimizer, num_update_steps)
@@ -246,7 +251,7 @@ class DeepSpeedStrategy:
 
             return prepare_frozen(model.to(dtype=torch.bfloat16 if self.bf16 else torch.float32))
         if self.args.zero_stage == 3:
-            import deepspeed
+            deepspeed = import_deepspeed()
 
             engine, _, _, _ = deepspeed.initialize(model=model, config=self.ds_config(train=False),
                                                    dist_init_required=False)

@@ -29,6 +29,7 @@ ZeRO-3 inference engine stays sharded where it is).
 from __future__ import annotations
 
 import datetime
+import sys
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -62,11 +63,11 @@ _OFFLOADED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
 def _is_deepspeed_engine(obj: Any) -> TypeGuard[_DeepSpeedEngine]:
-    try:
-        from deepspeed import DeepSpeedEngine
-    except ImportError:  # pragma: no cover - deepspeed is a dependency
-        return False
-    return isinstance(obj, DeepSpeedEngine)
+    # A process that never imported DeepSpeed holds no DeepSpeed engine: asking must not import it (a plain-torch
+    # actor would pay the import at its first weight sync)
+    deepspeed = sys.modules.get("deepspeed")
+    engine_cls = getattr(deepspeed, "DeepSpeedEngine", None)
+    return engine_cls is not None and isinstance(obj, engine_cls)
 
 
 def role_modules(role: Any) -> list[nn.Module]:

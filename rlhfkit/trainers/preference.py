@@ -257,7 +257,9 @@ class FrozenReference:
 
 def zero3_offloaded_eval(strategy: DeepSpeedStrategy, model: nn.Module) -> nn.Module:
     """A frozen ZeRO-3 inference engine whose parameter shards live on the CPU (DeepSpeed offload_param)."""
-    import deepspeed
+    from rlhfkit.distributed.launch import import_deepspeed
+
+    deepspeed = import_deepspeed()
 
     model.requires_grad_(False)
     model.eval()

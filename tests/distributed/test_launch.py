@@ -82,19 +82,24 @@ def test_rank_whose_peer_never_arrives_fails_after_the_timeout(tmp_path):
 def test_a_world_of_one_joined_earlier_is_described_again():
     """A second in-process run (a notebook, the next test module) finds the group of the first one joined but its
     launcher variables gone: init_distributed puts RANK / LOCAL_RANK / WORLD_SIZE back, since DeepSpeed's engine
-    refuses to start without LOCAL_RANK."""
+    refuses to start without LOCAL_RANK. init_distributed joins without DeepSpeed (a plain-torch role never pays its
+    import); import_deepspeed then wraps the running group in DeepSpeed's comm layer without building the shm comm
+    op (a minutes-long JIT compile on gloo). One subprocess for both: it costs a torch import."""
     script = (
-        "import os\n"
-        "from rlhfkit.distributed.launch import init_distributed\n"
+        "import os, sys\n"
+        "from rlhfkit.distributed.launch import import_deepspeed, init_distributed\n"
         "init_distributed()\n"
         "for key in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'):\n"
         "    os.environ.pop(key)\n"
         "init_distributed()\n"
-        "print([os.environ[k] for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE')])\n"
+        "print([os.environ[k] for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE')], 'deepspeed' in sys.modules)\n"
+        "deepspeed = import_deepspeed()\n"
+        "print(deepspeed.comm.is_initialized(), deepspeed.comm.get_world_size(),\n"
+        "      deepspeed.ops.__compatible_ops__['deepspeed_shm_comm'], deepspeed.comm.comm.cdb.shm_comm_op)\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
                                                             "MASTER_PORT")}
     out = subprocess.run([sys.executable, "-c", script], cwd=REPO, env={**env, "PYTHONPATH": str(REPO)},
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "['0', '0', '1']"
+    assert out.stdout.strip().splitlines()[-2:] == ["['0', '0', '1'] False", "True 1 False None"], out.stdout
