@@ -30,7 +30,6 @@ Sleep: with `--vllm_enable_sleep` on GPUs `sleep()` is `LLM.sleep(level=1)` (wei
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import shutil
