@@ -96,18 +96,19 @@ def last_eval(save: Path, key: str) -> float:
 
 
 def grpo(assets, sft: Path, out: Path, work: Path, seed: int, args: argparse.Namespace) -> None:
-    """GRPO from the SFT model on the RL image prompts with the demo's exact-match reward: 16 prompts per step,
-    `--grpo_samples` samples each, one optimizer step per rollout (the defaults are the first recorded rows)."""
-    samples = 16 * args.grpo_samples
+    """GRPO from the SFT model on the RL image prompts with the demo's exact-match reward: `--grpo_prompts` prompts
+    per step, `--grpo_samples` samples each, one optimizer step per rollout (the defaults: the first recorded rows)."""
+    samples = args.grpo_prompts * args.grpo_samples
     extra = [] if args.grpo_train_vision else ["--actor.freeze_visual_encoder"]
     if args.grpo_dynamic_filtering:  # drop the all-0 / all-1 groups: no GRPO gradient, only noise in the batch
         extra += ["--dynamic_filtering", "--dynamic_filtering_reward_range", "0", "1"]
     cli("train_ppo", "--pretrain", str(sft), "--prompt_data", str(assets.split("rl_train")), "--input_key", "prompt",
         "--label_key", "answer", "--apply_chat_template", "--data.image_key", "images", *extra,
         "--remote_rm_url", str(ROOT / "examples" / "reward_func.py"), "--advantage_estimator", "group_norm",
-        "--n_samples_per_prompt", str(args.grpo_samples), "--rollout_batch_size", "16", "--train_batch_size",
-        str(samples), "--micro_train_batch_size", "32", "--micro_rollout_batch_size", "32", "--generate_max_len",
-        "4", "--prompt_max_len", "64", "--max_rl_steps", str(args.grpo_steps), "--actor_learning_rate",
+        "--n_samples_per_prompt", str(args.grpo_samples), "--rollout_batch_size", str(args.grpo_prompts),
+        "--train_batch_size", str(samples), "--micro_train_batch_size", "32", "--micro_rollout_batch_size", "32",
+        "--generate_max_len", "4", "--prompt_max_len", "64", "--max_rl_steps", str(args.grpo_steps),
+        "--actor_learning_rate",
         str(args.grpo_lr), "--lr_scheduler", "constant", "--seed", str(seed), "--save_path", str(out),
         "--ckpt_path", str(work / f"ckpt_grpo_{seed}"), "--disable_progress_bar", "--save_steps", "-1",
         "--logging_steps", "5")
@@ -167,7 +168,8 @@ def write(results: list[dict], args: argparse.Namespace, load_start: str) -> Pat
              f"{md.version('transformers')}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average "
              f"{load_start} at the start, {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end.", "",
              f"SFT: {args.sft_steps} steps of batch 32, lr 1e-3 constant, 3,000 records. GRPO from the SFT model: "
-             f"train_ppo, group_norm, 16 prompts x {args.grpo_samples} samples per step, {args.grpo_steps} steps, lr "
+             f"train_ppo, group_norm, {args.grpo_prompts} prompts x {args.grpo_samples} samples per step, "
+             f"{args.grpo_steps} steps, lr "
              f"{args.grpo_lr} constant, KL penalty 0.01 (k1), exact-match reward, "
              f"{'vision tower trained' if args.grpo_train_vision else 'frozen vision tower'}"
              f"{', dynamic filtering (all-equal groups dropped)' if args.grpo_dynamic_filtering else ''}. DPO: "
@@ -207,6 +209,7 @@ def main() -> None:
     p.add_argument("--dpo_steps", type=int, default=40)
     p.add_argument("--grpo_steps", type=int, default=100)
     p.add_argument("--grpo_samples", type=int, default=8, help="samples per prompt (16 prompts per step)")
+    p.add_argument("--grpo_prompts", type=int, default=16, help="prompts per GRPO step (one optimizer step each)")
     p.add_argument("--grpo_lr", type=float, default=3e-4)
     p.add_argument("--grpo_dynamic_filtering", action="store_true", help="drop all-0 / all-1 groups")
     p.add_argument("--grpo_train_vision", action="store_true", help="train the vision tower too (default: frozen)")
