@@ -1,6 +1,6 @@
-"""The vision-language flags of train_sft, train_dpo, train_kto and the RL commands (train_ppo, train_ppo_ray): images
-under a record key, how many one record may hold, and training the language model only. The data format is in
-docs/vlm.md."""
+"""The vision-language flags of train_sft, train_rm, train_dpo, train_kto and the RL commands (train_ppo,
+train_ppo_ray): images under a record key, how many one record may hold, and training the language model only. The
+data format is in docs/vlm.md."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 from rlhfkit.config.base import arg
 from rlhfkit.errors import UserError
 
-VISION_COMMANDS = "train_sft, train_dpo, train_kto, train_ppo and train_ppo_ray"
+VISION_COMMANDS = "train_sft, train_rm, train_dpo, train_kto, train_ppo and train_ppo_ray"
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """The offline trainers on image prompts, from their CLIs (2 steps each on the tiny Qwen2-VL): SFT with OpenRLHF's
 `--data.image_key` and `--actor.freeze_visual_encoder` (on packed rows: `--packing_samples`) leaves the vision tower
-bit-identical, and its output feeds DPO and KTO directly (the image processor is saved with the model)."""
+bit-identical, and its output feeds DPO and KTO directly (the image processor is saved with the model); train_rm
+trains a value head on the vision-language base, packed, with the vision tower frozen."""
 
 from __future__ import annotations
 
@@ -46,3 +47,15 @@ def test_sft_dpo_and_kto_train_two_steps_on_image_prompts(vlm_assets, tmp_path):
     ok(cli("train_kto", "--pretrain", str(sft), "--dataset", str(kto_data), "--input_key", "prompt",
            "--output_key", "completion", "--save_path", str(kto), *COMMON))
     assert steps(sft) >= 2 and steps(dpo) >= 2 and steps(kto) >= 2
+
+
+def test_rm_trains_two_steps_on_image_pairs_with_a_frozen_vision_tower(vlm_assets, tmp_path):
+    rm = tmp_path / "rm"
+    ok(cli("train_rm", "--pretrain", str(vlm_assets.model_dir), "--dataset", str(vlm_assets.split("pref_train")),
+           "--prompt_key", "prompt", "--actor.freeze_visual_encoder", "--packing_samples", "--save_path", str(rm),
+           *COMMON))
+    before, after = load_file(vlm_assets.model_dir / "model.safetensors"), load_file(rm / "model.safetensors")
+    vision = [k for k in before if "visual" in k]
+    assert vision and all(before[k].equal(after[k]) for k in vision)
+    assert "score.weight" in after and sum(not before[k].equal(after[k]) for k in before if k not in vision) > 0
+    assert (rm / "preprocessor_config.json").is_file() and steps(rm) >= 2
