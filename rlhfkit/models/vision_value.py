@@ -30,14 +30,12 @@ def vision_value_class(model_type: str) -> Any:
     """The value-model class of a vision-language family: `<Family>PreTrainedModel` with the family's backbone
     under `model` and a linear head (1 output, no bias, as Transformers' sequence classifiers have) named by
     `config.value_head_prefix`."""
-    if model_type == "qwen2_5_vl":
-        from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as family
+    import importlib
 
-        base, backbone, name = family.Qwen2_5_VLPreTrainedModel, family.Qwen2_5_VLModel, "Qwen2_5_VLForValue"
-    else:
-        from transformers.models.qwen2_vl import modeling_qwen2_vl as family
-
-        base, backbone, name = family.Qwen2VLPreTrainedModel, family.Qwen2VLModel, "Qwen2VLForValue"
+    module, prefix = {"qwen2_5_vl": ("qwen2_5_vl", "Qwen2_5_VL")}.get(model_type, ("qwen2_vl", "Qwen2VL"))
+    family = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
+    base, backbone = getattr(family, f"{prefix}PreTrainedModel"), getattr(family, f"{prefix}Model")
+    name = f"{prefix}ForValue"
 
     def __init__(self: Any, config: Any) -> None:
         base.__init__(self, config)

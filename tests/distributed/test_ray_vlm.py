@@ -3,7 +3,7 @@
 for 2 steps on the tiny Qwen2-VL: the vision tower stays bit-identical, every weight sync moves the language model's
 tensors only, the engine's and the trainer's log-probs of the sampled image prompts agree (fp32), and a run that
 asks for vLLM engines says once why it generates on the Transformers engine. PPO with a critic and a reward model
-on the vision-language base (GAE) runs 2 steps the same way.
+on the vision-language base (GAE) runs 2 steps the same way."""
 
 from __future__ import annotations
 
