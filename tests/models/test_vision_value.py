@@ -89,3 +89,13 @@ def test_a_saved_vision_reward_model_loads_back_with_its_head(vlm_value, tmp_pat
     assert type(again).__name__ == "Qwen2VLForValue"
     mine = model.state_dict()
     assert all(v.equal(mine[k]) for k, v in again.state_dict().items())
+
+
+def test_lora_adapts_a_vision_reward_model_and_trains_its_head_in_full(vlm_assets):
+    from rlhfkit.models.lora import apply_lora
+
+    model = load_value_model(str(vlm_assets.model_dir), flag="--pretrain", require_head=False)
+    adapted = apply_lora(model, 4, 8, 0.0, None, head="score")  # the merger's mlp.0 / mlp.2 by their whole names
+    trained = [n for n, p in adapted.named_parameters() if p.requires_grad]
+    assert any("merger.mlp.0.lora_A" in n for n in trained) and any("score" in n for n in trained)
+    assert not any("blocks.0.lora" in n for n in trained)
