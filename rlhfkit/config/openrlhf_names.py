@@ -69,8 +69,8 @@ ALIASES: dict[str, str | tuple[str, ...]] = {
     "reward.overlong_penalty_factor": "overlong_penalty_factor",
     "reward.stop_properly_penalty_coef": "stop_properly_penalty_coef",
     "algo.advantage.is_correction_type": "vllm_is_correction_type",
-    # vision-language models (train_sft, train_dpo, train_kto, train_ppo, train_ppo_ray; the other commands refuse
-    # them with ONLY_SOME)
+    # vision-language models (train_sft, train_rm, train_dpo, train_kto, train_ppo, train_ppo_ray; the other
+    # commands refuse them with ONLY_SOME)
     "data.image_key": "image_key",
     "data.max_images_per_prompt": "max_images_per_prompt",
     "actor.freeze_visual_encoder": "freeze_visual_encoder",
@@ -313,8 +313,8 @@ ADAPTED: tuple[Adapted, ...] = (
 )
 
 # -- no equivalent yet --------------------------------------------------------------------------------------
-_VLM = ("images train with train_sft, train_dpo, train_kto, train_ppo and train_ppo_ray so far; train_rm and "
-        "batch_inference do not take images yet")
+_VLM = ("images train with train_sft, train_rm, train_dpo, train_kto, train_ppo and train_ppo_ray so far; "
+        "batch_inference does not take images yet")
 
 NOT_SUPPORTED: dict[str, str] = {
     # flat (OpenRLHF 0.8/0.9) flags

@@ -171,6 +171,7 @@ class RMConfig:
     model: ModelArgs = field(default_factory=ModelArgs)
     strategy: RMStrategyArgs = field(default_factory=RMStrategyArgs)
     data: PreferenceDataArgs = field(default_factory=PreferenceDataArgs)
+    vision: VisionArgs = field(default_factory=VisionArgs)
     pairs: PairDataArgs = field(default_factory=PairDataArgs)
     train: RMTrainArgs = field(default_factory=RMTrainArgs)
     logging: LoggingArgs = field(default_factory=LoggingArgs)
@@ -188,6 +189,11 @@ class RMConfig:
             raise UserError("--use_liger_kernel patches the trained causal LM (train_sft, train_dpo, train_kto and "
                             "the RL actor); train_rm trains a value model: drop it")
         check_ring_combinations(self.strategy, 0.0)
+        check_vision_flags(self.vision, self.strategy.ring_attn_size)
+
+    def inert_flags(self) -> dict[str, str]:
+        """Flags given that cannot act with the others (`rlhfkit.config.base.refuse_inert_flags`)."""
+        return vision_inert_flags(self.vision)
 
     def check_inputs(self) -> None:
         """What the run needs besides valid flags (the trainer calls it before reading anything)."""

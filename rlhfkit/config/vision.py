@@ -1,6 +1,6 @@
-"""The vision-language flags of train_sft, train_dpo, train_kto and the RL commands (train_ppo, train_ppo_ray): images
-under a record key, how many one record may hold, and training the language model only. The data format is in
-docs/vlm.md."""
+"""The vision-language flags of train_sft, train_rm, train_dpo, train_kto and the RL commands (train_ppo,
+train_ppo_ray): images under a record key, how many one record may hold, and training the language model only. The
+data format is in docs/vlm.md."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 from rlhfkit.config.base import arg
 from rlhfkit.errors import UserError
 
-VISION_COMMANDS = "train_sft, train_dpo, train_kto, train_ppo and train_ppo_ray"
+VISION_COMMANDS = "train_sft, train_rm, train_dpo, train_kto, train_ppo and train_ppo_ray"
 
 
 @dataclass
@@ -46,19 +46,13 @@ def vision_inert_flags(vision: VisionArgs) -> dict[str, str]:
 
 
 def check_rl_vision(cfg: Any) -> None:
-    """The RL runs' rules for image prompts (`cfg` a PPOConfig): the policy, reference and rollout engines see the
-    images; the models that would score them without images (a reward model, a critic, a distillation teacher) are
-    refused."""
+    """The RL runs' rules for image prompts (`cfg` a PPOConfig): the policy, reference, rollout engines, reward
+    model (`--reward_pretrain`) and critic (`--advantage_estimator gae`) see the images; a distillation teacher,
+    which would score the text without them, is refused."""
     vision = cfg.vision
     check_vision_flags(vision, cfg.strategy.ring_attn_size)
     if not vision.image_key:
         return
-    if cfg.rl_model.reward_pretrain:
-        raise UserError("--reward_pretrain with --image_key is not supported yet: the reward model would score the "
-                        "text without its images; score with --remote_rm_url (a reward function) instead")
-    if cfg.algo.advantage_estimator == "gae":
-        raise UserError("--advantage_estimator gae with --image_key is not supported yet: the critic would not see "
-                        "the images; use a critic-free estimator (group_norm for GRPO, reinforce, rloo, ...)")
     if cfg.distill.teacher_pretrain or cfg.distill.teacher_url:
         raise UserError("--teacher_pretrain / --teacher_url with --image_key is not supported yet: the teacher "
                         "would score the text without its images")

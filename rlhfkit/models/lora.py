@@ -35,11 +35,18 @@ def apply_lora(model: PreTrainedModel, rank: int, alpha: int, dropout: float,
         config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, bias="none", task_type="CAUSAL_LM",
                             target_modules=target_modules or "all-linear")
     else:
-        targets = target_modules or sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules()
+        targets = target_modules or sorted({_target_name(name) for name, m in model.named_modules()
                                             if isinstance(m, nn.Linear) and not name.startswith(head)})
         config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, bias="none", task_type="SEQ_CLS",
                             target_modules=[t for t in targets if t != head], modules_to_save=[head])
     return get_peft_model(model, config)
+
+
+def _target_name(module_name: str) -> str:
+    """How a LoRA target names a linear layer: its last name part (`q_proj` adapts every layer's), or its whole name
+    where that part is an index (a vision-language merger's `mlp.0`: a bare "0" would also match whole blocks)."""
+    last = module_name.rsplit(".", 1)[-1]
+    return module_name if last.isdigit() else last
 
 
 def merged_for_saving(model: PreTrainedModel | PeftModel) -> PreTrainedModel:

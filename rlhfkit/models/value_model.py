@@ -4,6 +4,8 @@ The model is a Transformers `AutoModelForSequenceClassification` with `num_label
 `score` for Llama, Qwen2, Mistral, ...), so a saved reward model loads back with plain `from_pretrained` too.
 We do not use its pooled output: `token_values` runs the backbone and the head on every position, which the
 critic needs, and `sequence_rewards` reads the value at the last real token of each sample (padded or packed).
+A vision-language base (Qwen2-VL family) gets the value model of `rlhfkit.models.vision_value`: the same `score`
+head on its multimodal backbone, whose forward takes the batch's `pixel_values` / `image_grid_thw`.
 Reward statistics for `--normalize_reward` are stored in the config as `reward_mean` / `reward_std`.
 """
 
@@ -19,6 +21,8 @@ from rlhfkit.errors import UserError
 from rlhfkit.models.loading import _from_pretrained
 from rlhfkit.models.policy import attn_implementation_of, model_dtype, model_inputs
 from rlhfkit.models.sequence_parallel import sequence_parallel_size, sequence_parallel_token_values
+from rlhfkit.models.vision import is_vision_config
+from rlhfkit.models.vision_value import load_vision_value_model
 
 
 def load_value_model(path: str, *, value_head_prefix: str = "score", attn_implementation: str = "sdpa",
@@ -30,11 +34,15 @@ def load_value_model(path: str, *, value_head_prefix: str = "score", attn_implem
     if require_head:
         check_value_head(path, value_head_prefix, flag, allow_hint)
     config = _from_pretrained(AutoConfig, path, flag)
-    config.num_labels = 1
-    if config.pad_token_id is None:
-        config.pad_token_id = getattr(config, "eos_token_id", None)
-    model = _from_pretrained(AutoModelForSequenceClassification, path, flag, config=config, dtype=dtype,
-                             attn_implementation=attn_implementation)
+    if is_vision_config(config):  # a vision-language base: its backbone with a value head (images in the forward)
+        model = load_vision_value_model(_from_pretrained, config, path, flag, value_head_prefix, dtype=dtype,
+                                        attn_implementation=attn_implementation)
+    else:
+        config.num_labels = 1
+        if config.pad_token_id is None:
+            config.pad_token_id = getattr(config, "eos_token_id", None)
+        model = _from_pretrained(AutoModelForSequenceClassification, path, flag, config=config, dtype=dtype,
+                                 attn_implementation=attn_implementation)
     head = getattr(model, value_head_prefix, None)
     if not isinstance(head, nn.Linear):
         raise UserError(f"{flag} {path}: the model has no linear head named {value_head_prefix!r} "

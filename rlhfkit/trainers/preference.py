@@ -301,7 +301,7 @@ def load_pair_datasets(cfg: RMConfig | DPOConfig, tokenizer: Any, need_margin: b
     from rlhfkit.run.setup import load_record_images
 
     d, p = cfg.data, cfg.pairs
-    images = load_record_images(cfg, tokenizer)  # None for train_rm, which has no --image_key
+    images = load_record_images(cfg, tokenizer)  # None without --image_key
 
     def build(spec: str, probs: str | None, split: str, max_samples: int | None, flag: str) -> PreferenceDataset:
         records = load_mixture(spec, probs, split, max_samples, cfg.strategy.seed, arg_name=flag)

@@ -2,7 +2,8 @@
 `--data.image_key images --data.max_images_per_prompt 1 --actor.freeze_visual_encoder`, GRPO with a reward function)
 for 2 steps on the tiny Qwen2-VL: the vision tower stays bit-identical, every weight sync moves the language model's
 tensors only, the engine's and the trainer's log-probs of the sampled image prompts agree (fp32), and a run that
-asks for vLLM engines says once why it generates on the Transformers engine."""
+asks for vLLM engines says once why it generates on the Transformers engine. PPO with a critic and a reward model
+on the vision-language base (GAE) runs 2 steps the same way."""
 
 from __future__ import annotations
 
@@ -58,3 +59,29 @@ def test_grpo_on_image_prompts_hybrid_engine_frozen_vision(ray_cluster, vlm_asse
         # each sync: the language model's tensors only (the tied LM head is not a tensor of its own)
         assert s["train/sync/tensors"] == len(language), (s["train/sync/tensors"], len(language), len(vision))
         assert s["train/rollout_logprob_diff"] < 1e-4  # engine vs trainer on the same image prompts (fp32)
+
+
+def vision_reward_model(assets, out) -> str:
+    """A reward model on the tiny Qwen2-VL (its value head as initialised, saved with a head: a --reward_pretrain)."""
+    import torch
+
+    from rlhfkit.models.value_model import load_value_model
+
+    torch.manual_seed(0)
+    load_value_model(str(assets.model_dir), flag="--pretrain", require_head=False).save_pretrained(out)
+    return str(out)
+
+
+@pytest.mark.limit(240)
+def test_ppo_with_a_critic_and_an_image_reward_model_on_ray(ray_cluster, vlm_assets, tmp_path):
+    save = tmp_path / "final"
+    argv = ["--pretrain", str(vlm_assets.model_dir), "--prompt_data", str(vlm_assets.split("rl_train")),
+            "--input_key", "prompt", "--apply_chat_template", "--data.image_key", "images",
+            "--reward_pretrain", vision_reward_model(vlm_assets, tmp_path / "rm"), "--advantage_estimator", "gae",
+            "--colocate_all_models", "--rollout_batch_size", "4", "--train_batch_size", "4",
+            "--micro_train_batch_size", "2", "--micro_rollout_batch_size", "4", "--generate_max_len", "8",
+            "--prompt_max_len", "64", "--max_rl_steps", "2", "--init_kl_coef", "0", "--save_path", str(save),
+            "--disable_progress_bar"]  # no KL: no reference actor to start
+    run_ppo_ray(parse_config(PPOConfig, argv, "test"))
+    steps = [r for r in map(json.loads, (save / "metrics.jsonl").read_text().splitlines()) if r.get("step")]
+    assert len(steps) == 2 and all("train/critic/value_loss" in s for s in steps)
