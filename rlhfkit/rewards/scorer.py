@@ -55,6 +55,19 @@ class RewardScorer:
         return rewards
 
 
+def refuse_vision_reward_model(path: str) -> None:
+    """A UserError for a vision-language reward model: a RewardScorer scores texts, so it would score that model's
+    inputs without their images (the RL commands score image samples in-process, with `--reward_pretrain`)."""
+    from transformers import AutoConfig
+
+    from rlhfkit.models.vision import is_vision_config
+
+    if is_vision_config(AutoConfig.from_pretrained(path)):
+        raise UserError(f"--reward_pretrain {path} is a vision-language reward model, and serve_rm and batch_inference "
+                        "score texts without images; score image samples in train_ppo / train_ppo_ray "
+                        "(--reward_pretrain there)")
+
+
 def load_scorer(path: str, *, value_head_prefix: str = "score", max_len: int = 2048, normalize: bool | None = None,
                 batch_size: int = 16, bf16: bool = False, attn_implementation: str = "sdpa",
                 use_fast_tokenizer: bool = True) -> RewardScorer:
@@ -63,6 +76,7 @@ def load_scorer(path: str, *, value_head_prefix: str = "score", max_len: int = 2
     from rlhfkit.models.value_model import load_value_model
 
     path = check_model_path(path, "--reward_pretrain")
+    refuse_vision_reward_model(path)
     tokenizer = load_tokenizer(path, use_fast=use_fast_tokenizer, flag="--reward_pretrain")
     model = load_value_model(path, value_head_prefix=value_head_prefix, attn_implementation=attn_implementation,
                              dtype=torch.bfloat16 if bf16 else torch.float32, flag="--reward_pretrain")

@@ -99,3 +99,15 @@ def test_lora_adapts_a_vision_reward_model_and_trains_its_head_in_full(vlm_asset
     trained = [n for n, p in adapted.named_parameters() if p.requires_grad]
     assert any("merger.mlp.0.lora_A" in n for n in trained) and any("score" in n for n in trained)
     assert not any("blocks.0.lora" in n for n in trained)
+
+
+def test_serve_rm_and_batch_inference_refuse_a_vision_reward_model(vlm_value, tmp_path):
+    """Their RewardScorer scores texts: a vision reward model would score its inputs without their images."""
+    from rlhfkit.errors import UserError
+    from rlhfkit.rewards.scorer import load_scorer
+
+    model, tokenizer, _ = vlm_value
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(UserError, match="vision-language reward model.*score texts without images"):
+        load_scorer(str(tmp_path))
