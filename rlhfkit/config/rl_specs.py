@@ -21,6 +21,7 @@ from rlhfkit.config.rl import (
     needs_reference,
     role_needed,
     role_ranks,
+    samples_per_rollout,
 )
 from rlhfkit.config.specs import (
     ActorSpec,
@@ -118,7 +119,8 @@ def engine_spec(cfg: PPOConfig, single_process: bool = False) -> EngineSpec:
                       num_engines=r.vllm_num_engines if vllm else 1, tensor_parallel_size=r.vllm_tensor_parallel_size,
                       gpu_memory_utilization=r.vllm_gpu_memory_utilization, enforce_eager=r.enforce_eager,
                       enable_prefix_caching=r.enable_prefix_caching, seed=cfg.strategy.seed,
-                      max_model_len=d.prompt_max_len + d.generate_max_len + 1, enable_sleep=r.vllm_enable_sleep)
+                      max_model_len=d.prompt_max_len + d.generate_max_len + 1, enable_sleep=r.vllm_enable_sleep,
+                      generate_batch=samples_per_rollout(cfg))
 
 
 def placement_spec(cfg: PPOConfig) -> PlacementSpec:
