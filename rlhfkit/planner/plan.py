@@ -27,8 +27,8 @@ from dataclasses import dataclass, field, replace
 from rlhfkit.config.backend import layout_name
 from rlhfkit.config.critic_optim import critic_strategy
 from rlhfkit.config.kinds import OfflineConfig, TrainConfig, WithReference
-from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference, role_needed, role_ranks
-from rlhfkit.config.rl_specs import placement_spec
+from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference, role_needed, role_ranks, samples_per_rollout
+from rlhfkit.config.rl_specs import generate_batch, placement_spec
 from rlhfkit.config.sequence_parallel import check_ring_heads, check_ring_world
 from rlhfkit.distributed.placement import plan_pools, role_demands
 from rlhfkit.errors import UserError
@@ -256,15 +256,15 @@ def _engine_rows(cfg: PPOConfig, shape: mem.ModelShape, devices: Devices, name: 
         max_len = min(max_len, int(shape.max_position_embeddings))
     if name == "hf_engine" or devices.kind == "cpu":
         # The Transformers engine (and vLLM on CPU) holds its own copy of the policy's weights plus a KV cache.
-        bf16 = cfg.model.bf16
-        rows_ = min(r.rollout_batch_size * r.n_samples_per_prompt, max(r.micro_rollout_batch_size, 256))
-        if name == "vllm":
-            space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")  # rlhfkit's default (rollout/vllm_engine.py)
-            kv = float(space) * mem.GIB
-            kv_note = f"VLLM_CPU_KVCACHE_SPACE={space} GiB"
+        bf16, n, g = cfg.model.bf16, samples_per_rollout(cfg), mem.vllm_cpu_concurrent(generate_batch(cfg))
+        per_token = mem.kv_bytes_per_token(shape, bf16)
+        if name == "vllm":  # the user's VLLM_CPU_KVCACHE_SPACE wins; else sized as rollout/vllm_engine.py does
+            space = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+            kv = float(space) * mem.GIB if space else mem.vllm_cpu_kv_cache_bytes(per_token, g, max_len)
+            kv_note = f"VLLM_CPU_KVCACHE_SPACE={space} GiB" if space else f"sized for {g} x {max_len} tokens"
         else:
-            kv = mem.kv_bytes_per_token(shape, bf16) * rows_ * max_len
-            kv_note = f"{rows_} x {max_len} tokens"
+            rows_ = min(n, max(r.micro_rollout_batch_size, 256))
+            kv, kv_note = per_token * rows_ * max_len, f"{rows_} x {max_len} tokens"
         return [Row(name, "weights", "resident", shape.params() * (2 if bf16 else 4), note="own copy of the policy"),
                 Row(name, "KV cache", "generate", kv, note=kv_note)]
     tp = r.vllm_tensor_parallel_size

