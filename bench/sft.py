@@ -5,8 +5,9 @@ checkpointing, no packing, loss on the answer tokens only. Cases: the demo model
 Llama on the demo's short question/answer records, the 25M model on prompts of about 104 and 488 tokens
 (max_len 128 and 512), and the 25M model on rows that are nearly all completion (`25m-128c`: 16 x ~128 tokens, a
 short question (~15% of the row) and a ~104-token answer; `25m-512c`: a ~488-token answer; the compute-bound
-cases: nearly every position is trained, so no implementation can skip much of the LM head or the last layer). Each case's step is also given as a fraction of the machine's limit
-(bench/machine_limit.py: the model FLOPs over the machine's measured fp32 GEMM rate on the model's shapes).
+cases: nearly every position is trained, so no implementation can skip much of the LM head or the last layer).
+Each case's step is also given as a fraction of the machine's limit (bench/machine_limit.py: the model FLOPs over
+the machine's measured fp32 GEMM rate on the model's shapes).
 
     .venv/bin/python bench/sft.py [--case 25m-512] [--repeats 2] [--threads 2]
 
