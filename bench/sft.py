@@ -4,7 +4,7 @@ Same model, data, batch (16 samples, one micro-batch), max_len, fp32, AdamW, gra
 checkpointing, no packing, loss on the answer tokens only. Cases: the demo model and a ~25M-parameter random-init
 Llama on the demo's short question/answer records, the 25M model on prompts of about 104 and 488 tokens
 (max_len 128 and 512), and the 25M model on rows that are nearly all completion (`25m-128c`: 16 x ~128 tokens, a
-short question (~15% of the row) and a ~104-token answer; `25m-512c`: a ~488-token answer; the compute-bound
+short question (~10% of the row) and a ~104-token answer; `25m-512c`: a ~488-token answer; the compute-bound
 cases: nearly every position is trained, so no implementation can skip much of the LM head or the last layer).
 Each case's step is also given as a fraction of the machine's limit (bench/machine_limit.py: the model FLOPs over
 the machine's measured fp32 GEMM rate on the model's shapes).
@@ -43,7 +43,7 @@ CASES = {"tiny-short": ("tiny", 128, 0, 12, 2), "25m-short": ("25m", 128, 0, 6, 
          "25m-128": ("25m", 128, 104, 4, 1), "25m-128c": ("25m", 128, 104, 4, 1), "25m-512": ("25m", 512, 488, 3, 1),
          "25m-512c": ("25m", 512, 488, 3, 1)}
 COMPLETION_HEAVY = {"25m-128c", "25m-512c"}  # their long text is the answer, not the prompt
-SHORT_QUESTION = {"25m-128c"}  # the question cut to its first two words: the prompt is ~15% of a 128-token row
+SHORT_QUESTION = {"25m-128c"}  # the question cut to its first two words: the prompt is ~10% of a 128-token row
 
 
 def write_data(workdir: Path, assets, models: dict[str, Path], case: str) -> Path:
@@ -97,6 +97,9 @@ def child_rlhfkit(model: Path, data: Path, out: Path, max_len: int, steps: int) 
     SFTTrainer.train_batch = timed
     cfg = parse_config(SFTConfig, [
         "--pretrain", str(model), "--dataset", str(data), "--input_key", "prompt", "--output_key", "completion",
+        # the records' prompts already read "User: ...\nAssistant: ", as TRL gets them: no second template around them
+        # (train_sft's default --input_template would add ~7 tokens a row that TRL's rows do not have)
+        "--input_template", "",
         "--max_len", str(max_len), "--train_batch_size", str(BATCH), "--micro_train_batch_size", str(BATCH),
         "--max_steps", str(steps), "--max_epochs", "1", "--learning_rate", str(LR), "--lr_warmup_ratio", "0",
         *(["--bf16"] if BF16 else []), *([] if "fsdp2" in EXTRA else ["--zero_stage", "0"]), "--save_path", str(out),
