@@ -3,12 +3,16 @@
 Same model, data, batch (16 samples, one micro-batch), max_len, fp32, AdamW, gradient clipping 1.0, no gradient
 checkpointing, no packing, loss on the answer tokens only. Cases: the demo model and a ~25M-parameter random-init
 Llama on the demo's short question/answer records, the 25M model on prompts of about 104 and 488 tokens
-(max_len 128 and 512), and the 25M model on rows of about 500 tokens that are nearly all completion (`25m-512c`: a
-short question, a ~488-token answer; the compute-bound case: every position is trained, so no implementation can
-skip the LM head or the last layer anywhere). Each case's step is also given as a fraction of the machine's limit
-(bench/machine_limit.py: the model FLOPs over the machine's measured fp32 GEMM rate on the model's shapes).
+(max_len 128 and 512), and the 25M model on rows that are nearly all completion (`25m-128c`: 16 x ~128 tokens, a
+short question (~10% of the row) and a ~104-token answer; `25m-512c`: a ~488-token answer; the compute-bound
+cases: nearly every position is trained, so no implementation can skip much of the LM head or the last layer).
+Each case's step is also given as a fraction of the machine's limit (bench/machine_limit.py: the model FLOPs over
+the machine's measured fp32 GEMM rate on the model's shapes).
 
     .venv/bin/python bench/sft.py [--case 25m-512] [--repeats 2] [--threads 2]
+
+--threads sets OMP_NUM_THREADS and torch's thread count of every child (default: the machine's cores; the issue's
+figures are at 1 and at 2 threads per process).
 """
 
 from __future__ import annotations
@@ -36,8 +40,10 @@ LR = 1e-4
 BF16 = False  # the GPU suite (bench/gpu/suite.py) sets it
 # case: (model, max_len, prompt tokens (0: the demo's short questions), steps, warm-up steps)
 CASES = {"tiny-short": ("tiny", 128, 0, 12, 2), "25m-short": ("25m", 128, 0, 6, 2),
-         "25m-128": ("25m", 128, 104, 4, 1), "25m-512": ("25m", 512, 488, 3, 1), "25m-512c": ("25m", 512, 488, 3, 1)}
-COMPLETION_HEAVY = {"25m-512c"}  # its long text is the answer, not the prompt
+         "25m-128": ("25m", 128, 104, 4, 1), "25m-128c": ("25m", 128, 104, 4, 1), "25m-512": ("25m", 512, 488, 3, 1),
+         "25m-512c": ("25m", 512, 488, 3, 1)}
+COMPLETION_HEAVY = {"25m-128c", "25m-512c"}  # their long text is the answer, not the prompt
+SHORT_QUESTION = {"25m-128c"}  # the question cut to its first two words: the prompt is ~10% of a 128-token row
 
 
 def write_data(workdir: Path, assets, models: dict[str, Path], case: str) -> Path:
@@ -51,6 +57,8 @@ def write_data(workdir: Path, assets, models: dict[str, Path], case: str) -> Pat
     out = []
     for i, r in enumerate(records):
         question, answer = r["question"], r["response"]
+        if case in SHORT_QUESTION:
+            question = " ".join(question.split()[:2])
         if case in COMPLETION_HEAVY:
             answer = long_prompt(tok, prompt_tokens, i) + " " + answer
         elif prompt_tokens:
@@ -89,6 +97,9 @@ def child_rlhfkit(model: Path, data: Path, out: Path, max_len: int, steps: int) 
     SFTTrainer.train_batch = timed
     cfg = parse_config(SFTConfig, [
         "--pretrain", str(model), "--dataset", str(data), "--input_key", "prompt", "--output_key", "completion",
+        # the records' prompts already read "User: ...\nAssistant: ", as TRL gets them: no second template around them
+        # (train_sft's default --input_template would add ~7 tokens a row that TRL's rows do not have)
+        "--input_template", "",
         "--max_len", str(max_len), "--train_batch_size", str(BATCH), "--micro_train_batch_size", str(BATCH),
         "--max_steps", str(steps), "--max_epochs", "1", "--learning_rate", str(LR), "--lr_warmup_ratio", "0",
         *(["--bf16"] if BF16 else []), *([] if "fsdp2" in EXTRA else ["--zero_stage", "0"]), "--save_path", str(out),

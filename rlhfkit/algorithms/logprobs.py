@@ -34,10 +34,18 @@ def _as_rows(logits: torch.Tensor) -> torch.Tensor:
         return logits if logits.dim() == 3 else logits.reshape(-1, logits.shape[-2], vocab)
 
 
-def _chunks(rows: int, positions: int, chunk_size: int) -> Iterator[tuple[int, slice]]:
+def _chunks(rows: int, positions: int, chunk_size: int) -> Iterator[tuple[slice, slice]]:
+    """(rows, positions) blocks of at most `chunk_size` positions in all: blocks of whole rows when a row fits (the
+    [16, 127, V] logits[:, :-1] of an SFT micro-batch is one block, not 16 small ones whose every op pays a thread
+    pool start and a copy), else one row at a time in spans of positions."""
+    if positions <= chunk_size:
+        per_block = max(1, chunk_size // max(positions, 1))
+        for row in range(0, rows, per_block):
+            yield slice(row, min(row + per_block, rows)), slice(0, positions)
+        return
     for row in range(rows):
         for start in range(0, positions, chunk_size):
-            yield row, slice(start, min(start + chunk_size, positions))
+            yield slice(row, row + 1), slice(start, min(start + chunk_size, positions))
 
 
 def _chunk_size(vocab: int, chunk_size: int | None) -> int:
@@ -116,7 +124,7 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int | None = None) -> 
         log_probs = torch.log_softmax(rows[row, span].to(dtype), dim=-1)
         probs = log_probs.exp()
         # p = 0 (a -inf logit) must give 0, not 0 * -inf = NaN, in the value and in the gradient.
-        pieces.append(-(probs * torch.where(probs > 0, log_probs, zero)).sum(dim=-1))
+        pieces.append(-(probs * torch.where(probs > 0, log_probs, zero)).sum(dim=-1).reshape(-1))
     if not pieces:
         return torch.zeros(logits.shape[:-1], dtype=dtype, device=logits.device)
     return torch.cat(pieces).reshape(logits.shape[:-1])

@@ -91,7 +91,7 @@ def forward_logits(model: nn.Module, batch: dict[str, torch.Tensor], start: int 
     last decoder layer and the LM head run from `start` on only: `trimmed_forward`)."""
     inputs = model_inputs(batch, attn_implementation_of(model), model_dtype(model))
     if start > 0:
-        keep = torch.arange(start, batch["input_ids"].shape[1], device=batch["input_ids"].device)
+        keep = torch.arange(start, batch["input_ids"].shape[1])  # on the host: trimmed_forward reads it as a slice
         return trimmed_forward(model, keep, **inputs, use_cache=False)
     return model(**inputs, use_cache=False).logits
 

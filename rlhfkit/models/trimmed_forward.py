@@ -25,6 +25,9 @@ TRIMMABLE_LAYERS = frozenset({"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2
 _LAYER_PARTS = ("self_attn", "input_layernorm", "post_attention_layernorm", "mlp")
 _ATTN_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling", "layer_idx")
 
+# Kept positions as the patched forwards index with them: a slice when they are one contiguous run (`_as_index`)
+Positions = torch.Tensor | slice
+
 # A Hugging Face decoder layer or attention module, read by duck typing after `_trimmable` checked its parts
 # (nn.Module's __getattr__ types every child as `Tensor | Module`, which no call site here can use).
 HFModule = Any
@@ -72,6 +75,17 @@ def _trimmable(base: nn.Module, kv_length: int, hf_kwargs: dict[str, Any]) -> HF
     return layer
 
 
+def _as_index(keep: torch.Tensor) -> Positions:
+    """`keep` as a slice when it is one contiguous run held on the host (the suffix from the first target position
+    on, as SFT/DPO/KTO ask): x[:, a:b] is a view, where x[:, tensor] copies in forward and accumulates with
+    index_put in backward (measurable with two threads). Same values either way; a device tensor stays (reading it
+    would wait for the device)."""
+    if keep.device.type != "cpu" or keep.numel() == 0:
+        return keep
+    first, last = int(keep[0]), int(keep[-1])
+    return slice(first, last + 1) if last - first + 1 == keep.numel() else keep
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary position embedding (Su et al. 2021, RoFormer) in Hugging Face's rotate-half layout."""
     half = x.shape[-1] // 2
@@ -79,13 +93,15 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
 
 
-def _mask_rows(mask: torch.Tensor | None, keep: torch.Tensor, kv_length: int, query_length: int,
+def _mask_rows(mask: torch.Tensor | None, keep: Positions, kv_length: int, query_length: int,
                like: torch.Tensor, eager: bool) -> torch.Tensor:
     """The attention mask's rows at `keep`; for HF's mask-free causal case, the causal rows (key j is seen by the
     query at position p when j <= p + the cache's past length)."""
     if mask is not None:
         return mask[:, :, keep] if mask.shape[-2] == query_length else mask
     past = kv_length - query_length
+    if isinstance(keep, slice):
+        keep = torch.arange(query_length, device=like.device)[keep]
     allowed = torch.arange(kv_length, device=keep.device)[None, :] <= (keep + past)[:, None]
     if not eager:
         return allowed[None, None]
@@ -93,7 +109,7 @@ def _mask_rows(mask: torch.Tensor | None, keep: torch.Tensor, kv_length: int, qu
     return rows.masked_fill_(~allowed, torch.finfo(like.dtype).min)[None, None]
 
 
-def _trimmed_attention_forward(attn: HFModule, keep: torch.Tensor, hidden_states: torch.Tensor,
+def _trimmed_attention_forward(attn: HFModule, keep: Positions, hidden_states: torch.Tensor,
                                position_embeddings: tuple[torch.Tensor, torch.Tensor],
                                attention_mask: torch.Tensor | None = None, past_key_values: Any = None,
                                **kwargs: Any) -> tuple[torch.Tensor, None]:
@@ -102,7 +118,8 @@ def _trimmed_attention_forward(attn: HFModule, keep: torch.Tensor, hidden_states
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     rows, length = hidden_states.shape[:2]
-    query = attn.q_proj(hidden_states[:, keep]).view(rows, len(keep), -1, attn.head_dim)
+    kept = hidden_states[:, keep]
+    query = attn.q_proj(kept).view(rows, kept.shape[1], -1, attn.head_dim)
     if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head's vector
         query = attn.q_norm(query)
     key = attn.k_proj(hidden_states).view(rows, length, -1, attn.head_dim)
@@ -120,10 +137,10 @@ def _trimmed_attention_forward(attn: HFModule, keep: torch.Tensor, hidden_states
     mask = _mask_rows(attention_mask, keep, key.shape[2], length, query, implementation == "eager")
     out, _ = attention(attn, query, key, value, mask, scaling=attn.scaling,
                        dropout=attn.attention_dropout if attn.training else 0.0)
-    return attn.o_proj(out.reshape(rows, len(keep), -1)), None
+    return attn.o_proj(out.reshape(rows, kept.shape[1], -1)), None
 
 
-def _trimmed_layer_forward(layer: HFModule, keep: torch.Tensor, hidden_states: torch.Tensor,
+def _trimmed_layer_forward(layer: HFModule, keep: Positions, hidden_states: torch.Tensor,
                            attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
                            past_key_values: Any = None, use_cache: bool | None = False,
                            position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -148,6 +165,7 @@ def trimmed_forward(model: nn.Module, keep: torch.Tensor, **hf_kwargs: Any) -> t
     base = base_model(model)
     tokens = hf_kwargs.get("input_ids")
     tokens = tokens if tokens is not None else hf_kwargs["inputs_embeds"]
+    index = _as_index(keep)
     keep = keep.to(tokens.device)
     cache = hf_kwargs.get("past_key_values")
     kv_length = tokens.shape[1] + (cache.get_seq_length() if cache is not None else 0)
@@ -163,7 +181,7 @@ def trimmed_forward(model: nn.Module, keep: torch.Tensor, **hf_kwargs: Any) -> t
     saved = [module.__dict__.get("forward") for module, _ in patched]
     try:
         for module, forward in patched:  # instance attributes: the modules' __call__ (and hooks) stay
-            module.forward = functools.partial(forward, module, keep)
+            module.forward = functools.partial(forward, module, index if isinstance(index, slice) else keep)
         extra = {"logits_to_keep": len(keep)} if keeps_logits(type(base).forward) else {}
         return model(**hf_kwargs, **extra).logits
     finally:

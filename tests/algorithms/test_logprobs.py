@@ -30,7 +30,7 @@ def test_matches_log_softmax_for_every_chunking_and_layout():
     torch.manual_seed(0)
     full = torch.randn(3, 7, 11, dtype=F64)
     labels = torch.randint(0, 11, (3, 7))
-    for chunk in (1, 3, None):
+    for chunk in (1, 3, 13, None):  # 13: blocks of two whole 6-position rows, then one row
         # contiguous, and the non-flattenable causal slice logits[:, :-1]
         close(token_logprobs(full, labels, chunk), reference(full, labels), tol=1e-12)
         close(token_logprobs(full[:, :-1], labels[:, 1:], chunk), reference(full[:, :-1], labels[:, 1:]), tol=1e-12)
@@ -44,6 +44,9 @@ def test_gradient_matches_autograd_and_passes_gradcheck():
     weights = torch.randn(2, 4, dtype=F64)
     (token_logprobs(full[:, :-1], labels, chunk_size=3) * weights).sum().backward()
     mine = full.grad.clone()
+    full.grad = None
+    (token_logprobs(full[:, :-1], labels, chunk_size=8) * weights).sum().backward()  # both rows in one block
+    close(full.grad, mine, tol=1e-12)
     full.grad = None
     (reference(full[:, :-1], labels) * weights).sum().backward()
     close(mine, full.grad, tol=1e-12)
@@ -82,4 +85,5 @@ def test_entropy():
     torch.manual_seed(3)
     full = torch.randn(2, 5, 7, dtype=F64)
     p = torch.softmax(full[:, :-1], dim=-1)
-    close(entropy_from_logits(full[:, :-1], chunk_size=2), -(p * p.log()).sum(-1), tol=1e-12)
+    for chunk in (2, 4, None):  # spans of a row, one row per block, both rows in one block
+        close(entropy_from_logits(full[:, :-1], chunk_size=chunk), -(p * p.log()).sum(-1), tol=1e-12)

@@ -114,8 +114,10 @@ def test_left_padded_rows(kind, keep):
     assert_same(build(kind, "sdpa"), batch("left"), keep)
 
 
-def test_unpadded_rows_without_a_mask():
-    assert_same(build("llama", "sdpa"), {"input_ids": batch("none")["input_ids"]}, SCATTERED)
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+@pytest.mark.parametrize("keep", [SUFFIX, SCATTERED], ids=["suffix", "scattered"])  # a slice, an index tensor
+def test_unpadded_rows_without_a_mask(impl, keep):
+    assert_same(build("llama", impl), {"input_ids": batch("none")["input_ids"]}, keep)
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
