@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -140,3 +140,14 @@ def torch_determinism_restored() -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def spawn_ranks(rank_main: Callable[[int, int, int], None], world: int) -> None:
+    """Run `rank_main(rank, world, port)` in `world` spawned processes (one thread each unless OMP_NUM_THREADS
+    says otherwise), `port` a free one for their gloo rendezvous; a rank that raises fails the caller."""
+    import torch.multiprocessing as mp
+
+    from rlhfkit.distributed.launch import free_port
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.start_processes(rank_main, args=(world, free_port()), nprocs=world, start_method="spawn")

@@ -16,6 +16,9 @@ Three kinds of entries:
   accepted and ignored.
 An alias whose field the command does not have (e.g. `--data.prompt_dataset` on train_sft) is reported like a
 NOT_SUPPORTED flag, naming the command.
+
+OpenRLHF's FSDP2 branch (its PR 1176, in no release up to 0.11.0) has flags of its own (`--fsdp2_enable_sleep`,
+...): `rlhfkit.config.openrlhf_fsdp2` lists them, and ADAPTED and NOT_SUPPORTED take them in.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rlhfkit.config import openrlhf_fsdp2 as fsdp2_branch
 from rlhfkit.errors import UserError
 
 # -- same value, another name --------------------------------------------------------------------------------
@@ -310,6 +314,7 @@ ADAPTED: tuple[Adapted, ...] = (
     *_nesterov("", "muon_nesterov"),
     *_nesterov("actor.", "muon_nesterov"),
     *_nesterov("critic.", "critic_muon_nesterov"),
+    *(Adapted(*spec) for spec in fsdp2_branch.ADAPTED),
 )
 
 # -- no equivalent yet --------------------------------------------------------------------------------------
@@ -329,6 +334,7 @@ NOT_SUPPORTED: dict[str, str] = {
     "dataloader_num_workers": "data is tokenised up front in the main process; there is no loader to parallelise",
     "ckpt.disable_ds": "checkpoints always hold the DeepSpeed states needed to resume",
     "model.margin_loss_enable": "train_rm reads a per-pair margin from the record key named by --margin_key",
+    **fsdp2_branch.NOT_SUPPORTED,
 }
 
 # Their flags that only some commands take: the reason the others give.

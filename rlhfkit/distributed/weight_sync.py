@@ -21,7 +21,9 @@ DeepSpeed sleep (`--deepspeed_enable_sleep`): `offload_states(role)` moves every
 CPU memory (`engine.offload_states()`: parameters, gradients, optimizer states; ZeRO 1-3) and plain modules with
 `.to("cpu")`; `reload_states` brings them back. On a CPU-only machine the states already live in CPU memory: the
 same walk over the role runs, counts what it would move, and moves nothing (`SLEEP_STATS` records both).
-An FSDP2 engine (`--backend fsdp2`) is a plain module here: its shards move with `.to()`, its AdamW state stays.
+An FSDP2 engine (`--backend fsdp2`) is a plain module here: its shards move with `.to()` (FSDP2's `_apply`
+re-registers them) and its AdamW moments with it; under `--adam_offload` (CPUOffloadPolicy) they are already in CPU
+memory and nothing moves.
 `--ref_reward_offload` uses the same calls for the reference and reward roles (plain modules below ZeRO-3; a
 ZeRO-3 inference engine stays sharded where it is).
 """
@@ -113,6 +115,18 @@ def _state_bytes(module: nn.Module) -> int:
     return total
 
 
+def _move_optimizer_state(module: nn.Module, device: torch.device) -> None:
+    """Move the state tensors (AdamW's moments; FSDP2's are DTensor shards) of the torch optimizer that a plain or
+    FSDP2 engine holds as `optimizer` to `device`; a module without one is left alone."""
+    optimizer = getattr(module, "optimizer", None)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        return
+    for per_param in optimizer.state.values():
+        for key, value in per_param.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.device != device:  # not "step"
+                per_param[key] = value.to(device)
+
+
 # -- DeepSpeed sleep ----------------------------------------------------------------------------------------------
 def offload_states(role: Any) -> int:
     """Move the role's model/optimizer states to CPU memory; returns the bytes concerned (see module docstring)."""
@@ -128,6 +142,8 @@ def offload_states(role: Any) -> int:
             module.offload_states()
         elif not _is_deepspeed_engine(module) or _zero_stage(module) == 0:
             module.to("cpu")  # parameters only: a ZeRO-0 optimizer keeps its states where they are
+            if not _is_deepspeed_engine(module):
+                _move_optimizer_state(module, torch.device("cpu"))  # a plain or FSDP2 engine's AdamW moments
             _OFFLOADED.add(module)
         else:
             continue  # a ZeRO-3 inference engine: stays sharded (--ref_reward_offload moves plain modules only)
@@ -147,6 +163,8 @@ def reload_states(role: Any) -> None:
     for module in role_modules(role):
         if module in _OFFLOADED:
             module.to(device)
+            if not _is_deepspeed_engine(module):
+                _move_optimizer_state(module, device)
             _OFFLOADED.discard(module)
         elif _is_deepspeed_engine(module) and module.optimizer is not None and _zero_stage(module) > 0:
             module.reload_states()

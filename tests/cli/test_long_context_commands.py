@@ -1,9 +1,9 @@
-"""OpenRLHF's long-context RL commands pass validation (issue 20, acceptance 3): its 64k-token REINFORCE++
-(its scripts directory's `train_reinforce_baseline_hybrid_engine.sh`) and async-agent
-(`train_reinforce_baseline_ray_agent_async.sh`) scripts, as of its DeepSpeed releases: flat flags (commit
-8b78539c, February 2026) and dotted flags (0.10.2+, commit ed62d0e2; in between, the length flags became --max_len
-/ --max_new_tokens). They are not among the seeds (../shared/seeds), so their flags are written out here, the
-scripts' bash arrays joined in order.
+"""OpenRLHF's long-context RL commands pass validation (issue 20, acceptance 3): its 64k-token REINFORCE++ (its scripts
+directory's `train_reinforce_baseline_hybrid_engine.sh`) and async-agent
+(`train_reinforce_baseline_ray_agent_async.sh`) scripts, as of its DeepSpeed releases: flat flags (commit 8b78539c,
+February 2026) and dotted flags (0.10.2+, commit ed62d0e2; in between, the length flags became --max_len /
+--max_new_tokens); and their FSDP2 flags (OpenRLHF's FSDP2 branch, see SCRIPT_FSDP2). They are not among the seeds
+(../shared/seeds), so their flags are written out here, the scripts' bash arrays joined in order.
 
 Each flat command is scaled to the tiny demo model as the seed-command tests scale theirs (`scale` of
 tests/cli/test_seed_commands.py), except the device counts: every role keeps a multiple of --ring_attn_size 2
@@ -52,14 +52,21 @@ SCRIPT_DOTTED = (
     "--algo.kl.init_coef 1e-5 --algo.kl.use_loss --algo.kl.estimator k2 --algo.advantage.is_correction_enable "
     "--algo.advantage.is_correction_type icepop --logger.tensorboard_dir SAVE/runs --logger.logging_steps 1 "
     "--eval.steps -1")
+# OpenRLHF's FSDP2 branch (PR 1176, branch pr-1176-rebased-clean, commit 0c202eed, March 2026; in no release up
+# to 0.11.0) runs the same scripts on FSDP2: --fsdp2_enable_sleep for --deepspeed_enable_sleep, --fsdp2_cp_size 2
+# for --ring_attn_size 2, no --zero_stage. Its other renames in that branch (--model_name_or_path, --ckpt_save_path,
+# --max_checkpoints_to_keep, --max_len / --max_new_tokens) stay in their released spellings here.
+SCRIPT_FSDP2 = SCRIPT_FLAT.replace("--deepspeed_enable_sleep", "--fsdp2_enable_sleep").replace(
+    "--zero_stage 3 ", "").replace("--ring_attn_size 2", "--fsdp2_cp_size 2")
 # the async-agent script adds these to the 64k one (the dotted release also turns on partial rollout)
-ASYNC = {"flat": "--async_train ", "dotted": "--train.async_enable --train.partial_rollout_enable "}
+ASYNC = {"flat": "--async_train ", "dotted": "--train.async_enable --train.partial_rollout_enable ",
+         "fsdp2": "--async_train "}
 COMMANDS = {f"{script}-{form}": (text.format(async_flags=ASYNC[form] if script == "agent_async" else ""))
             for script in ("reinforce_64k", "agent_async")
-            for form, text in (("flat", SCRIPT_FLAT), ("dotted", SCRIPT_DOTTED))}
+            for form, text in (("flat", SCRIPT_FLAT), ("dotted", SCRIPT_DOTTED), ("fsdp2", SCRIPT_FSDP2))}
 
 
-@pytest.mark.parametrize("name", [n for n in COMMANDS if n.endswith("flat")])
+@pytest.mark.parametrize("name", [n for n in COMMANDS if not n.endswith("dotted")])
 def test_openrlhf_long_context_commands_validate_scaled_to_the_tiny_model(name):
     from tests.cli.test_seed_commands import Block, _set, scale
 
@@ -71,6 +78,9 @@ def test_openrlhf_long_context_commands_validate_scaled_to_the_tiny_model(name):
     assert (cfg.strategy.ring_attn_size, cfg.strategy.ring_head_stride) == (2, 2)
     assert (cfg.strategy.max_tokens_per_gpu, cfg.rollout.rollout_max_tokens_per_gpu) == (16192, 32768)
     assert cfg.asynchronous.async_train == ("agent_async" in name)
+    # the FSDP2 form: every role on FSDP2, sleeping between its calls (the flat form: ZeRO-3, the same sleep)
+    assert cfg.strategy.backend == ("fsdp2" if name.endswith("fsdp2") else "deepspeed")
+    assert cfg.resources.deepspeed_enable_sleep
 
 
 @pytest.mark.parametrize("name", [n for n in COMMANDS if n.endswith("dotted")])

@@ -85,6 +85,26 @@ def test_renamed_flat_flags():
     assert lora.model.target_modules == ["q_proj", "v_proj"]
 
 
+def test_fsdp2_branch_flags_select_fsdp2_and_map_to_ours():
+    """OpenRLHF's FSDP2 branch (PR 1176): each FSDP2 flag is --backend fsdp2 plus our flag for the same thing."""
+    rl = ("--advantage_estimator group_norm --n_samples_per_prompt 2 --actor_num_gpus_per_node 2 "
+          "--ref_num_gpus_per_node 2 ")
+    cfg = parse_config(PPOConfig, argv(rl + "--fsdp2_enable_sleep --fsdp2_cpu_offload --fsdp2_cp_size 2 "
+                                            "--fsdp2_reshard_after_forward"), "t")
+    ours = parse_config(PPOConfig, argv(rl + "--backend fsdp2 --deepspeed_enable_sleep --adam_offload "
+                                             "--ring_attn_size 2"), "t")
+    assert cfg == ours and cfg.strategy.backend == "fsdp2"
+    sft = parse_config(SFTConfig, argv("--fsdp2_tp_size 1 --fsdp2_cpu_offload"), "t")
+    assert (sft.strategy.backend, sft.strategy.ds_tensor_parallel_size, sft.strategy.adam_offload) == ("fsdp2", 1, True)
+    with pytest.raises(UserError, match="--fsdp2_cpu_offload and --backend both set backend"):
+        parse_config(SFTConfig, argv("--backend deepspeed --fsdp2_cpu_offload"), "t")
+    with pytest.raises(UserError, match="--zero_stage is a DeepSpeed flag"):
+        parse_config(PPOConfig, argv("--zero_stage 3 --fsdp2_enable_sleep"), "t")
+    for flag in ("--no-fsdp2_reshard_after_forward", "--fsdp2_tp_loss_parallel", "--disable_fsdp2_ckpt"):
+        with pytest.raises(UserError, match=f"{flag} is not supported yet"):
+            parse_config(SFTConfig, [flag], "t")
+
+
 def test_boolean_aliases_are_booleans():
     assert parse_config(PPOConfig, ["--train.colocate_all", "--ds.zero_stage", "1"], "t").resources.colocate_all_models
     assert not parse_config(PPOConfig, [], "t").resources.colocate_all_models

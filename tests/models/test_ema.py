@@ -42,20 +42,30 @@ def test_ema_equals_closed_form_after_k_steps():
         ParameterEMA(model, 1.0)
 
 
-def test_zero3_keeps_the_average_sharded_and_exports_it(world_of_one):
-    """Under DeepSpeed ZeRO-3 the average is kept per partition (`ds_tensor`); the gathered export inside
-    `swapped_in` equals the float64 closed form of the gathered iterates, and the training weights come back."""
+@pytest.mark.parametrize("backend", ["zero3", "fsdp2"])
+def test_sharded_training_keeps_the_average_sharded_and_exports_it(world_of_one, backend):
+    """Under DeepSpeed ZeRO-3 the average is kept per partition (`ds_tensor`), under FSDP2 per local shard of each
+    DTensor parameter (at world 1 the shard is the whole tensor: this checks the DTensor path, not the split); the
+    gathered export inside `swapped_in` equals the float64 closed form of the gathered iterates, and the training
+    weights come back."""
+    from torch.distributed.tensor import DTensor
+
     from rlhfkit.config.common import StrategyArgs
     from rlhfkit.distributed.strategy import DeepSpeedStrategy
     from tests.distributed.test_strategy_checkpointing import tiny_llama
 
-    strategy = DeepSpeedStrategy(StrategyArgs(zero_stage=3, train_batch_size=2, micro_train_batch_size=2))
+    layout = {"zero_stage": 3} if backend == "zero3" else {"backend": "fsdp2"}
+    strategy = DeepSpeedStrategy(StrategyArgs(train_batch_size=2, micro_train_batch_size=2, **layout))
     strategy.setup_distributed()
     engine = strategy.prepare_train(tiny_llama(), 1e-2, 10)
     module = strategy.unwrap(engine)
     beta, k = 0.8, 4
     ema = ParameterEMA(module, beta)
-    assert all(v.dim() == 1 for v in ema.shadow.values())  # partitions, not full tensors
+    if backend == "zero3":
+        assert all(v.dim() == 1 for v in ema.shadow.values())  # partitions, not full tensors
+    else:
+        assert all(isinstance(p, DTensor) for p in module.parameters())
+        assert all(not isinstance(v, DTensor) for v in ema.shadow.values())  # plain CPU copies of the shards
 
     def gathered() -> dict[str, torch.Tensor]:
         return {n: v.double().clone() for n, v in strategy.full_state_dict(engine).items()}
@@ -70,7 +80,7 @@ def test_zero3_keeps_the_average_sharded_and_exports_it(world_of_one):
         iterates.append(gathered())
     with ema.swapped_in(module):
         exported = gathered()
-    for name in ("model.layers.0.self_attn.q_proj.weight", "model.norm.weight", "lm_head.weight"):
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.norm.weight", "model.embed_tokens.weight"):
         closed = beta ** k * iterates[0][name] + sum((1 - beta) * beta ** (k - j) * iterates[j][name]
                                                      for j in range(1, k + 1))
         torch.testing.assert_close(exported[name], closed, atol=1e-6, rtol=0, msg=name)

@@ -16,9 +16,9 @@ compares. The gradient rules checked are the ones the trainers rely on (docs/dis
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from tests.helpers import spawn_ranks
 
 PROMPT_AND_RESPONSES = [([5, 6, 7, 8, 9], [10, 11, 12]), ([5, 6, 13], [14, 15, 16, 17, 18, 19]),
                         ([20, 21, 22, 23], [24]), ([25, 26], [27, 28, 29, 30, 31, 32, 33])]
@@ -135,12 +135,7 @@ def _rank_main(rank: int, world: int, port: int) -> None:
 
 
 def test_split_sample_gives_one_rank_loss_and_gradients():
-    import torch.multiprocessing as mp
-
-    from rlhfkit.distributed.launch import free_port
-
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.start_processes(_rank_main, args=(4, free_port()), nprocs=4, start_method="spawn")
+    spawn_ranks(_rank_main, 4)
 
 
 def test_block_causal_mask_is_the_packed_mask_as_booleans():

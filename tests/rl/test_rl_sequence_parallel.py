@@ -13,10 +13,9 @@ Plus the pure parts: how a Ray role group hands a "split" call's rows to sequenc
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from tests.helpers import spawn_ranks
 from tests.models.test_sequence_parallel import tiny_llama
 
 TEMPERATURE = 0.7
@@ -112,12 +111,7 @@ def _rank_main(rank: int, world: int, port: int) -> None:
 
 
 def test_rl_roles_on_a_split_sample_give_the_one_rank_numbers():
-    import torch.multiprocessing as mp
-
-    from rlhfkit.distributed.launch import free_port
-
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.start_processes(_rank_main, args=(2, free_port()), nprocs=2, start_method="spawn")
+    spawn_ranks(_rank_main, 2)
 
 
 def test_split_calls_give_each_sequence_parallel_group_one_part():
