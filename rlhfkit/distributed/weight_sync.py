@@ -193,11 +193,24 @@ def iter_full_parameters(module: nn.Module, keep: bool = True, skip: frozenset[s
                 yield name, (param.data.detach().to("cpu", copy=True) if keep else None)
         elif isinstance(param, DTensor):  # FSDP2: all-gather this one parameter; the full copy dies with the step
             with torch.no_grad():
-                full = param.full_tensor()
+                full = _full_tensor(param)
             yield name, (full.to("cpu", copy=True) if keep else None)
             del full
         else:
             yield name, (param.data.detach().to("cpu", copy=True) if keep else None)
+
+
+def _full_tensor(param: Any) -> torch.Tensor:
+    """All-gather one FSDP2 parameter (a DTensor). With CPU offload (`--adam_offload`) its shard lives in CPU memory
+    while the mesh may be a GPU one, whose NCCL group gathers device tensors only: that one shard goes to the mesh's
+    device for the gather (on a CPU machine mesh and shard agree and nothing moves)."""
+    from torch.distributed.tensor import DTensor
+
+    mesh = param.device_mesh
+    if param.device.type != mesh.device_type:
+        param = DTensor.from_local(param.to_local().to(mesh.device_type), mesh, param.placements, run_check=False,
+                                   shape=param.shape, stride=param.stride())
+    return param.full_tensor()
 
 
 def _is_peft(module: nn.Module) -> bool:
