@@ -39,6 +39,7 @@ SLOW = {
     "cli/test_bad_inputs.py::test_malformed_data_line_exits_2_in_a_real_process",
     "cli/test_batch_inference.py",
     "cli/test_demo.py",
+    "cli/test_demo_vlm.py::test_vlm_demo_runs_both_stages_reduced",
     "cli/test_interactive_chat.py",
     "cli/test_preference_cli.py",
     "cli/test_seed_commands.py::test_scaling_keeps_every_seed_flag",

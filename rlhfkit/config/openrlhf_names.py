@@ -318,8 +318,8 @@ ADAPTED: tuple[Adapted, ...] = (
 )
 
 # -- no equivalent yet --------------------------------------------------------------------------------------
-_VLM = ("images train with train_sft, train_rm, train_dpo, train_kto, train_ppo and train_ppo_ray so far; "
-        "batch_inference does not take images yet")
+_VLM = ("images train with train_sft, train_rm, train_dpo, train_kto, train_ppo and train_ppo_ray and generate "
+        "with batch_inference; this command does not take images")
 
 NOT_SUPPORTED: dict[str, str] = {
     # flat (OpenRLHF 0.8/0.9) flags

@@ -63,6 +63,7 @@ class Prompt:
     text: str
     ids: list[int]
     label: Any = None
+    images: dict[str, torch.Tensor] | None = None  # --image_key: {"pixel_values", "image_grid_thw"}
 
 
 def load_records(cfg: BatchInferenceConfig) -> list[Any]:
@@ -87,14 +88,21 @@ def make_prompts(cfg: BatchInferenceConfig, records: list[Any], tokenizer: Any) 
     from rlhfkit.data.post_processors import edit_prompt
     from rlhfkit.data.templates import PromptFormatter, locate, require_field
     from rlhfkit.data.tokens import encode, with_bos
+    from rlhfkit.rl.rollout_source import expand_prompt_images
 
     d, g = cfg.data, cfg.generation
     formatter = PromptFormatter(tokenizer, d.input_template, d.apply_chat_template, d.tokenizer_chat_template)
     condition = f" {g.csft_prompt.strip()} "
+    reader = _record_images(cfg, tokenizer)
     prompts = []
     for i, record in enumerate(records):
         where = locate(record, i)
-        value = require_field(record, d.input_key, where, "--input_key")
+        written = value = require_field(record, d.input_key, where, "--input_key")
+        pixels = None
+        if reader is not None:  # the record's images, decoded and processed once; placeholders in its prompt
+            decoded = reader.read(record, where)
+            value = reader.marked(record, d.input_key, len(decoded), where, "--input_key")[d.input_key]
+            pixels = reader.pixels(decoded) if decoded else None
         if g.enable_csft:
             try:
                 value = edit_prompt(value, lambda text: text + condition)
@@ -102,9 +110,24 @@ def make_prompts(cfg: BatchInferenceConfig, records: list[Any], tokenizer: Any) 
                 raise UserError(f"{where}: --enable_csft: {e}") from None
         text = formatter(value, where)
         label = require_field(record, d.label_key, where, "--label_key") if d.label_key else None
-        ids = with_bos(tokenizer, encode(tokenizer, text))[-d.prompt_max_len:]
-        prompts.append(Prompt(value, text, ids, label))
+        ids = with_bos(tokenizer, encode(tokenizer, text))
+        if pixels is not None:  # as the RL rollout does: one image-pad token per vision token, never cut
+            ids = expand_prompt_images(ids, {"images": pixels, "vision_tokens": reader.tokens}, d.prompt_max_len, i)
+        prompts.append(Prompt(written, text, ids[-d.prompt_max_len:], label, pixels))
     return prompts
+
+
+def _record_images(cfg: BatchInferenceConfig, tokenizer: Any) -> Any:
+    """The reader of --image_key images (`rlhfkit.data.images.RecordImages`); None without --image_key. A
+    text-only --pretrain is a UserError here, before the model loads."""
+    d = cfg.data
+    if not d.image_key:
+        return None
+    from rlhfkit.models.loading import check_model_path, load_model_config
+    from rlhfkit.models.vision import record_images
+
+    path = check_model_path(cfg.model.pretrain)
+    return record_images(load_model_config(path), path, tokenizer, d.image_key, d.max_images_per_prompt)
 
 
 # -- engines ------------------------------------------------------------------------------------------------------
@@ -156,11 +179,15 @@ class Engines:
             self.close()
             raise
 
-    def generate(self, prompt_ids: list[list[int]], seed: int, eos_ids: list[int]) -> list[Any]:
+    def generate(self, prompt_ids: list[list[int]], seed: int, eos_ids: list[int],
+                 images: list[dict[str, torch.Tensor] | None] | None = None) -> list[Any]:
+        """Sample for `prompt_ids`; `images`: per prompt its pixel tensors or None (image prompts, the Transformers
+        engine)."""
         g = self.g
         temperature = 0.0 if g.greedy_sampling else g.temperature
+        with_images = {"images": images} if images is not None else {}
         return self.engine.generate(prompt_ids, max_new_tokens=g.max_new_tokens, temperature=temperature,
-                                    top_p=g.top_p, top_k=g.top_k, seed=seed, stop_token_ids=eos_ids)
+                                    top_p=g.top_p, top_k=g.top_k, seed=seed, stop_token_ids=eos_ids, **with_images)
 
     def close(self) -> None:
         if self.plan is not None:
@@ -188,8 +215,10 @@ def generate_samples(cfg: BatchInferenceConfig, prompts: list[Prompt], tokenizer
             for start in range(0, len(prompts), chunk):
                 batch = list(range(start, min(start + chunk, len(prompts))))
                 ids = [prompts[i].ids for i in batch for _ in range(g.best_of_n)]
+                images = [prompts[i].images for i in batch for _ in range(g.best_of_n)] if cfg.data.image_key \
+                    else None
                 seed = cfg.model.seed + start * g.best_of_n  # every sample of the run its own seed
-                out = engines.generate(ids, seed, [eos] if eos is not None else [])
+                out = engines.generate(ids, seed, [eos] if eos is not None else [], images)
                 responses = [s.response_ids for s in out]
                 texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
                 raw = tokenizer.batch_decode(responses, skip_special_tokens=False)

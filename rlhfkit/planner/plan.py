@@ -3,7 +3,7 @@
 `build_plan(cfg, trainer, devices)` reads the model's config.json (no weights), the placement and the flags, and
 returns a `Plan`: one `Pool` per group of devices that roles share (the placement of `rlhfkit/distributed/
 placement.py`; a single-process trainer is one pool), each with rows (role, component, phase, bytes per device).
-The byte counts come from `rlhfkit/planner/memory.py` (ZeRO arithmetic, activations, KV cache).
+The byte counts come from `rlhfkit/planner/memory.py` (ZeRO arithmetic, activations, KV cache; a VLM: vision.py).
 
 Phases, for roles that take turns on shared devices (the hybrid engine):
 - resident: held the whole run;
@@ -34,13 +34,14 @@ from rlhfkit.distributed.placement import plan_pools, role_demands
 from rlhfkit.errors import UserError
 from rlhfkit.planner import memory as mem
 from rlhfkit.planner import parallel as par
+from rlhfkit.planner import vision
 
-# Resident set of one trainer process on CPU before its models count: the interpreter, torch, transformers,
-# datasets, tokenizers and DeepSpeed imported, the tokenizer and the data loaded. Measured 2026-11-25 on the CPU dev
-# machine (torch 2.13.0+cpu, transformers 5.19): the peak RSS (getrusage RUSAGE_CHILDREN ru_maxrss) of train_sft,
-# train_dpo and train_ppo on the 1M-parameter demo model was 535, 549 and 538 MiB; minus this planner's model
-# terms for those runs (16-32 MiB) that leaves 510-520 MiB. tests/planner/test_plan_measured.py checks
-# the whole estimate against the demo model and a 27M-parameter Llama.
+# Resident set of one trainer process on CPU before its models count: the interpreter, torch, transformers, datasets,
+# tokenizers and DeepSpeed imported, the tokenizer and the data loaded. Measured 2026-11-25 on the CPU dev machine
+# (torch 2.13.0+cpu, transformers 5.19): the peak RSS (getrusage RUSAGE_CHILDREN ru_maxrss) of train_sft, train_dpo
+# and train_ppo on the 1M-parameter demo model was 535, 549 and 538 MiB; minus this planner's model terms for those
+# runs (16-32 MiB) that leaves 510-520 MiB. tests/planner/test_plan_measured.py checks the whole estimate against the
+# demo model and a 27M-parameter Llama.
 CPU_PROCESS_BASELINE = 515 * mem.MIB
 # The local Ray cluster of a train_ppo_ray run on one machine (GCS, raylet, dashboard, workers' core): about 0.5 GB
 # after ray.init (Ray 2.60, measured on the CPU dev machine 2026-11-22).
@@ -358,10 +359,9 @@ def _to_host(pools: list[Pool], cfg: TrainConfig, trainer: str, world_size: int)
 
 def plan_pools_for(cfg: TrainConfig, trainer: str, devices: Devices, world_size: int = 1) -> list[Pool]:
     """The pools and their rows (see the module docstring)."""
-    if isinstance(cfg, PPOConfig):
-        pools = _plan_rl(cfg, trainer, devices)
-    else:
-        pools = _plan_preference(cfg, trainer, world_size)
+    pools = _plan_rl(cfg, trainer, devices) if isinstance(cfg, PPOConfig) else _plan_preference(cfg, trainer,
+                                                                                                 world_size)
+    vision.add_vision_rows(pools, cfg, lambda role: _ranks_of(cfg, trainer, role, world_size))  # planner/vision.py
     if devices.kind == "cpu":
         if not isinstance(cfg, PPOConfig) and world_size > 1:  # rlhfkit/planner/parallel.py, HOST_LOAD_COPIES
             pools[0].rows.append(Row("model", "load and sharding copies", "resident", par.host_load_bytes(
@@ -388,7 +388,7 @@ def build_plan(cfg: TrainConfig, trainer: str, devices: Devices, world_size: int
               f"{f', ring {cfg.strategy.ring_attn_size}' if cfg.strategy.ring_attn_size > 1 else ''}"
               f"{f', TP {cfg.strategy.ds_tensor_parallel_size}' if cfg.strategy.ds_tensor_parallel_size > 1 else ''}"
               f"{', --gradient_checkpointing' if m.gradient_checkpointing else ''}"
-              f"{f', LoRA rank {m.lora_rank}' if m.lora_rank else ''}"]
+              f"{f', LoRA rank {m.lora_rank}' if m.lora_rank else ''}"] + vision.header_lines(cfg)
     return Plan(trainer, header, pools, devices, devices.memory)
 
 

@@ -76,8 +76,8 @@ def test_bad_image_input_is_one_line_exit_2(case, vlm_assets, tmp_path, capsys, 
 
 
 def test_commands_without_images_refuse_the_openrlhf_image_flags(capsys):
-    code, err = call_in_process("batch_inference", ["--data.image_key", "images"], capsys)
-    assert_one_line_error(code, err, ("--data.image_key", "train_ppo and train_ppo_ray so far"))
+    code, err = call_in_process("serve_rm", ["--data.image_key", "images"], capsys)
+    assert_one_line_error(code, err, ("--data.image_key", "this command does not take images"))
 
 
 def test_max_images_without_an_image_key_is_refused(capsys):
