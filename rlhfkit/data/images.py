@@ -94,6 +94,21 @@ def _image_bytes(value: Any, where: str, source: str | None) -> tuple[bytes, str
     return path.read_bytes(), str(path)
 
 
+def image_reference(value: Any, source: str | None = None) -> str:
+    """What a reward function receives for one (already read and checked) image of a record: a local file as its
+    absolute path, inline bytes (raw or a parquet / `datasets` dict's) as base64 text, a data URL or base64 text as
+    given."""
+    if isinstance(value, dict):
+        value = value.get("bytes") or value.get("path")
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    text = str(value)
+    if text.startswith("data:"):
+        return text
+    path = _local_path(text, source)
+    return str(path.resolve()) if path is not None and path.is_file() else text
+
+
 def decode_image(value: Any, where: str, source: str | None = None) -> Any:
     """One image of a record as an RGB PIL image; a missing, corrupt or unsupported one is a UserError naming the
     record (`where`)."""
@@ -195,6 +210,12 @@ class RecordImages:
             raise UserError(f"{where}: {len(values)} images under --image_key '{self.image_key}', more than "
                             f"--max_images_per_prompt {self.max_images}")
         return [decode_image(v, where, getattr(record, "source", None)) for v in values]
+
+    def references(self, record: Any) -> list[str]:
+        """The record's images as `image_reference` gives them to reward functions (after `read` checked them)."""
+        value = record.get(self.image_key) if isinstance(record, dict) else None
+        values = [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
+        return [image_reference(v, getattr(record, "source", None)) for v in values]
 
     def marked(self, record: Any, key: str, n_images: int, where: str, flag: str) -> Any:
         """A copy of `record` whose `key` field has the images' placeholders (the record itself when it has no

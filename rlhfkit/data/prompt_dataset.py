@@ -33,9 +33,10 @@ class PromptDataset:
         self.samples: list[dict[str, Any]] = []
         for i, record in enumerate(records):
             where = locate(record, i)
-            pixels = None
+            pixels, refs = None, None
             if images is not None:
                 decoded = images.read(record, where)
+                refs = images.references(record) if decoded else None
                 record = images.marked(record, input_key, len(decoded), where, "--input_key")
                 pixels = images.pixels(decoded) if decoded else None
             prompt = format_prompt(require_field(record, input_key, where, "--input_key"), where,
@@ -43,7 +44,7 @@ class PromptDataset:
             label = require_field(record, label_key, where, "--label_key") if label_key is not None else None
             sample = {"prompt": prompt, "label": label}
             if pixels is not None and images is not None:  # what the rollout source needs to expand the ids
-                sample.update(images=pixels, vision_tokens=images.tokens)
+                sample.update(images=pixels, vision_tokens=images.tokens, image_refs=refs)
             self.samples.append(sample)
         if not self.samples:
             raise UserError("no prompts: the prompt dataset is empty")

@@ -25,7 +25,6 @@ a number, NaN or infinite is a UserError naming the source.
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import sys
@@ -42,6 +41,7 @@ import torch
 from rlhfkit.config.rl import BUILT_IN_REASONING_GYM
 from rlhfkit.errors import ComponentFailed, UserError
 from rlhfkit.rewards.halves import Attempt, Span, call_in_halves, failure_metrics
+from rlhfkit.rewards.signature import takes_keyword, wrong_signature
 
 
 class WrongLengthError(UserError):
@@ -114,27 +114,6 @@ def _text_inputs(batch: dict[str, Any]) -> tuple[list[str], list[str], list[Any]
     return queries, prompts, labels
 
 
-def _wrong_signature(path: str, name: str, n_args: int) -> str | None:
-    """`(queries)` when the file's top-level `def name(...)` cannot take `n_args` positional arguments, else None.
-    Read from the source (the user's code is imported only in the worker processes), so a wrong signature fails
-    at startup, not at the first rollout after every model has loaded; a function defined any other way (imported,
-    assigned) is left to fail at call time."""
-    try:
-        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
-        return None  # the worker already imported it; whatever this is, the call will tell
-    defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name]
-    if not defs:
-        return None
-    a = defs[-1].args
-    positional = len(a.posonlyargs) + len(a.args)
-    required = positional - len(a.defaults)
-    required_kwonly = sum(d is None for d in a.kw_defaults)
-    if a.vararg is None and positional < n_args or required > n_args or required_kwonly:
-        return f"({ast.unparse(a)})"
-    return None
-
-
 class RewardFunction:
     """`reward_func(queries, prompts, labels)` from a Python file (`--remote_rm_url path.py`), run in worker processes.
 
@@ -165,17 +144,21 @@ class RewardFunction:
         if "reward_func" not in self.pool.functions:
             self.pool.close()
             raise UserError(f"{self.where}: defines no function reward_func(queries, prompts, labels)")
-        wrong = _wrong_signature(self.path, "reward_func", 3)
+        wrong = wrong_signature(self.path, "reward_func", 3)
         if wrong:
             self.pool.close()
             raise UserError(f"{self.where}: reward_func{wrong} has the wrong signature; it is called as "
                             "reward_func(queries, prompts, labels)")
+        self.pass_images = takes_keyword(self.path, "reward_func", "images")  # image prompts' references
 
-    def _run_round(self, spans: list[Span], queries: list[str], prompts: list[str],
-                   labels: list[Any]) -> list[Attempt]:
+    def _run_round(self, spans: list[Span], queries: list[str], prompts: list[str], labels: list[Any],
+                   images: list[list[str]] | None = None) -> list[Attempt]:
         """One round of calls, spread over the workers: each span's outcome, parsed (wrong type or length is a
-        failure of the call; NaN/inf entries are kept, to cost only their own samples)."""
-        results = self.pool.map("reward_func", [(queries[lo:hi], prompts[lo:hi], labels[lo:hi]) for lo, hi in spans])
+        failure of the call; NaN/inf entries are kept, to cost only their own samples). `images`: each sample's
+        image references, passed as `images=` to a reward_func that takes that keyword."""
+        kwargs = [{"images": images[lo:hi]} for lo, hi in spans] if images is not None and self.pass_images else None
+        results = self.pool.map("reward_func", [(queries[lo:hi], prompts[lo:hi], labels[lo:hi]) for lo, hi in spans],
+                                kwargs)
         attempts = []
         for (lo, hi), result in zip(spans, results):
             if result.kind is not None:  # not result.ok
@@ -199,7 +182,7 @@ class RewardFunction:
 
         def run_round(spans: list[Span]) -> list[Attempt]:
             started = time.perf_counter()
-            attempts = self._run_round(spans, queries, prompts, labels)
+            attempts = self._run_round(spans, queries, prompts, labels, batch.get("image_refs"))
             rounds.append(time.perf_counter() - started)
             if len(rounds) == 1:
                 first_failed.extend((span, a.error) for span, a in zip(spans, attempts) if not a.ok)
@@ -375,6 +358,8 @@ class HTTPRewardClient:
         for i in range(parts):
             lo, hi = bounds[i], bounds[i + 1]
             payload = {"query": queries[lo:hi], "prompts": prompts[lo:hi], "labels": labels[lo:hi]}
+            if batch.get("image_refs") is not None:  # image prompts: each sample's image references
+                payload["images"] = batch["image_refs"][lo:hi]
             jobs.append(self._pool.submit(self._post_part, self.urls[i], payload))
         return _merge_results([job.result() for job in jobs])
 

@@ -209,9 +209,12 @@ class UserCodePool:
                 worker = _Worker(self.path, self._env)  # starts now; its import overlaps with other calls
             self._idle.put(worker)
 
-    def map(self, name: str, calls: Sequence[Sequence[Any]]) -> list[CallResult]:
-        """`name(*args)` for every args tuple, on all workers at once; results in order."""
-        futures = [self._threads.submit(self.call, name, *args) for args in calls]
+    def map(self, name: str, calls: Sequence[Sequence[Any]],
+            kwargs: Sequence[dict[str, Any]] | None = None) -> list[CallResult]:
+        """`name(*args, **kw)` for every args tuple (and its `kwargs` entry, if given), on all workers at once;
+        results in order."""
+        each = kwargs if kwargs is not None else [{}] * len(calls)
+        futures = [self._threads.submit(self.call, name, *args, **kw) for args, kw in zip(calls, each)]
         return [f.result() for f in futures]
 
     def worker_pids(self) -> list[int]:

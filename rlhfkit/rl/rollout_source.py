@@ -188,7 +188,7 @@ class RolloutSource:
     def sample(self, dataset: Sequence[dict], indices: Sequence[int], n: int, temperature: float, seed: int,
                key: int = 0) -> tuple[Experience, dict[str, Any]]:
         """Generate n responses per prompt (adjacent) and pad them into an Experience plus the texts."""
-        ids, prompts, labels, images = [], [], [], []
+        ids, prompts, labels, images, refs = [], [], [], [], []
         for i in indices:
             record = dataset[i]
             for _ in range(n):
@@ -196,6 +196,7 @@ class RolloutSource:
                 prompts.append(record["prompt"])
                 labels.append(record.get("label"))
                 images.append(record.get("images"))
+                refs.append(record.get("image_refs") or [])
         row_images = images if any(r is not None for r in images) else None
         self.engine.wake()
         samples, episode_reward, episodes = self._generate(ids, prompts, labels, temperature, seed, row_images)
@@ -205,6 +206,8 @@ class RolloutSource:
         responses = self.tokenizer.batch_decode([s.response_ids for s in samples], skip_special_tokens=False)
         queries = [p + resp for p, resp in zip(prompts, responses)]
         texts: dict[str, Any] = {"queries": queries, "prompts": prompts, "labels": labels}
+        if row_images is not None:  # the prompts' image references, for reward functions (rewards/sources.py)
+            texts["image_refs"] = refs
         if episode_reward is not None:
             texts["episode_reward"] = episode_reward
         if episodes:  # what the report's trace viewer needs of each, filtered with the texts (dynamic filtering)

@@ -15,6 +15,7 @@ from rlhfkit.data.images import (
     VisionTokens,
     decode_image,
     expand_image_tokens,
+    image_reference,
     mark_images,
 )
 from rlhfkit.data.readers import Record
@@ -43,6 +44,23 @@ def test_every_accepted_form_decodes_to_the_same_pixels(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text("{}\n")
     assert decode_image("a.png", WHERE, source=str(data)).size == (28, 28)
+
+
+def test_reward_functions_get_each_image_as_a_path_or_base64_text(tmp_path, monkeypatch):
+    """A local file becomes its absolute path (a reward worker may run elsewhere), inline bytes base64 text that
+    decodes to the same image, a data URL or base64 text stays as given."""
+    path = png(tmp_path)
+    raw = path.read_bytes()
+    b64 = base64.b64encode(raw).decode()
+    data = tmp_path / "d.jsonl"
+    data.write_text("{}\n")
+    monkeypatch.chdir(tmp_path.parent)
+    assert image_reference("a.png", source=str(data)) == str(path.resolve())
+    assert image_reference(f"file://{path}") == str(path.resolve())
+    assert image_reference({"bytes": None, "path": str(path)}) == str(path.resolve())
+    assert image_reference(raw) == b64 == image_reference({"bytes": raw, "path": None})
+    assert image_reference(f"data:image/png;base64,{b64}") == f"data:image/png;base64,{b64}"
+    assert image_reference(b64) == b64
 
 
 @pytest.mark.parametrize("make, expect", [

@@ -18,9 +18,14 @@ from rlhfkit.rl.ray_run import run_ppo_ray
 
 # Varies within a group on an untrained model (exact-match answers would all score 0, leaving GRPO nothing to
 # train): 1 for an odd-length response.
-REWARD = '''import torch
+# It also checks that each sample's image reference reaches it (`images=`): one existing file per prompt.
+REWARD = '''import os
 
-def reward_func(queries, prompts, labels):
+import torch
+
+def reward_func(queries, prompts, labels, images=None):
+    assert images is not None and len(images) == len(queries), images
+    assert all(len(refs) == 1 and os.path.isfile(refs[0]) for refs in images), images
     return torch.tensor([float(len(q) - len(p)) % 2 for q, p in zip(queries, prompts)])
 '''
 

@@ -34,6 +34,18 @@ def test_list_output_and_labels_reach_the_function(tmp_path):
     assert out["extra_logs"] == {}
 
 
+def test_image_references_reach_a_function_that_takes_images_and_only_it(tmp_path):
+    """Image prompts: `images=` (each sample's references) for a reward_func with that keyword or **kwargs; an
+    OpenRLHF-style (queries, prompts, labels) function is called as before."""
+    batch = {**BATCH, "image_refs": [["/a.png"], [], ["/b.png", "/c.png"], ["/d.png"]]}
+    for signature, images in (("images=None", "images"), ("**kwargs", "kwargs['images']")):
+        path = reward_file(tmp_path, f"def reward_func(queries, prompts, labels, {signature}):\n"
+                                     f"    return [float(len(refs)) for refs in {images}]\n")
+        assert RewardFunction(path, call_size=3).score(batch)["rewards"].tolist() == [1.0, 0.0, 2.0, 1.0]
+    path = reward_file(tmp_path, "def reward_func(queries, prompts, labels):\n    return [1.0] * len(queries)\n")
+    assert RewardFunction(path).score(batch)["rewards"].tolist() == [1.0] * 4
+
+
 def test_dict_output_with_scores_and_extra_logs(tmp_path):
     path = reward_file(tmp_path, "def reward_func(queries, prompts, labels):\n"
                                  "    r = torch.tensor([len(q) for q in queries], dtype=torch.float32)\n"
