@@ -168,6 +168,19 @@ def test_batch_is_split_over_two_servers_in_order(servers):
     assert out["rewards"].tolist() == expected
 
 
+def test_image_references_go_to_the_servers_split_like_the_queries(servers):
+    client = make_remote_reward([s.url for s in servers], timeout=5, retries=1)
+    refs = [["/a.png"], [], ["/b.png", "/c.png"]]
+    client.score({"queries": ["a", "bb", "ccc"], "prompts": ["p"] * 3, "labels": [None] * 3, "image_refs": refs})
+    client.close()
+    first, second = servers[0].received[0], servers[1].received[0]
+    assert first["images"] + second["images"] == refs and len(first["images"]) == len(first["query"])
+    text_only = make_remote_reward([servers[0].url], timeout=5, retries=1)
+    text_only.score({"queries": ["a"], "prompts": ["p"], "labels": [None]})
+    text_only.close()
+    assert "images" not in servers[0].received[-1]  # a text run's payload is OpenRLHF's, unchanged
+
+
 def test_server_errors_are_retried():
     server = _Server(0.0, fail_first=2)
     try:
