@@ -1,7 +1,7 @@
-"""examples/agent_image_feedback.py trains 2 RL steps (train_ppo in this process, GRPO on packed rows) on the tiny
-Qwen2-VL: every trained sample holds one image per turn (the prompt's, then one per feedback), each feedback image's
-vision tokens sit in the response with action mask 0, the policy never samples one, the trainer's packed forward
-gives the engine's log-probs, and the weights move."""
+"""examples/agent_image_feedback.py trains 2 RL steps (train_ppo in this process, REINFORCE++-baseline on packed
+rows; GRPO runs in test_ray_vlm) on the tiny Qwen2-VL: every trained sample holds one image per turn (the prompt's,
+then one per feedback), each feedback image's vision tokens sit in the response with action mask 0, the policy never
+samples one, the trainer's packed forward gives the engine's log-probs, and the weights move."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_two_rl_steps_train_the_image_feedback_agent(vlm_assets, tmp_path, monke
     argv = ["--pretrain", str(vlm_assets.model_dir), "--prompt_data", str(vlm_assets.split("rl_train")),
             "--input_key", "prompt", "--label_key", "answer", "--image_key", "images", "--max_images_per_prompt", "1",
             "--apply_chat_template", "--agent_func_path", str(AGENT), "--max_steps", "3", "--packing_samples",
-            "--advantage_estimator", "group_norm", "--n_samples_per_prompt", "2", "--rollout_batch_size", "2",
+            "--advantage_estimator", "reinforce_baseline", "--n_samples_per_prompt", "2", "--rollout_batch_size", "2",
             "--train_batch_size", "4", "--micro_train_batch_size", "4", "--micro_rollout_batch_size", "4",
             "--generate_max_len", "96", "--prompt_max_len", "64", "--max_rl_steps", "2", "--init_kl_coef", "0",
             "--actor_learning_rate", "1e-3", "--zero_stage", "0", "--save_path", str(save), "--disable_progress_bar"]
