@@ -73,6 +73,7 @@ SLOW = {
     "logging/test_html_report.py",
     "logging/test_tensorboard.py",
     "logging/test_trace_view.py",
+    "models/test_ema.py::test_the_average_is_split_over_two_ranks_and_still_exports_the_closed_form",
     "models/test_gguf.py::test_sft_two_steps_from_a_gguf_file",
     "models/test_real_model.py",
     "models/test_sequence_parallel.py::test_split_sample_gives_one_rank_loss_and_gradients",
