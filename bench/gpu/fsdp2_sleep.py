@@ -6,7 +6,8 @@ A tiny Llama (random init, fp32) is sharded by `rlhfkit.distributed.fsdp2_engine
 steps by `FSDP2Engine`, four ways: plain; with `offload_states` / `reload_states` (rlhfkit.distributed.weight_sync)
 around every step, as a Ray role worker calls them; with CPUOffloadPolicy; with both. Checked: asleep, no parameter
 or AdamW moment of the engine is left on the GPU and the memory the CUDA allocator holds falls accordingly; awake,
-they are back; the final weights equal the plain run's (bitwise for sleep, which only moves tensors; to 1e-6 for
+they are back; the weight sync's tensors (`iter_full_parameters`, from CPU shards under offload) equal the
+gathered state dict; the final weights equal the plain run's (bitwise for sleep, which only moves tensors; to 1e-6 for
 CPU offload, whose AdamW steps on the CPU); under CPU offload the shards and moments stay in CPU memory and sleep
 moves nothing. Prints one JSON line, `FSDP2_SLEEP {...}`, and exits 1 if a check fails.
 
@@ -79,6 +80,8 @@ def run(sleep: bool, offload: bool) -> dict:
     if sleep:
         weight_sync.reload_states(role)
     out["weights"] = {k: v.cpu() for k, v in (engine.full_state_dict() or {}).items()}
+    # what the weight sync sends the engines, one parameter at a time (from CPU shards under offload)
+    out["synced"] = dict(weight_sync.iter_full_parameters(engine.module))
     out["moved_mib"] = round(weight_sync.SLEEP_STATS["moved"] / 2**20, 2)
     weight_sync.SLEEP_STATS.update(offloads=0, reloads=0, bytes=0, moved=0)
     return out
@@ -101,6 +104,10 @@ def main() -> int:
         report[name] = {"weight_gap": gap, "moved_mib": r["moved_mib"], "allocated_mib": r["allocated_mib"],
                         "asleep": r["asleep"][-1:] , "awake": r["awake"][-1:]}
         ok &= gap == 0.0 if not offload else gap < 1e-6
+        synced = r["synced"]
+        sync_gap = max(float((synced[k] - r["weights"][k]).abs().max()) for k in synced)
+        report[name]["sync_gap"] = sync_gap
+        ok &= synced.keys() == r["weights"].keys() and sync_gap == 0.0
         if sleep:
             home = "cpu" if offload else "cuda"
             ok &= all(d == {"params": ["cpu"], "moments": ["cpu"]} for d in r["asleep"])
