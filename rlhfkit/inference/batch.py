@@ -106,6 +106,7 @@ def make_prompts(cfg: BatchInferenceConfig, records: list[Any], tokenizer: Any) 
         if g.enable_csft:
             try:
                 value = edit_prompt(value, lambda text: text + condition)
+                written = edit_prompt(written, lambda text: text + condition)  # the record's input, without images
             except ValueError as e:
                 raise UserError(f"{where}: --enable_csft: {e}") from None
         text = formatter(value, where)

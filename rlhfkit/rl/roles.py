@@ -385,9 +385,10 @@ class RewardModelRole(_Role):
     @dispatch("split")
     @torch.no_grad()
     def score(self, batch: Experience | dict[str, Any]) -> dict[str, Any]:
-        """{"rewards": [B], "scores": [B], "extra_logs": {}}; text fields of the batch are ignored."""
-        exp = as_experience({k: v for k, v in batch.items() if k not in ("queries", "prompts", "labels")}) \
-            if isinstance(batch, dict) else batch
+        """{"rewards": [B], "scores": [B], "extra_logs": {}}; the batch's text fields and image references are
+        ignored (the model reads the token ids and the experience's pixels)."""
+        texts = ("queries", "prompts", "labels", "image_refs")
+        exp = as_experience({k: v for k, v in batch.items() if k not in texts}) if isinstance(batch, dict) else batch
         rewards = per_chunk(exp, self.spec.batch, self.strategy,
                              lambda e: sample_rewards(self.model, e, self.packed, self.normalize),
                              action_width=False)
