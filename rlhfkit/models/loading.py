@@ -19,6 +19,7 @@ from transformers import (
 
 from rlhfkit.config.common import ModelArgs
 from rlhfkit.errors import UserError
+from rlhfkit.models.cpu_gemm import use_fast_cpu_linears
 from rlhfkit.models.gguf import is_gguf_path, resolve_pretrain
 from rlhfkit.models.vision import add_multimodal_positions, check_vision_family, is_vision_config
 
@@ -150,10 +151,18 @@ def load_causal_lm(path: str, *, attn_implementation: str = "sdpa", dtype: torch
         from transformers import AutoModelForImageTextToText
 
         check_vision_family(config, path, flag)
-        return add_multimodal_positions(_from_pretrained(AutoModelForImageTextToText, path, flag, dtype=dtype,
-                                                         attn_implementation=attn_implementation, **extra))
-    model = _from_pretrained(AutoModelForCausalLM, path, flag, dtype=dtype,
-                             attn_implementation=attn_implementation, **extra)
+        vlm = add_multimodal_positions(_from_pretrained(AutoModelForImageTextToText, path, flag, dtype=dtype,
+                                                        attn_implementation=attn_implementation, **extra))
+        return with_cpu_gemm(vlm)
+    return with_cpu_gemm(_from_pretrained(AutoModelForCausalLM, path, flag, dtype=dtype,
+                                          attn_implementation=attn_implementation, **extra))
+
+
+def with_cpu_gemm(model: Any) -> Any:
+    """`model` with its fp32 linear layers on oneDNN where that is faster on this CPU (`rlhfkit.models.cpu_gemm`);
+    unchanged on a machine with a GPU, where training runs there."""
+    if not torch.cuda.is_available():
+        use_fast_cpu_linears(model)
     return model
 
 

@@ -18,7 +18,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrainedModel
 
 from rlhfkit.errors import UserError
-from rlhfkit.models.loading import _from_pretrained
+from rlhfkit.models.loading import _from_pretrained, with_cpu_gemm
 from rlhfkit.models.policy import attn_implementation_of, model_dtype, model_inputs
 from rlhfkit.models.sequence_parallel import sequence_parallel_size, sequence_parallel_token_values
 from rlhfkit.models.vision import is_vision_config
@@ -51,7 +51,7 @@ def load_value_model(path: str, *, value_head_prefix: str = "score", attn_implem
         hidden = head.in_features
         nn.init.normal_(head.weight, std=1.0 / (hidden + 1) ** 0.5)
     model.config.value_head_prefix = value_head_prefix
-    return model
+    return with_cpu_gemm(model)
 
 
 def check_value_head(path: str, value_head_prefix: str, flag: str, allow_hint: str = "") -> None:

@@ -1,0 +1,126 @@
+"""fp32 linear layers on CPU through oneDNN where it multiplies faster than the BLAS PyTorch calls by default.
+
+PyTorch runs an fp32 `F.linear` on CPU through MKL's sgemm. On AMD CPUs MKL does not use its AVX-512 kernels:
+measured on the 2-core AMD EPYC (Zen 5) CI machine, torch 2.13, one thread, MKL gives 90-112 GFLOP/s on the bench
+models' shapes where oneDNN (bundled in the same wheel, `torch.ops.mkldnn._linear_pointwise`) gives 230-250 for
+the forward and the input gradient and 165-225 for the weight gradient (`bench/machine_limit.py`). Both compute in
+fp32 with fp32 accumulation (errors against float64 of the same order, ~1e-6 relative).
+
+`use_fast_cpu_linears(model)` routes a model's `nn.Linear` layers through an autograd function whose forward and
+two backward products all run on oneDNN, when a one-off probe on this process's thread count finds oneDNN faster
+(on an Intel CPU, where MKL is fast, it usually does not, and nothing changes). Each call falls back to
+`F.linear` for anything else: a GPU tensor, another dtype, autocast, a DTensor, or a product too small for
+oneDNN's ~10 us call overhead to pay (M x K x N < 2^21). `RLHFKIT_CPU_GEMM=aten` turns the routing off,
+`=onednn` forces it (tests, benches).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import types
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ENV = "RLHFKIT_CPU_GEMM"
+CHOICES = ("auto", "onednn", "aten")
+MIN_PRODUCT = 1 << 21  # M*K*N below which MKL's lower call overhead wins (measured: 16x128x344 MKL 17 us, oneDNN 20)
+_choice: dict[int, bool] = {}  # torch thread count -> oneDNN measured faster
+
+
+def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def _time_once(fn: Any, repeats: int) -> float:
+    fn()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return time.perf_counter() - start
+
+
+def _probe() -> bool:
+    """Whether oneDNN's fp32 linear beats `F.linear` here: best of three on one 256x512x1024 product (~15 ms)."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    x, w = torch.randn(256, 512), torch.randn(1024, 512)
+    try:
+        onednn = min(_time_once(lambda: _onednn_linear(x, w, None), 4) for _ in range(3))
+    except RuntimeError:  # a build whose oneDNN lacks the fp32 kernel
+        return False
+    aten = min(_time_once(lambda: F.linear(x, w), 4) for _ in range(3))
+    return onednn < 0.9 * aten
+
+
+def onednn_faster() -> bool:
+    """The routing decision for this process's current torch thread count (`RLHFKIT_CPU_GEMM` first)."""
+    setting = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if setting not in CHOICES:
+        raise ValueError(f"{ENV}={setting!r}: expected one of {', '.join(CHOICES)}")
+    if setting != "auto":
+        return setting == "onednn"
+    threads = torch.get_num_threads()
+    if threads not in _choice:
+        _choice[threads] = _probe()
+    return _choice[threads]
+
+
+class _OneDnnLinear(torch.autograd.Function):
+    """y = x W^T + b with the forward, dL/dx = g W and dL/dW = g^T x each one oneDNN call on 2-D views."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1])
+        ctx.save_for_backward(x2, weight)
+        ctx.in_shape = x.shape
+        ctx.has_bias = bias is not None
+        return _onednn_linear(x2, weight, bias).reshape(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x2, weight = ctx.saved_tensors
+        g2 = grad.reshape(-1, weight.shape[0])
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _onednn_linear(g2, weight.t(), None).reshape(ctx.in_shape)
+        if ctx.needs_input_grad[1]:
+            grad_w = _onednn_linear(g2.t(), x2.t(), None)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = g2.sum(0)
+        return grad_x, grad_w, grad_b
+
+
+def _routable(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and type(weight) in (torch.Tensor, nn.Parameter) and type(x) is torch.Tensor
+            and weight.dim() == 2 and weight.is_contiguous() and x.shape[-1] == weight.shape[1]
+            and x.numel() * weight.shape[0] >= MIN_PRODUCT and not torch.is_autocast_enabled("cpu"))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear`, through oneDNN when `_routable` says the call is an fp32 CPU product worth it."""
+    if _routable(x, weight) and (bias is None or bias.dtype == torch.float32):
+        return _OneDnnLinear.apply(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return linear(x, self.weight, self.bias)
+
+
+def use_fast_cpu_linears(model: nn.Module) -> int:
+    """Route `model`'s plain `nn.Linear` layers through `linear` when oneDNN is faster here; returns how many.
+    A layer keeps its parameters and state dict: only its instance `forward` changes, so DeepSpeed, FSDP2, PEFT
+    (which calls the base layer) and checkpoints see the same module."""
+    if not onednn_faster():
+        return 0
+    count = 0
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            module.forward = types.MethodType(_forward, module)  # type: ignore[method-assign]
+            count += 1
+    return count

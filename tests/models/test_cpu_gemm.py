@@ -1,0 +1,116 @@
+"""fp32 CPU linears through oneDNN (rlhfkit/models/cpu_gemm.py): the same values and gradients as a float64
+product, the fall-backs, and a whole model's step."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from rlhfkit.models import cpu_gemm
+
+
+@pytest.fixture
+def forced(monkeypatch):
+    monkeypatch.setenv(cpu_gemm.ENV, "onednn")
+
+
+def _float64_grads(x, w, b, g):
+    x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+    b64 = b.double().requires_grad_() if b is not None else None
+    y = F.linear(x64, w64, b64)
+    y.backward(g.double())
+    return y, x64.grad, w64.grad, b64.grad if b is not None else None
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_values_and_gradients_equal_a_float64_product(bias):
+    torch.manual_seed(0)
+    x = torch.randn(4, 96, 256, requires_grad=True)  # 384 x 256 x 384: above the routing threshold
+    w = torch.randn(384, 256, requires_grad=True)
+    b = torch.randn(384, requires_grad=True) if bias else None
+    assert cpu_gemm._routable(x, w)
+    y = cpu_gemm._OneDnnLinear.apply(x, w, b)
+    g = torch.randn_like(y)
+    y.backward(g)
+    y64, gx64, gw64, gb64 = _float64_grads(x.detach(), w.detach(), b.detach() if bias else None, g)
+    for ours, ref in [(y, y64), (x.grad, gx64), (w.grad, gw64)] + ([(b.grad, gb64)] if bias else []):
+        assert ours.shape == ref.shape and ours.dtype == torch.float32
+        assert ((ours.double() - ref).abs().max() / ref.abs().max()).item() < 1e-5
+
+
+def test_a_frozen_weight_gets_no_gradient_and_a_frozen_input_none():
+    torch.manual_seed(1)
+    x, w = torch.randn(512, 128), torch.randn(512, 128, requires_grad=True)
+    cpu_gemm._OneDnnLinear.apply(x, w, None).sum().backward()
+    assert x.grad is None
+    ref = torch.ones(512, 512).double().t() @ x.double()
+    assert torch.allclose(w.grad.double(), ref, rtol=1e-5, atol=1e-4)
+    x2, w2 = torch.randn(512, 128, requires_grad=True), torch.randn(512, 128)
+    cpu_gemm._OneDnnLinear.apply(x2, w2, None).sum().backward()
+    assert w2.grad is None
+    assert torch.allclose(x2.grad.double(), torch.ones(512, 512).double() @ w2.double(), rtol=1e-5, atol=1e-4)
+
+
+def test_calls_that_do_not_pay_or_cannot_run_fall_back_to_f_linear():
+    w = torch.randn(384, 256)
+    assert not cpu_gemm._routable(torch.randn(8, 256), w)  # 8 x 256 x 384 < 2^21: MKL's lower overhead wins
+    assert not cpu_gemm._routable(torch.randn(512, 256).double(), w.double())
+    assert not cpu_gemm._routable(torch.randn(512, 256).bfloat16(), w.bfloat16())
+    assert not cpu_gemm._routable(torch.randn(512, 256), w.t().contiguous().t())  # a transposed view
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not cpu_gemm._routable(torch.randn(512, 256), w)
+        assert cpu_gemm.linear(torch.randn(512, 256), w).dtype == torch.bfloat16  # autocast still applies
+    x64 = torch.randn(512, 256).double()
+    assert torch.equal(cpu_gemm.linear(x64, w.double()), F.linear(x64, w.double()))
+
+
+def test_the_setting_is_read_from_the_environment(monkeypatch):
+    monkeypatch.setenv(cpu_gemm.ENV, "aten")
+    assert cpu_gemm.use_fast_cpu_linears(nn.Sequential(nn.Linear(4, 4))) == 0
+    monkeypatch.setenv(cpu_gemm.ENV, "onednn")
+    assert cpu_gemm.onednn_faster()
+    monkeypatch.setenv(cpu_gemm.ENV, "mkl")
+    with pytest.raises(ValueError, match="RLHFKIT_CPU_GEMM='mkl': expected one of auto, onednn, aten"):
+        cpu_gemm.onednn_faster()
+
+
+def test_the_probe_decides_once_per_thread_count(monkeypatch):
+    monkeypatch.delenv(cpu_gemm.ENV, raising=False)
+    monkeypatch.setattr(cpu_gemm, "_choice", {})
+    calls = []
+    monkeypatch.setattr(cpu_gemm, "_probe", lambda: calls.append(1) or True)
+    assert cpu_gemm.onednn_faster() and cpu_gemm.onednn_faster()
+    assert calls == [1]
+
+
+def test_the_probe_times_both_kernels_for_real():
+    assert isinstance(cpu_gemm._probe(), bool)
+
+
+def _tiny_llama() -> LlamaForCausalLM:
+    cfg = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg)
+
+
+def test_a_routed_model_trains_like_the_plain_one(forced):
+    plain = _tiny_llama()
+    routed = copy.deepcopy(plain)
+    assert cpu_gemm.use_fast_cpu_linears(routed) == 2 * 7 + 1  # q k v o gate up down per layer, and the LM head
+    assert routed.state_dict().keys() == plain.state_dict().keys()
+    ids = torch.randint(0, 512, (4, 64))  # 256 tokens: every projection is above the threshold
+    losses = []
+    for model in (plain, routed):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        losses.append(loss.item())
+    assert abs(losses[0] - losses[1]) < 1e-5
+    for (name, p), q in zip(plain.named_parameters(), routed.parameters()):
+        rel = ((p.grad - q.grad).abs().max() / p.grad.abs().max()).item()
+        assert rel < 1e-4, name
