@@ -34,24 +34,23 @@ class OneRank:
 
 @pytest.mark.parametrize("extra, shared", [
     ("", True), ("--bf16", True), ("--zero_stage 3", False), ("--lora_rank 8", False), ("--vllm_num_engines 1", False),
-    ("--async_train --no-colocate_all_models", False), ("--actor_num_gpus_per_node 2", False),
+    ("--actor_num_gpus_per_node 2", False),
     ("--backend fsdp2", False), ("--packing_samples", False),
 ])
 def test_which_runs_share_the_actors_module(extra, shared):
     from rlhfkit.config.rl_specs import rl_specs
 
-    text = BASE + extra
-    if "--no-colocate_all_models" in extra:
-        text = text.replace("--colocate_all_models", "").replace("--no-colocate_all_models", "")
-    cfg = parse_config(PPOConfig, shlex.split("--pretrain m " + text), "test")
-    assert shares_actor_weights(rl_specs(cfg), cfg.asynchronous.async_train) is shared
-    if shared:
-        assert not shares_actor_weights(rl_specs(cfg), cfg.asynchronous.async_train, image_prompts=True)
+    specs = rl_specs(parse(extra))
+    assert shares_actor_weights(specs, async_train=False) is shared
+    # the generator actor of --async_train needs an engine of its own; image prompts keep theirs for now
+    assert not shares_actor_weights(specs, async_train=True)
+    assert not shares_actor_weights(specs, async_train=False, image_prompts=True)
 
 
 def test_the_environment_variable_keeps_the_engine_actor(monkeypatch):
     from rlhfkit.config.rl_specs import rl_specs
 
+    assert shares_actor_weights(rl_specs(parse("")), False)
     monkeypatch.setenv(SHARED_ENGINE_ENV, "0")
     assert not shares_actor_weights(rl_specs(parse("")), False)
 
@@ -90,3 +89,11 @@ def test_in_actor_engine_samples_what_a_separate_engine_samples(demo_assets):
     assert module.training and all(p.requires_grad for p in module.parameters())
     assert shared.sync_from(None) == 0 and shared.engines == []
     assert shared.info()[0]["kind"] == "transformers" and shared.info()[0]["shared_with_actor"]
+
+
+def test_separate_pools_keep_the_engine_actor():
+    """Without --colocate_all_models the engine has a bundle of its own and runs beside the actor: no sharing."""
+    from rlhfkit.config.rl_specs import rl_specs
+
+    cfg = parse_config(PPOConfig, shlex.split("--pretrain m " + BASE.replace("--colocate_all_models", "")), "test")
+    assert not shares_actor_weights(rl_specs(cfg), False)
