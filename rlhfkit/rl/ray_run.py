@@ -3,8 +3,10 @@
 Same trainer (`rlhfkit.rl.trainer.RLTrainer`) and loop (`rlhfkit.rl.loop`) as `train_ppo`; only the parts handed
 in differ: the role handles are `RayActorGroup`s wrapping the local roles of `roles.py` (one object per rank, their
 own torch.distributed world each) and a `RolloutEngineGroup` over vLLM engines (`--vllm_num_engines N`) or one
-Transformers engine actor (`0`, `rollout/hf_engine_actor.py`); the weight sync (`weight_sync.RayWeightSync`)
-streams weights from the actor's rank 0 straight to the engines instead of passing them through the driver; with
+Transformers engine actor (`0`, `rollout/hf_engine_actor.py`; with --colocate_all_models and one actor rank the
+engine runs inside the actor's process on its module instead, `actor_engine.py`); the weight sync
+(`weight_sync.RayWeightSync`) streams weights from the actor's rank 0 straight to the engines instead of passing
+them through the driver; with
 --async_train the batch supply is the generator actor's queue and weight syncs take its lock (`async_driver`).
 
 Everything a user can get wrong is checked before Ray starts (`prepare_ray_run`): the RL config, the placement

@@ -70,7 +70,8 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float, top_k:
 
 
 class HFRolloutEngine:
-    """`RolloutEngine` over a Transformers causal LM held by this object (its own copy of the policy)."""
+    """`RolloutEngine` over a Transformers causal LM held by this object (its own copy of the policy, or with
+    `shared` the trained actor's own module)."""
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 256,
                  device: torch.device | str | None = None, episode_runner: EpisodeRunner | None = None,
