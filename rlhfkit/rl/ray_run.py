@@ -3,8 +3,10 @@
 Same trainer (`rlhfkit.rl.trainer.RLTrainer`) and loop (`rlhfkit.rl.loop`) as `train_ppo`; only the parts handed
 in differ: the role handles are `RayActorGroup`s wrapping the local roles of `roles.py` (one object per rank, their
 own torch.distributed world each) and a `RolloutEngineGroup` over vLLM engines (`--vllm_num_engines N`) or one
-Transformers engine actor (`0`, `rollout/hf_engine_actor.py`); the weight sync (`weight_sync.RayWeightSync`)
-streams weights from the actor's rank 0 straight to the engines instead of passing them through the driver; with
+Transformers engine actor (`0`, `rollout/hf_engine_actor.py`; with --colocate_all_models and one actor rank the
+engine runs inside the actor's process on its module instead, `actor_engine.py`); the weight sync
+(`weight_sync.RayWeightSync`) streams weights from the actor's rank 0 straight to the engines instead of passing
+them through the driver; with
 --async_train the batch supply is the generator actor's queue and weight syncs take its lock (`async_driver`).
 
 Everything a user can get wrong is checked before Ray starts (`prepare_ray_run`): the RL config, the placement
@@ -32,6 +34,7 @@ from rlhfkit.distributed.determinism import enable_full_determinism, gpu_limits_
 from rlhfkit.distributed.placement import ResourcePlan, bundle_cpus, connect_ray, plan_for, unwrap_user_error
 from rlhfkit.distributed.startup_clock import StartupClock, actor_marks
 from rlhfkit.errors import UserError
+from rlhfkit.rl.actor_engine import ActorEngine, shares_actor_weights
 from rlhfkit.rl.loop import RoleHandles, rl_settings
 from rlhfkit.rl.rollout_source import RolloutSource
 from rlhfkit.rl.trainer import BatchSupply, RLTrainer
@@ -63,6 +66,7 @@ class RayRunPlan:
     inputs: Any = None  # setup.RLInputs: tokenizer, prompts, text reward source, optimizer-step count
     notes: list[str] = field(default_factory=list)
     http_teacher: Any = None  # teacher.HTTPTeacher of --teacher_url (a local teacher is a role group)
+    shared_engine: bool = False  # the Transformers engine runs in the actor's process on its module (actor_engine)
 
 
 def check_ray_config(cfg: PPOConfig, use_gpu: bool | None = None,
@@ -92,6 +96,10 @@ def check_ray_config(cfg: PPOConfig, use_gpu: bool | None = None,
     if specs.critic is not None and cfg.rl_model.critic_pretrain:
         check_model_path(specs.critic.path, "--critic_pretrain")
     run = RayRunPlan(plan, use_gpu, sync_backend(specs.placement, use_gpu), specs)
+    run.shared_engine = shares_actor_weights(specs, cfg.asynchronous.async_train, bool(cfg.vision.image_key))
+    if run.shared_engine:
+        run.notes.append("the Transformers engine generates in the actor's process on the actor's own weights "
+                         "(no engine process, no weight copy to sync)")
     if run.sync_backend != specs.placement.sync_backend:
         run.notes.append(f"--vllm_sync_backend {specs.placement.sync_backend} needs GPUs; weights go through the "
                          "Ray object store instead")
@@ -175,9 +183,10 @@ def build_ray_roles(run: RayRunPlan, clock: StartupClock | None = None) -> tuple
         timeout_env = {DIST_TIMEOUT_ENV: str(specs.placement.ddp_timeout)}  # role groups and the weight-sync group
         # Engines first: they take longest to come up (vLLM's import alone is most of it), and a role group's
         # constructor waits for its rank 0 process to answer (the rendezvous address) before it returns.
-        clock.launched("engine")
-        ray_roles.engine = engine_group(specs.engine, plan, use_gpu=run.use_gpu, sync_backend=run.sync_backend,
-                                        env=timeout_env, wait=False, episode_runner=run_episodes)
+        if not run.shared_engine:
+            clock.launched("engine")
+            ray_roles.engine = engine_group(specs.engine, plan, use_gpu=run.use_gpu, sync_backend=run.sync_backend,
+                                            env=timeout_env, wait=False, episode_runner=run_episodes)
         for name, (cls, args) in roles.items():
             if name in plan.slots:
                 clock.launched(name)
@@ -187,11 +196,14 @@ def build_ray_roles(run: RayRunPlan, clock: StartupClock | None = None) -> tuple
                     sp_size=specs.actor.strategy.ring_attn_size)  # one --ring_attn_size for every role
         for group in ray_roles.groups.values():  # every role and engine started above loads in parallel
             group.ready()
+        if run.shared_engine:
+            ray_roles.engine = ActorEngine(ray_roles.groups["actor"], specs.engine, run_episodes)
         ray_roles.engine.info()
         clock.lap("roles_and_engines")
         for name, group in ray_roles.groups.items():  # rank 0 of each role, engine 0
             clock.add_actor_marks(name, actor_marks(group.workers[:1])[0])
-        clock.add_actor_marks("engine", actor_marks(ray_roles.engine.engines[:1])[0])
+        if ray_roles.engine.engines:  # none when the engine lives in the actor
+            clock.add_actor_marks("engine", actor_marks(ray_roles.engine.engines[:1])[0])
     except BaseException:
         ray_roles.shutdown()
         raise
@@ -264,6 +276,7 @@ def run_ppo_ray(cfg: PPOConfig, *, cpus_per_bundle: float | None = None,
             raise unwrap_user_error(e) from None
         rank = run.specs.engine.lora_rank  # > 0: adapter-only sync, through the object store whatever the backend
         how = f"LoRA adapter only (rank {rank}, object store)" if rank else run.sync_backend
+        how = "none (the engine reads the actor's weights)" if run.shared_engine else how
         strategy.print(f"train_ppo_ray: placement {run.plan.describe()}; roles and engines up in "
                        f"{time.perf_counter() - started:.1f} s; weight sync: {how}")
         spread = record_placement(ray_roles, cfg.checkpoint.save_path)

@@ -70,12 +70,16 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float, top_k:
 
 
 class HFRolloutEngine:
-    """`RolloutEngine` over a Transformers causal LM held by this object (its own copy of the policy)."""
+    """`RolloutEngine` over a Transformers causal LM held by this object (its own copy of the policy, or with
+    `shared` the trained actor's own module)."""
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 256,
-                 device: torch.device | str | None = None, episode_runner: EpisodeRunner | None = None):
-        self.model = model.eval().requires_grad_(False)
-        if device is not None:
+                 device: torch.device | str | None = None, episode_runner: EpisodeRunner | None = None,
+                 shared: bool = False):
+        # shared: the model is another's (the trained actor's own module, `rlhfkit.rl.actor_engine`): its mode,
+        # gradients and device stay its owner's; generation runs under no_grad and the owner switches it to eval.
+        self.model = model if shared else model.eval().requires_grad_(False)
+        if device is not None and not shared:
             self.model.to(device)
         self.device = next(self.model.parameters()).device
         self.tokenizer = tokenizer

@@ -138,6 +138,8 @@ def test_gae_hybrid_engine_on_transformers_engine(ray_cluster, demo_assets, tmp_
     assert (tmp_path / "ckpt" / "latest").read_text() == "global_step2"
     assert (ckpt / "actor").is_dir() and (ckpt / "critic").is_dir() and (ckpt / "state.json").is_file()
     assert [e["kind"] for e in check.engines] == ["transformers"]
+    # one actor rank holding full weights: the engine generates in its process on its module (rl/actor_engine.py)
+    assert check.engines[0]["shared_with_actor"] and all(s["train/sync/bytes"] == 0 for s in steps)
 
 
 CELLS = {  # the cells the named tests above leave: (estimator, engine, colocate_all_models) -> extra flags;
