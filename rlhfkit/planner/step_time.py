@@ -17,8 +17,10 @@ Element-wise work (norms, activations, residual adds, the log-softmax over the v
 elements per token and layer plus V logits, 3 times for a trained pass: on CPU it is bound by memory, not FLOPs.
 
 The rates and overhead below are fit on `bench/cost_curves.py`'s CPU points (bench/results/cost_curves.md shows the
-prediction against every measured point). Not estimated: the RL trainers (their step is mostly generation, which is
-bound by memory bandwidth, not FLOPs) and GPUs (no rate measured here yet).
+prediction against every measured point), once per fp32 GEMM kernel the linear layers can run on: MKL (PyTorch's
+`F.linear`) and oneDNN (where rlhfkit.models.cpu_gemm routes them when its probe finds oneDNN faster). Not
+estimated: the RL trainers (their step is mostly generation, which is bound by memory bandwidth, not FLOPs) and GPUs
+(no rate measured here yet).
 """
 
 from __future__ import annotations
@@ -29,17 +31,35 @@ from rlhfkit.config.kinds import OfflineConfig, TrainConfig, WithReference
 from rlhfkit.config.rl import PPOConfig
 from rlhfkit.planner.memory import ModelShape, read_model_shape
 
-# Measured 2026-11-27 on the CPU dev machine (x86_64, 2 cores shared with other users, torch 2.13.0+cpu, fp32, one
-# torch thread per process): the least-squares fit (relative error) of step CPU seconds = matmul FLOPs / rate +
-# attention FLOPs / rate + elements x time + overhead over the world-1 SFT and DPO points of bench/cost_curves.py
-# (tiny, 25M and 135M-shaped Llamas, 128 to 8,192 tokens); bench/results/cost_curves.md shows every point.
-CPU_MATMUL_FLOPS_PER_THREAD = 91e9
-# Attention (torch's CPU scaled_dot_product_attention) runs at about half the GEMM rate.
-CPU_ATTENTION_FLOPS_PER_THREAD = 51e9
-# Element-wise work a token does in a pass (norms, SwiGLU, residual adds, the log-softmax over the vocabulary),
-# memory-bound: it is what makes a 128-wide model slower per FLOP than a 512-wide one.
-CPU_SECONDS_PER_ELEMENT = 3.8e-9
-CPU_STEP_OVERHEAD_S = 0.001
+
+@dataclass(frozen=True)
+class CpuRates:
+    """Per-thread rates of one CPU fp32 GEMM kernel's runs: step CPU seconds = matmul FLOPs / matmul + attention
+    FLOPs / attention + elements x seconds_per_element + overhead_s, fit by least squares (relative error) on the
+    world-1 one-thread SFT and DPO points of bench/cost_curves.py (bench/results/cost_curves.md shows every point)."""
+
+    kernel: str  # "aten" (F.linear: MKL's sgemm) or "onednn" (rlhfkit.models.cpu_gemm's routing)
+    matmul: float  # FLOP/s of the linear layers
+    attention: float  # FLOP/s of torch's CPU scaled_dot_product_attention (its own kernel whatever the linears use)
+    seconds_per_element: float  # element-wise work (norms, SwiGLU, residual adds, log-softmax): memory-bound
+    overhead_s: float  # per step
+
+
+# Measured 2026-11-27 on the CPU dev machine (2-core AMD EPYC, torch 2.13.0+cpu, fp32, one torch thread), linears on
+# MKL (before rlhfkit.models.cpu_gemm), tiny, 25M and 135M-shaped Llamas at 128 to 8,192 tokens
+# (bench/results/cost_curves_mkl.md). Attention runs at about half the GEMM rate; the element-wise term is what makes
+# a 128-wide model slower per FLOP than a 512-wide one.
+MKL = CpuRates("aten", 91e9, 51e9, 3.8e-9, 0.001)
+# The same fit with the linears on oneDNN (rlhfkit.models.cpu_gemm, the default where its probe finds oneDNN faster),
+# 2026-11-28 (bench/results/cost_curves.md).
+ONEDNN = CpuRates("onednn", 180e9, 51e9, 3.8e-9, 0.001)
+
+
+def cpu_rates(onednn: bool) -> CpuRates:
+    """The rates of the kernel a run's linear layers use (`rlhfkit.models.cpu_gemm.onednn_faster()`)."""
+    return ONEDNN if onednn else MKL
+
+
 # What a second thread adds to a process's speed, as a fraction of the first: issue 26's quiet-machine figure (SFT
 # on the 25M model: 1.15 s a step at one thread, 0.75 s at two, 1.53x; DPO gains less). The cost-curve bench's own
 # two-thread point ran under a load average above 10 on 2 cores and does not measure it.
@@ -77,6 +97,7 @@ class StepTime:
     threads: int
     overhead: float  # seconds per step on top of the work (fixed + communication)
     tokens: int  # trained tokens per step on one rank
+    rates: CpuRates
 
 
 def matmul_weights(shape: ModelShape, lm_head: bool = True) -> int:
@@ -132,16 +153,17 @@ def thread_speedup(threads: int) -> float:
     return 1 + CPU_EXTRA_THREAD_EFFICIENCY * (max(threads, 1) - 1)
 
 
-def cpu_step_time(work: Work, tokens: int, threads: int, params: int = 0, world: int = 1) -> StepTime:
-    """Seconds of a step of `work` on one rank: the compute terms sped up by `threads`, the fixed overhead, and with
-    `world` > 1 the gloo traffic of sharding `params` fp32 parameters."""
-    compute = (work.matmul / CPU_MATMUL_FLOPS_PER_THREAD + work.attention / CPU_ATTENTION_FLOPS_PER_THREAD
-               + work.elements * CPU_SECONDS_PER_ELEMENT) / thread_speedup(threads)
-    overhead = CPU_STEP_OVERHEAD_S + (3 * 4 * params / CPU_GLOO_BYTES_PER_S if world > 1 else 0.0)
-    return StepTime(work, compute + overhead, threads, overhead, tokens)
+def cpu_step_time(work: Work, tokens: int, threads: int, rates: CpuRates, params: int = 0,
+                  world: int = 1) -> StepTime:
+    """Seconds of a step of `work` on one rank at `rates`: the compute terms sped up by `threads`, the fixed
+    overhead, and with `world` > 1 the gloo traffic of sharding `params` fp32 parameters."""
+    compute = (work.matmul / rates.matmul + work.attention / rates.attention
+               + work.elements * rates.seconds_per_element) / thread_speedup(threads)
+    overhead = rates.overhead_s + (3 * 4 * params / CPU_GLOO_BYTES_PER_S if world > 1 else 0.0)
+    return StepTime(work, compute + overhead, threads, overhead, tokens, rates)
 
 
-def offline_estimate(cfg: OfflineConfig, trainer: str, world: int, threads: int) -> StepTime:
+def offline_estimate(cfg: OfflineConfig, trainer: str, world: int, threads: int, rates: CpuRates) -> StepTime:
     """The CPU step time of an offline trainer's config: `--train_batch_size` rows split over `world` ranks, each
     row `--max_len` tokens long."""
     shape = read_model_shape(cfg.model.pretrain or "", "--pretrain")
@@ -152,16 +174,20 @@ def offline_estimate(cfg: OfflineConfig, trainer: str, world: int, threads: int)
     seq = cfg.data.max_len
     work = offline_step_work(trainer, shape, rows, seq, ref)
     tokens = rows * seq * (1 if trainer == "sft" else 2)
-    return cpu_step_time(work, tokens, threads, shape.params(trainer != "rm"), world)
+    return cpu_step_time(work, tokens, threads, rates, shape.params(trainer != "rm"), world)
 
 
 def describe(cfg: TrainConfig, trainer: str, kind: str, world: int, threads: int) -> str | None:
     """The `step time` line of --dry_run; None where nothing is estimated (RL trainers: generation dominates their
-    step; GPUs: no rate measured yet)."""
+    step; GPUs: no rate measured yet). The rates are those of the kernel the run's linear layers will use: oneDNN
+    where rlhfkit.models.cpu_gemm's probe (at this process's thread count, `RLHFKIT_CPU_GEMM` first) finds it
+    faster, as load_causal_lm will decide, else MKL's."""
     if isinstance(cfg, PPOConfig) or kind != "cpu":
         return None
-    st = offline_estimate(cfg, trainer, world, threads)
+    from rlhfkit.models.cpu_gemm import onednn_faster
+
+    st = offline_estimate(cfg, trainer, world, threads, cpu_rates(onednn_faster()))
     return (f"step time: about {st.seconds:.3g} s per optimizer step on this CPU ({st.tokens} tokens per rank at "
             f"--max_len {cfg.data.max_len}, {st.work.flops / 1e9:.3g} GFLOP, {threads} thread"
-            f"{'s' if threads != 1 else ''}{f', {st.overhead:.2g} s of gloo traffic' if world > 1 else ''}); "
-            "shorter rows take less")
+            f"{'s' if threads != 1 else ''}, linears on {'oneDNN' if st.rates.kernel == 'onednn' else 'MKL'}"
+            f"{f', {st.overhead:.2g} s of gloo traffic' if world > 1 else ''}); shorter rows take less")
