@@ -184,7 +184,7 @@ def derived(points: list[dict[str, Any]]) -> list[str]:
     for kernel in sorted({p.get("kernel", "aten") for p in base}):
         group = [p for p in base if p.get("kernel", "aten") == kernel]
         rates = st.cpu_rates(kernel == "onednn")
-        sft_only = fit([p for p in group if p["trainer"] == "sft"])
+        sft, dpo = ([p for p in group if p["trainer"] == t] for t in ("sft", "dpo"))
         lines += [f"Linears on {kernel} ({len(group)} world-1, one-thread SFT and DPO points, CPU time per step):",
                   _fit_line("fit of all four terms", fit(group), group),
                   _fit_line("fit of the matmul rate and the overhead, attention and element-wise terms held at the "
@@ -193,10 +193,9 @@ def derived(points: list[dict[str, Any]]) -> list[str]:
                   f"- the planner uses ({rates.kernel}): {rates.matmul / 1e9:.0f}, {rates.attention / 1e9:.0f} "
                   f"GFLOP/s, {rates.seconds_per_element * 1e9:.1f} ns and {rates.overhead_s * 1e3:.1f} ms "
                   "(`rlhfkit/planner/step_time.py`).",
-                  f"- held out: fit (all four terms) on the SFT points alone, the DPO points (a reference forward "
-                  f"and two rows a pair, which the fit never saw) come within "
-                  f"{_worst(sft_only, [p for p in group if p['trainer'] == 'dpo']):.0%} of their CPU time per step.",
-                  ""]
+                  *([f"- held out: fit (all four terms) on the SFT points alone, the DPO points (a reference "
+                     f"forward and two rows a pair, which the fit never saw) come within {_worst(fit(sft), dpo):.0%} "
+                     "of their CPU time per step."] if sft and dpo else []), ""]
     for p in (p for p in points if p["threads"] > 1 and p["world"] == 1 and "work" in p):
         one = st.cpu_step_time(p["work"], 0, 1, rates_of(p)).seconds - rates_of(p).overhead_s
         lines.append(f"- {p['name']} (load {p['load_before'].split()[0]}): {one / p['step_s']:.2f}x the one-thread "
