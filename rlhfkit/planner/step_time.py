@@ -43,16 +43,23 @@ class CpuRates:
     attention: float  # FLOP/s of torch's CPU scaled_dot_product_attention (its own kernel whatever the linears use)
     seconds_per_element: float  # element-wise work (norms, SwiGLU, residual adds, log-softmax): memory-bound
     overhead_s: float  # per step
+    # what a second torch thread adds to a process's speed, as a fraction of the first
+    extra_thread_efficiency: float
 
 
 # Measured 2026-11-27 on the CPU dev machine (2-core AMD EPYC, torch 2.13.0+cpu, fp32, one torch thread), linears on
 # MKL (before rlhfkit.models.cpu_gemm), tiny, 25M and 135M-shaped Llamas at 128 to 8,192 tokens
 # (bench/results/cost_curves_mkl.md). Attention runs at about half the GEMM rate; the element-wise term is what makes
-# a 128-wide model slower per FLOP than a 512-wide one.
-MKL = CpuRates("aten", 91e9, 51e9, 3.8e-9, 0.001)
-# The same fit with the linears on oneDNN (rlhfkit.models.cpu_gemm, the default where its probe finds oneDNN faster),
-# 2026-11-28 (bench/results/cost_curves.md).
-ONEDNN = CpuRates("onednn", 180e9, 51e9, 3.8e-9, 0.001)
+# a 128-wide model slower per FLOP than a 512-wide one. A second thread: issue 26's quiet-machine figure (SFT on the
+# 25M model: 1.15 s a step at one thread, 0.75 s at two, 1.53x; DPO gains less).
+MKL = CpuRates("aten", 91e9, 51e9, 3.8e-9, 0.001, 0.5)
+# The same fit with the linears on oneDNN (rlhfkit.models.cpu_gemm, the default where its probe finds it faster),
+# 2026-11-28 on the same machine, quiet (load 1.0-1.5): 19 points, 18 within 25% of their CPU time, the worst 28%
+# (bench/results/cost_curves.md). The matmuls run at ~1.8x MKL's rate; the fit puts more of the rest in a fixed
+# per-step cost (28 ms: the tiny model's step at 128 tokens got slower, 0.029 -> 0.041 s, with ~10 us more per
+# oneDNN call and the Python autograd function of each linear) and less in the element-wise term. Two threads: four
+# points at 1.92-2.06x their one-thread estimate's speed (oneDNN's two-thread GEMM rate is 2x its one-thread rate).
+ONEDNN = CpuRates("onednn", 168e9, 39e9, 1.0e-9, 0.028, 0.95)
 
 
 def cpu_rates(onednn: bool) -> CpuRates:
@@ -60,15 +67,12 @@ def cpu_rates(onednn: bool) -> CpuRates:
     return ONEDNN if onednn else MKL
 
 
-# What a second thread adds to a process's speed, as a fraction of the first: issue 26's quiet-machine figure (SFT
-# on the 25M model: 1.15 s a step at one thread, 0.75 s at two, 1.53x; DPO gains less). The cost-curve bench's own
-# two-thread point ran under a load average above 10 on 2 cores and does not measure it.
-CPU_EXTRA_THREAD_EFFICIENCY = 0.5
 # The per-step cost of a data-parallel world over gloo on CPU: the ZeRO-3 / FSDP2 all-gathers and reduce-scatters
 # move every parameter about 3 times a step (forward gather, backward gather, gradient reduce-scatter) at this
-# rate, fp32 bytes. Rough: the CPU time per step that the bench's world-2 points (25M model, ZeRO-3 and FSDP2) spent
-# beyond their compute implies 0.4 to 1.3 GB/s, measured at load averages of 25-40 on 2 cores.
-CPU_GLOO_BYTES_PER_S = 0.7e9
+# rate, fp32 bytes. Rough: the CPU time per step that the bench's world-2 points (25M model, SFT and DPO) spent
+# beyond their compute implies 0.8-1.0 GB/s under ZeRO-3 and 1.9-2.1 under FSDP2 (2026-11-28, quiet, linears on
+# oneDNN; 0.4-1.3 GB/s at load averages of 25-40 the day before); one rate for both, ZeRO-3's side.
+CPU_GLOO_BYTES_PER_S = 1.0e9
 
 
 @dataclass(frozen=True)
@@ -148,9 +152,9 @@ def offline_step_work(trainer: str, shape: ModelShape, rows: int, seq: int, ref:
     return policy + (forward_work(ref, 2 * rows, seq) if ref is not None else Work())
 
 
-def thread_speedup(threads: int) -> float:
+def thread_speedup(threads: int, rates: CpuRates) -> float:
     """How much faster a process with `threads` torch threads computes than with one."""
-    return 1 + CPU_EXTRA_THREAD_EFFICIENCY * (max(threads, 1) - 1)
+    return 1 + rates.extra_thread_efficiency * (max(threads, 1) - 1)
 
 
 def cpu_step_time(work: Work, tokens: int, threads: int, rates: CpuRates, params: int = 0,
@@ -158,7 +162,7 @@ def cpu_step_time(work: Work, tokens: int, threads: int, rates: CpuRates, params
     """Seconds of a step of `work` on one rank at `rates`: the compute terms sped up by `threads`, the fixed
     overhead, and with `world` > 1 the gloo traffic of sharding `params` fp32 parameters."""
     compute = (work.matmul / rates.matmul + work.attention / rates.attention
-               + work.elements * rates.seconds_per_element) / thread_speedup(threads)
+               + work.elements * rates.seconds_per_element) / thread_speedup(threads, rates)
     overhead = rates.overhead_s + (3 * 4 * params / CPU_GLOO_BYTES_PER_S if world > 1 else 0.0)
     return StepTime(work, compute + overhead, threads, overhead, tokens, rates)
 

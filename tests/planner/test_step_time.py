@@ -52,9 +52,9 @@ def test_seconds_from_the_rates_the_overhead_and_the_gloo_traffic(rates):
     compute = 1e9 / rates.matmul + 2e8 / rates.attention + 1e6 * rates.seconds_per_element
     assert one.seconds == pytest.approx(compute + rates.overhead_s)
     two = st.cpu_step_time(work, 100, threads=2, rates=rates, params=1000, world=2)
-    # a second thread adds CPU_EXTRA_THREAD_EFFICIENCY of the first; ZeRO-3 / FSDP2: every fp32 parameter moves 3
+    # a second thread adds extra_thread_efficiency of the first; ZeRO-3 / FSDP2: every fp32 parameter moves 3
     # times a step
-    assert two.seconds == pytest.approx(compute / (1 + st.CPU_EXTRA_THREAD_EFFICIENCY) + rates.overhead_s
+    assert two.seconds == pytest.approx(compute / (1 + rates.extra_thread_efficiency) + rates.overhead_s
                                         + 3 * 4 * 1000 / st.CPU_GLOO_BYTES_PER_S)
 
 
