@@ -44,6 +44,9 @@ POINTS = [
     *[(f"dpo-{m}-256", "dpo", m, 256, 2, 1, "single", 5 if m != "135m" else 3, 1) for m in ("tiny", "25m", "135m")],
     *[(f"dpo-25m-{n}", "dpo", "25m", n, 1, 1, "single", 4, 1) for n in (128, 1024)],
     ("sft-25m-256-t2", "sft", "25m", 256, 4, 1, "single", 5, 2),
+    ("sft-25m-1024-t2", "sft", "25m", 1024, 2, 1, "single", 4, 2),
+    ("dpo-25m-256-t2", "dpo", "25m", 256, 2, 1, "single", 5, 2),
+    ("sft-tiny-2048-t2", "sft", "tiny", 2048, 2, 1, "single", 8, 2),
     ("sft-25m-128-w1-single", "sft", "25m", 128, 8, 1, "single", 4, 1),
     *[(f"sft-25m-128-w{w}-{b}", "sft", "25m", 128, 8, w, b, 4, 1) for b in ("zero3", "fsdp2") for w in (1, 2)],
     *[(f"dpo-25m-128-w2-{b}", "dpo", "25m", 128, 4, 2, b, 4, 1) for b in ("zero3", "fsdp2")],
@@ -144,7 +147,16 @@ def child(trainer: str, backend: str, model: str, data: str, max_len: int, rows:
 
     Trainer.train_batch = timed  # type: ignore[method-assign]
     run(cfg)
+    clock.extra["kernel"] = linears_kernel()
     clock.report()
+
+
+def linears_kernel() -> str:
+    """The fp32 GEMM kernel this process's linear layers ran on (load_causal_lm's decision, cached per thread count:
+    asking again does not probe again)."""
+    from rlhfkit.models.cpu_gemm import onednn_faster
+
+    return "onednn" if onednn_faster() else "aten"
 
 
 def grpo_child(model: Path, prompts: Path, completions: int, steps: int, out: Path) -> None:
@@ -154,6 +166,7 @@ def grpo_child(model: Path, prompts: Path, completions: int, steps: int, out: Pa
 
     grpo.PROMPTS, grpo.SAMPLES, grpo.MICRO = GRPO_PROMPTS, completions // GRPO_PROMPTS, completions
     clock = grpo.child_rlhfkit(model, prompts, out, steps)
+    clock.extra["kernel"] = linears_kernel()
     clock.report()
 
 
@@ -178,7 +191,7 @@ def measure(point: tuple, model_dirs: dict[str, Path], workdir: Path) -> dict:
     if proc.returncode != 0 or len(ranks) != world:
         raise RuntimeError(f"{name} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return {"name": name, "trainer": trainer, "model": model, "max_len": max_len, "rows": rows, "world": world,
-            "backend": backend, "steps": steps, "threads": threads,
+            "backend": backend, "steps": steps, "threads": threads, "kernel": ranks[0].get("kernel", "aten"),
             "step_s": max(statistics.median(step_times(r["ends"], 1)) for r in ranks),
             "cpu_s": max(statistics.median(step_times(r["cpu_ends"], 1)) for r in ranks),
             "peak_rss_mb": sum(r["peak_rss_mb"] for r in ranks), "wall_s": time.perf_counter() - started,
@@ -194,25 +207,27 @@ def main() -> None:
     p.add_argument("--workdir", default=str(ROOT / "runs" / "bench"))
     p.add_argument("--only", action="append", help="point names to (re)measure (default: all)")
     p.add_argument("--report", action="store_true", help="only redraw the pictures and tables from the JSON")
+    p.add_argument("--results", default=str(RESULTS), help="the JSON to write (and read with --only, --report)")
     args = p.parse_args()
+    results = Path(args.results).resolve()
     if not args.report:
         workdir = Path(args.workdir).resolve()
         model_dirs = models(workdir)
         configs = {name: json.loads((path / "config.json").read_text()) for name, path in model_dirs.items()}
-        old = json.loads(RESULTS.read_text()) if RESULTS.is_file() and args.only else {"points": []}
+        old = json.loads(results.read_text()) if results.is_file() and args.only else {"points": []}
         done = {r["name"]: r for r in old["points"] if not args.only or r["name"] not in args.only}
         for point in POINTS:
             if args.only and point[0] not in args.only:
                 continue
             done[point[0]] = measure(point, model_dirs, workdir)
             print(json.dumps(done[point[0]]), flush=True)
-            RESULTS.write_text(json.dumps({"machine": machine(), "versions": versions(),
+            results.write_text(json.dumps({"machine": machine(), "versions": versions(),
                                            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                            "models": configs, "points": list(done.values())}, indent=1))
     sys.path.insert(0, str(ROOT))  # the planner of this checkout (an editable install may point at another)
     from cost_curves_report import report
 
-    report(RESULTS)
+    report(results)
 
 
 if __name__ == "__main__":

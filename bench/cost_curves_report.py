@@ -39,32 +39,48 @@ def predict(p: dict[str, Any], shape: ModelShape) -> st.StepTime:
     rows = p["rows"] // p["world"]
     work = st.offline_step_work(p["trainer"], shape, rows, p["max_len"], shape if p["trainer"] == "dpo" else None)
     tokens = rows * p["max_len"] * (1 if p["trainer"] == "sft" else 2)
-    return st.cpu_step_time(work, tokens, p["threads"], shape.params(), p["world"])
+    return st.cpu_step_time(work, tokens, p["threads"], rates_of(p), shape.params(), p["world"])
 
 
-def fit(points: list[dict[str, Any]]) -> np.ndarray:
+def rates_of(p: dict[str, Any]) -> st.CpuRates:
+    """The planner's rates for the kernel the point's linears ran on (points before the kernel was recorded: MKL)."""
+    return st.cpu_rates(p.get("kernel", "aten") == "onednn")
+
+
+def _terms(points: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    return (np.array([[p["work"].matmul, p["work"].attention, p["work"].elements, 1.0] for p in points]),
+            np.array([p["cpu_s"] for p in points]))
+
+
+def fit(points: list[dict[str, Any]], held: st.CpuRates | None = None) -> np.ndarray:
     """Seconds per matmul FLOP, per attention FLOP, per element and the overhead minimising the relative error
-    against the CPU time per step of `points`."""
-    t = np.array([p["cpu_s"] for p in points])
-    x = np.array([[p["work"].matmul, p["work"].attention, p["work"].elements, 1.0] for p in points])
-    coefficients, *_ = np.linalg.lstsq(x / t[:, None], np.ones(len(points)), rcond=None)
-    return coefficients
+    against the CPU time per step of `points`; with `held`, only the matmul and overhead terms are fit and the
+    attention and element-wise terms kept at `held`'s (kernels a change of GEMM library leaves alone)."""
+    x, t = _terms(points)
+    if held is None:
+        coefficients, *_ = np.linalg.lstsq(x / t[:, None], np.ones(len(points)), rcond=None)
+        return coefficients
+    fixed = np.array([1 / held.attention, held.seconds_per_element])
+    known = x[:, 1:3] @ fixed
+    (mm, over), *_ = np.linalg.lstsq(x[:, [0, 3]] / t[:, None], 1 - known / t, rcond=None)
+    return np.array([mm, fixed[0], fixed[1], over])
 
 
 def _worst(coefficients: np.ndarray, points: list[dict[str, Any]]) -> float:
-    x = np.array([[p["work"].matmul, p["work"].attention, p["work"].elements, 1.0] for p in points])
-    return float(np.max(np.abs(x @ coefficients / np.array([p["cpu_s"] for p in points]) - 1)))
+    x, t = _terms(points)
+    return float(np.max(np.abs(x @ coefficients / t - 1)))
 
 
 def table(points: list[dict[str, Any]]) -> list[str]:
-    rows = ["| point | params | max_len | rows/step | world | backend | threads | measured s/step | CPU s/step | "
-            "predicted s/step | error vs measured | error vs CPU | peak RSS MB (all ranks) | load before / after |",
-            "| --- " * 14 + "|"]
+    rows = ["| point | params | max_len | rows/step | world | backend | threads | linears | measured s/step | "
+            "CPU s/step | predicted s/step | error vs measured | error vs CPU | peak RSS MB (all ranks) | "
+            "load before / after |", "| --- " * 15 + "|"]
     for p in points:
         pred = (f"{p['pred_s']:.3f} | {p['err']:+.0%} | {p['err_cpu']:+.0%}" if "pred_s" in p else
                 "not estimated (RL) | | ")
         rows.append(f"| {p['name']} | {p['params'] / 1e6:.1f}M | {p['max_len']} | {p['rows']} | {p['world']} | "
-                    f"{p['backend']} | {p['threads']} | {p['step_s']:.3f} | {p['cpu_s']:.3f} | {pred} | "
+                    f"{p['backend']} | {p['threads']} | {p.get('kernel', 'aten')} | {p['step_s']:.3f} | "
+                    f"{p['cpu_s']:.3f} | {pred} | "
                     f"{p['peak_rss_mb']:.0f} | {p['load_before']} / {p['load_after']} |")
     return rows
 
@@ -133,7 +149,7 @@ def world_picture(path: Path, points: list[dict[str, Any]]) -> bool:
     return True
 
 
-def pictures(points: list[dict[str, Any]], out: Path) -> list[Path]:
+def pictures(points: list[dict[str, Any]], out: Path, stem: str = "cost_curves") -> list[Path]:
     by = {p["name"]: p for p in points}
     single = [p for p in points if p["world"] == 1 and p["threads"] == 1 and p["backend"] == "single"]
     grpo = {f"GRPO {m}, {GRPO_PROMPTS} prompts": [p for p in single if p["trainer"] == "grpo" and p["model"] == m]
@@ -142,8 +158,7 @@ def pictures(points: list[dict[str, Any]], out: Path) -> list[Path]:
            for t, m, r in (("sft", "tiny", 2), ("dpo", "tiny", 1), ("sft", "25m", 2), ("dpo", "25m", 1))}
     size = {t: [p for p in single if p["trainer"] == t and p["max_len"] == 256 and p["rows"] == r]
             for t, r in (("sft", 4), ("dpo", 2))}
-    paths = [out / "cost_curves_seq.png", out / "cost_curves_model.png", out / "cost_curves_world.png",
-             out / "cost_curves_grpo.png"]
+    paths = [out / f"{stem}_{name}.png" for name in ("seq", "model", "world", "grpo")]
     drawn = [picture(paths[0], "sequence length (SFT 2 rows, DPO 1 pair)", seq, "max_len",
                      "tokens per row (max_len)"),
              picture(paths[1], "model size (256 tokens; SFT 4 rows, DPO 2 pairs)", size, "params", "parameters",
@@ -154,25 +169,42 @@ def pictures(points: list[dict[str, Any]], out: Path) -> list[Path]:
     return [path for path, ok in zip(paths, drawn) if ok]
 
 
+def _fit_line(label: str, coefficients: np.ndarray, points: list[dict[str, Any]]) -> str:
+    mm, att, elem, over = coefficients
+    return (f"- {label}: matmuls {1 / mm / 1e9:.0f} GFLOP/s, attention {1 / att / 1e9:.0f} GFLOP/s, "
+            f"{elem * 1e9:.1f} ns per element, {over * 1e3:.1f} ms per step (worst point within "
+            f"{_worst(coefficients, points):.0%} of its CPU time per step).")
+
+
 def derived(points: list[dict[str, Any]]) -> list[str]:
-    """This run's fit of the planner's constants, beside the constants the planner uses, and a held-out check."""
+    """This run's fits of the planner's constants (per kernel), beside the constants the planner uses, and a
+    held-out check."""
     base = [p for p in points if p["backend"] == "single" and p["threads"] == 1 and p["trainer"] in ("sft", "dpo")]
-    mm, att, elem, over = fit(base)
-    sft_only = fit([p for p in base if p["trainer"] == "sft"])
-    lines = [f"- fit on this run's world-1, one-thread SFT and DPO points (CPU time per step): matmuls "
-             f"{1 / mm / 1e9:.0f} GFLOP/s, attention {1 / att / 1e9:.0f} GFLOP/s, {elem * 1e9:.1f} ns per element, "
-             f"{over * 1e3:.1f} ms per step; the planner uses {st.CPU_MATMUL_FLOPS_PER_THREAD / 1e9:.0f}, "
-             f"{st.CPU_ATTENTION_FLOPS_PER_THREAD / 1e9:.0f} GFLOP/s, {st.CPU_SECONDS_PER_ELEMENT * 1e9:.1f} ns and "
-             f"{st.CPU_STEP_OVERHEAD_S * 1e3:.1f} ms (`rlhfkit/planner/step_time.py`).",
-             f"- held out: fit on the SFT points alone, the DPO points (a reference forward and two rows a pair, "
-             f"which the fit never saw) come within {_worst(sft_only, [p for p in base if p['trainer'] == 'dpo']):.0%}"
-             " of their CPU time per step."]
+    lines = []
+    for kernel in sorted({p.get("kernel", "aten") for p in base}):
+        group = [p for p in base if p.get("kernel", "aten") == kernel]
+        rates = st.cpu_rates(kernel == "onednn")
+        sft, dpo = ([p for p in group if p["trainer"] == t] for t in ("sft", "dpo"))
+        lines += [f"Linears on {kernel} ({len(group)} world-1, one-thread SFT and DPO points, CPU time per step):",
+                  _fit_line("fit of all four terms", fit(group), group),
+                  _fit_line("fit of the matmul rate and the overhead, attention and element-wise terms held at the "
+                            "MKL-era fit's (their kernels do not change with the GEMM library)", fit(group, st.MKL),
+                            group),
+                  f"- the planner uses ({rates.kernel}): {rates.matmul / 1e9:.0f}, {rates.attention / 1e9:.0f} "
+                  f"GFLOP/s, {rates.seconds_per_element * 1e9:.1f} ns and {rates.overhead_s * 1e3:.1f} ms "
+                  "(`rlhfkit/planner/step_time.py`).",
+                  *([f"- held out: fit (all four terms) on the SFT points alone, the DPO points (a reference "
+                     f"forward and two rows a pair, which the fit never saw) come within {_worst(fit(sft), dpo):.0%} "
+                     "of their CPU time per step."] if sft and dpo else []), ""]
     for p in (p for p in points if p["threads"] > 1 and p["world"] == 1 and "work" in p):
-        one = st.cpu_step_time(p["work"], 0, 1).seconds - st.CPU_STEP_OVERHEAD_S
-        lines.append(f"- {p['name']} (load {p['load_before'].split()[0]}): {one / p['step_s']:.2f}x the one-thread "
-                     f"estimate's speed with {p['threads']} threads (planner: {st.thread_speedup(p['threads']):.2f}x).")
+        rates = rates_of(p)
+        one = st.cpu_step_time(p["work"], 0, 1, rates).seconds - rates.overhead_s
+        speedup = one / (p["step_s"] - rates.overhead_s)
+        lines.append(f"- {p['name']} (load {p['load_before'].split()[0]}): {speedup:.2f}x the one-thread estimate's "
+                     f"speed with {p['threads']} threads, the fixed overhead aside (planner: "
+                     f"{st.thread_speedup(p['threads'], rates):.2f}x).")
     for p in (p for p in points if p["world"] > 1 and "work" in p):
-        compute = st.cpu_step_time(p["work"], 0, 1).seconds
+        compute = st.cpu_step_time(p["work"], 0, 1, rates_of(p)).seconds
         rate_b = 3 * 4 * p["params"] / max(p["cpu_s"] - compute, 1e-9)
         lines.append(f"- {p['name']}: {p['cpu_s'] - compute:.2f} s of CPU time per step beyond compute: "
                      f"{rate_b / 1e9:.2f} GB/s of parameter traffic (planner: {st.CPU_GLOO_BYTES_PER_S / 1e9:.2f}).")
@@ -211,26 +243,31 @@ def report(path: Path) -> None:
             continue
         est = predict(p, shape)
         p.update(work=est.work, pred_s=est.seconds, err=est.seconds / p["step_s"] - 1,
-                 err_cpu=est.seconds / p["cpu_s"] - 1)
+                 err_cpu=est.seconds / (p["cpu_s"] / p["threads"]) - 1)  # CPU time over its threads
     out = path.parent
-    images = pictures(points, out)
-    DOCS_IMAGES.mkdir(parents=True, exist_ok=True)
-    for image in images:
-        shutil.copy(image, DOCS_IMAGES / image.name)
+    images = pictures(points, out, path.stem)
+    if path.stem == "cost_curves":  # the current run's pictures are the docs page's; a history file keeps its own
+        DOCS_IMAGES.mkdir(parents=True, exist_ok=True)
+        for image in images:
+            shutil.copy(image, DOCS_IMAGES / image.name)
     loads = [float(p[k].split()[0]) for p in points for k in ("load_before", "load_after")]
     text = ["# Cost curves: step time and peak memory (bench/cost_curves.py)", "",
+            *([data["note"], ""] if "note" in data else []),
             f"Run {data['date']}. Machine: {data['machine']}; {data['versions']}. One-minute load average from "
             f"{min(loads):.2f} to {max(loads):.2f} over the run (each point's before / after in the table; a machine "
             "shared by several engineers: a point whose wall time is well above its CPU time waited for a core).", "",
             "Settings: random-init Llamas on the demo's 2,048-token vocabulary, fp32, AdamW, every row filled to "
             "max_len (a short prompt, a completion or both DPO responses cut to max_len), one micro-batch per rank, "
-            "one torch thread per process unless the threads column says 2; step time = median gap between "
+            "one torch thread per process unless the threads column says 2; `linears`: the fp32 GEMM kernel the linear "
+            "layers ran on (`aten`: MKL through `F.linear`; `onednn`: rlhfkit.models.cpu_gemm's routing); step time "
+            "= median gap between "
             "optimizer-step ends after one warm-up step (the slower rank's); peak RSS = the processes' `ru_maxrss`, "
             "summed over ranks. `predicted` is what `--dry_run` prints for the same config "
-            "(`rlhfkit/planner/step_time.py`); error = predicted / measured - 1.", "",
+            "(`rlhfkit/planner/step_time.py`); error = predicted / measured - 1 (against CPU time: over the "
+            "process's threads).", "",
             "## Acceptance (issue 26, item 4: the estimate within 25% of measured on the CPU workloads)", "",
             *acceptance(points), "", "## The planner's constants against this run", "", *derived(points), "",
             "## Every point", "", *table(points), "",
             "## Pictures", "", *[f"![{i.stem}]({i.name})" for i in images], ""]
-    (out / "cost_curves.md").write_text("\n".join(text))
+    path.with_suffix(".md").write_text("\n".join(text))
     print("\n".join(text))

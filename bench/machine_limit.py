@@ -6,9 +6,13 @@ module measures that anchor on this machine, in this session:
 - the GEMM rate on the models' own matrix shapes: each linear layer of a bench model (the q/k/v/o projections, the
   MLP's gate/up/down and the LM head) as `F.linear` at the token counts the benches feed it, plus its two backward
   products (input gradient `g @ W`, weight gradient `g^T @ x`), at 1 and 2 threads, fp32 and (where the CPU has
-  AVX512-BF16 or AMX) bf16. A model's rate is its FLOP-weighted rate over its shapes: the sum of the products'
-  FLOPs over the sum of their measured times, so the time a step's matmuls would take if every one ran as fast as
-  it does alone;
+  AVX512-BF16 or AMX) bf16. fp32 runs on each kernel the build has: "aten" (`F.linear` and `torch.matmul`,
+  MKL's sgemm on x86: what PyTorch and TRL use) and "onednn" (the op rlhfkit.models.cpu_gemm routes rlhfkit's
+  linear layers through where it is faster: on AMD CPUs MKL leaves its AVX-512 kernels unused and oneDNN is about
+  2x faster). A model's rate is its FLOP-weighted rate over its shapes: the sum of the products' FLOPs over the sum
+  of their measured times, so the time a step's matmuls would take if every one ran as fast as it does alone. The
+  machine's fp32 rate, which every fraction divides by, takes each shape on its faster kernel (a per-layer choice
+  of kernel, as rlhfkit's routing makes); each kernel's own rate is reported beside it. bf16 runs on aten only;
 - the memory bandwidth: a large copy and a STREAM triad (`a = b + s * c`) on arrays far past the last-level cache.
 
 A workload's fraction is `floor / step time`, where the floor is its model FLOPs (PaLM's counting, bench/gpu/flops.py:
@@ -18,7 +22,7 @@ and its weight bytes over the bandwidth (a roofline). The FLOPs are the workload
 implementation's: a prompt shared by a DPO pair or a GRPO group counts once (`shared_prefix_flops`), as the math
 needs it once.
 
-    .venv/bin/python bench/machine_limit.py [--rounds 2] [--seconds 0.15]
+    .venv/bin/python bench/machine_limit.py [--rounds 2] [--seconds 0.15] [--threads 1,2]
 
 writes bench/results/machine_limit.json (the rates) and prints the table that bench/results/machine_limit.md records.
 """
@@ -102,41 +106,88 @@ def best_time(fn: Callable[[], Any], seconds: float, threads: int = 1) -> float:
     return best
 
 
-def linear_times(m: int, k: int, n: int, dtype: Any, seconds: float, threads: int = 1) -> tuple[float, float]:
-    """(forward seconds, forward + both backward products seconds) of a linear layer with m tokens."""
+def fp32_kernels() -> tuple[str, ...]:
+    """The fp32 kernels this torch build has: "aten" (`F.linear` / `torch.matmul`: MKL's sgemm on x86) and, where
+    its oneDNN has the fp32 linear, "onednn" (the op rlhfkit.models.cpu_gemm routes linear layers through)."""
+    import torch
+
+    onednn = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    return ("aten", "onednn") if onednn else ("aten",)
+
+
+def _products(kernel: str, x: Any, w: Any, g: Any) -> list[Callable[[], Any]]:
+    """The forward `x W^T`, the input gradient `g W` and the weight gradient `g^T x` on `kernel`, each as
+    rlhfkit.models.cpu_gemm computes it (oneDNN) or as PyTorch's default linear and its backward do (aten)."""
     import torch
     import torch.nn.functional as F
 
+    if kernel == "onednn":
+        from rlhfkit.models.cpu_gemm import _onednn_linear
+
+        return [lambda: _onednn_linear(x, w, None), lambda: _onednn_linear(g, w.t(), None),
+                lambda: _onednn_linear(g.t(), x.t(), None)]
+    return [lambda: F.linear(x, w), lambda: torch.matmul(g, w), lambda: torch.matmul(g.t(), x)]
+
+
+def linear_times(m: int, k: int, n: int, dtype: Any, seconds: float, threads: int = 1,
+                 kernel: str = "aten") -> tuple[float, float]:
+    """(forward seconds, forward + both backward products seconds) of a linear layer with m tokens on `kernel`."""
+    import torch
+
     x, w, g = (torch.randn(*s, dtype=dtype) for s in ((m, k), (n, k), (m, n)))
-    fwd = best_time(lambda: F.linear(x, w), seconds, threads)
-    dgrad = best_time(lambda: torch.matmul(g, w), seconds, threads)
-    wgrad = best_time(lambda: torch.matmul(g.t(), x), seconds, threads)
+    fwd, dgrad, wgrad = (best_time(fn, seconds, threads) for fn in _products(kernel, x, w, g))
     return fwd, fwd + dgrad + wgrad
 
 
-def model_rates(config: dict[str, Any], tokens: int, threads: int, dtype: Any = None,
-                seconds: float = 0.15) -> dict[str, Any]:
-    """The model's GEMM rate (FLOP/s) at `tokens` rows: forward, and training (forward and both backward
-    products), FLOP-weighted over its shapes; and each shape's own training rate."""
+def _weighted(shapes: list[tuple[str, int, int, int]], tokens: int, fwd: dict[tuple[int, int], float],
+              train: dict[tuple[int, int], float]) -> dict[str, Any]:
+    """Forward and training rates FLOP-weighted over `shapes` (`count` layers of each (in, out) shape): their FLOPs
+    over the summed seconds; and each shape's own training rate."""
+    flops = sum(2 * tokens * k * n * count for _, k, n, count in shapes)
+    fwd_time = sum(fwd[k, n] * count for _, k, n, count in shapes)
+    train_time = sum(train[k, n] * count for _, k, n, count in shapes)
+    return {"forward": flops / fwd_time, "train": 3 * flops / train_time,
+            "per_shape": {name: 6 * tokens * k * n / train[k, n] for name, k, n, _ in shapes}}
+
+
+def rates_from_times(shapes: list[tuple[str, int, int, int]], tokens: int,
+                     times: dict[str, dict[tuple[int, int], tuple[float, float]]]) -> dict[str, Any]:
+    """A model's GEMM rates from each kernel's (forward, training) seconds per (in, out) shape: each kernel's
+    (under "kernels"), and the machine's at the top level: each shape on its faster kernel (its forward alone on the
+    kernel with the faster forward), what a per-layer choice of kernel reaches (rlhfkit.models.cpu_gemm chooses per
+    call); "kernel_of" names each shape's faster kernel for training."""
+    out = {"kernels": {kernel: _weighted(shapes, tokens, {kn: t[0] for kn, t in by_shape.items()},
+                                         {kn: t[1] for kn, t in by_shape.items()})
+                       for kernel, by_shape in times.items()}}
+    keys = {(k, n) for _, k, n, _ in shapes}
+    best_fwd = {kn: min(t[kn][0] for t in times.values()) for kn in keys}
+    best_train = {kn: min(t[kn][1] for t in times.values()) for kn in keys}
+    kernel_of = {name: min(times, key=lambda kernel, kn=(k, n): times[kernel][kn][1]) for name, k, n, _ in shapes}
+    return {**_weighted(shapes, tokens, best_fwd, best_train), "kernel_of": kernel_of, **out}
+
+
+def model_rates(config: dict[str, Any], tokens: int, threads: int, dtype: Any = None, seconds: float = 0.15,
+                kernels: Sequence[str] | None = None) -> dict[str, Any]:
+    """The model's GEMM rates (FLOP/s) at `tokens` rows (`rates_from_times`): forward, and training (forward and
+    both backward products), FLOP-weighted over its shapes, the machine's (each shape on its faster kernel) and
+    each kernel's; fp32 on every kernel of `fp32_kernels()` (or `kernels`), bf16 on aten."""
     import torch
 
     dtype = dtype or torch.float32
+    kernels = kernels or (fp32_kernels() if dtype == torch.float32 else ("aten",))
+    shapes = linear_shapes(config)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        flops = fwd_time = train_time = 0.0
-        per_shape: dict[str, float] = {}
-        measured: dict[tuple[int, int], tuple[float, float]] = {}
-        for name, k, n, count in linear_shapes(config):
-            if (k, n) not in measured:
-                measured[k, n] = linear_times(tokens, k, n, dtype, seconds, threads)
-            fwd, train = measured[k, n]
-            per_shape[name] = 6 * tokens * k * n / train
-            flops += 2 * tokens * k * n * count
-            fwd_time, train_time = fwd_time + fwd * count, train_time + train * count
+        times: dict[str, dict[tuple[int, int], tuple[float, float]]] = {}
+        for kernel in kernels:
+            times[kernel] = {}
+            for _, k, n, _ in shapes:
+                if (k, n) not in times[kernel]:
+                    times[kernel][k, n] = linear_times(tokens, k, n, dtype, seconds, threads, kernel)
     finally:
         torch.set_num_threads(before)
-    return {"forward": flops / fwd_time, "train": 3 * flops / train_time, "per_shape": per_shape}
+    return rates_from_times(shapes, tokens, times)
 
 
 def bandwidth(threads: int, seconds: float = 0.5, floats: int = 2**25) -> dict[str, float]:
@@ -206,11 +257,17 @@ class Limit:
         return max(flops / self.rate(model, rows, "forward"), new_tokens * 4 * shape.matmul_params / self.bandwidth())
 
     def describe(self) -> str:
-        lines = [f"{m} at {t} tokens: train {r['train'] / 1e9:.0f}, forward {r['forward'] / 1e9:.0f}"
-                 for (m, t), r in self._rates.items()]
+        lines = [f"{m} at {t} tokens: train {r['train'] / 1e9:.0f} ({kernel_cells(r)}), forward "
+                 f"{r['forward'] / 1e9:.0f}" for (m, t), r in self._rates.items()]
         bw = f"; triad bandwidth {self._bandwidth / 1e9:.1f} GB/s" if self._bandwidth else ""
         return (f"Machine limit (bench/machine_limit.py, measured by this run's parent at {self.threads} threads, "
-                f"fp32 GFLOP/s FLOP-weighted over the model's linear shapes): " + "; ".join(lines) + bw + ".")
+                f"fp32 GFLOP/s FLOP-weighted over the model's linear shapes, each shape on its faster kernel; "
+                f"each kernel's own rate in brackets): " + "; ".join(lines) + bw + ".")
+
+
+def kernel_cells(rates: dict[str, Any]) -> str:
+    """Each kernel's training rate, GFLOP/s: "aten 95, onednn 210"."""
+    return ", ".join(f"{k} {r['train'] / 1e9:.0f}" for k, r in rates.get("kernels", {}).items())
 
 
 def fraction_cells(floor: float, times: Sequence[float]) -> str:
@@ -220,7 +277,8 @@ def fraction_cells(floor: float, times: Sequence[float]) -> str:
 
 
 # -- the machine table ---------------------------------------------------------------------------------------------
-def measure_all(configs: dict[str, dict[str, Any]], rounds: int, seconds: float) -> dict[str, Any]:
+def measure_all(configs: dict[str, dict[str, Any]], rounds: int, seconds: float,
+                threads_list: Sequence[int] = (1, 2)) -> dict[str, Any]:
     """Every model, token count, thread count and dtype, `rounds` times interleaved; the best of the rounds
     (a shared machine only slows a run down) and each round's load."""
     import torch
@@ -228,7 +286,7 @@ def measure_all(configs: dict[str, dict[str, Any]], rounds: int, seconds: float)
     dtypes = [torch.float32] + ([torch.bfloat16] if bf16_supported() else [])
     out: dict[str, Any] = {"gemm": {}, "bandwidth": {}, "loads": []}
     for _ in range(rounds):
-        for threads in (1, 2):
+        for threads in threads_list:
             out["loads"].append(os.getloadavg()[0])
             for name, config in configs.items():
                 for tokens in TOKENS[name]:
@@ -237,8 +295,8 @@ def measure_all(configs: dict[str, dict[str, Any]], rounds: int, seconds: float)
                         r = model_rates(config, tokens, threads, dtype, seconds)
                         old = out["gemm"].get(key)
                         out["gemm"][key] = r if old is None or r["train"] > old["train"] else old
-                        print(f"{key}: train {r['train'] / 1e9:.0f} GFLOP/s, load {os.getloadavg()[0]:.1f}",
-                              flush=True)
+                        print(f"{key}: train {r['train'] / 1e9:.0f} GFLOP/s ({kernel_cells(r)}), load "
+                              f"{os.getloadavg()[0]:.1f}", flush=True)
             bw = bandwidth(threads)
             old_bw = out["bandwidth"].get(str(threads), {})
             out["bandwidth"][str(threads)] = {k: max(v, old_bw.get(k, 0.0)) for k, v in bw.items()}
@@ -246,13 +304,16 @@ def measure_all(configs: dict[str, dict[str, Any]], rounds: int, seconds: float)
 
 
 def report(out: dict[str, Any]) -> list[str]:
-    rows = ["| model | tokens | threads | dtype | train GFLOP/s | forward GFLOP/s | per shape (train) |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
+    """The GEMM table (train: the machine's, each shape on its faster kernel; then each kernel's) and bandwidth."""
+    rows = ["| model | tokens | threads | dtype | train GFLOP/s | per kernel (train) | forward GFLOP/s | "
+            "per shape (train, its faster kernel) |", "| --- " * 8 + "|"]
     for key, r in out["gemm"].items():
         name, tokens, threads, dtype = key.split("|")
-        shapes = ", ".join(f"{s} {v / 1e9:.0f}" for s, v in r["per_shape"].items())
-        rows.append(f"| {name} | {tokens} | {threads} | {dtype} | {r['train'] / 1e9:.0f} | {r['forward'] / 1e9:.0f} "
-                    f"| {shapes} |")
+        kernel_of = r.get("kernel_of", {})
+        shapes = ", ".join(f"{s} {v / 1e9:.0f}" + (f" {kernel_of[s]}" if s in kernel_of else "")
+                           for s, v in r["per_shape"].items())
+        rows.append(f"| {name} | {tokens} | {threads} | {dtype} | {r['train'] / 1e9:.0f} | {kernel_cells(r)} | "
+                    f"{r['forward'] / 1e9:.0f} | {shapes} |")
     rows += ["", "| threads | copy GB/s | triad GB/s |", "| --- | --- | --- |"]
     rows += [f"| {t} | {b['copy'] / 1e9:.1f} | {b['triad'] / 1e9:.1f} |" for t, b in out["bandwidth"].items()]
     return rows
@@ -267,6 +328,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds; each figure is the best round's")
     p.add_argument("--seconds", type=float, default=0.15, help="timing budget per product")
+    p.add_argument("--threads", default="1,2", help="comma-separated torch thread counts")
     p.add_argument("--workdir", default=str(Path(__file__).resolve().parents[1] / "runs" / "bench"))
     args = p.parse_args()
     from common import build_models
@@ -274,7 +336,7 @@ def main() -> None:
     _, models = build_models(Path(args.workdir).resolve())
     configs = {name: config_of(path) for name, path in models.items()} | {"135m": SMOLLM2_135M}
     start = os.getloadavg()
-    out = measure_all(configs, args.rounds, args.seconds)
+    out = measure_all(configs, args.rounds, args.seconds, [int(t) for t in args.threads.split(",")])
     out.update(machine=platform.processor() or platform.machine(), cpus=os.cpu_count(), torch=torch.__version__,
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
                load_start=start, load_end=os.getloadavg(), bf16=bf16_supported())

@@ -17,8 +17,10 @@ Element-wise work (norms, activations, residual adds, the log-softmax over the v
 elements per token and layer plus V logits, 3 times for a trained pass: on CPU it is bound by memory, not FLOPs.
 
 The rates and overhead below are fit on `bench/cost_curves.py`'s CPU points (bench/results/cost_curves.md shows the
-prediction against every measured point). Not estimated: the RL trainers (their step is mostly generation, which is
-bound by memory bandwidth, not FLOPs) and GPUs (no rate measured here yet).
+prediction against every measured point), once per fp32 GEMM kernel the linear layers can run on: MKL (PyTorch's
+`F.linear`) and oneDNN (where rlhfkit.models.cpu_gemm routes them when its probe finds oneDNN faster). Not
+estimated: the RL trainers (their step is mostly generation, which is bound by memory bandwidth, not FLOPs) and GPUs
+(no rate measured here yet).
 """
 
 from __future__ import annotations
@@ -29,26 +31,48 @@ from rlhfkit.config.kinds import OfflineConfig, TrainConfig, WithReference
 from rlhfkit.config.rl import PPOConfig
 from rlhfkit.planner.memory import ModelShape, read_model_shape
 
-# Measured 2026-11-27 on the CPU dev machine (x86_64, 2 cores shared with other users, torch 2.13.0+cpu, fp32, one
-# torch thread per process): the least-squares fit (relative error) of step CPU seconds = matmul FLOPs / rate +
-# attention FLOPs / rate + elements x time + overhead over the world-1 SFT and DPO points of bench/cost_curves.py
-# (tiny, 25M and 135M-shaped Llamas, 128 to 8,192 tokens); bench/results/cost_curves.md shows every point.
-CPU_MATMUL_FLOPS_PER_THREAD = 91e9
-# Attention (torch's CPU scaled_dot_product_attention) runs at about half the GEMM rate.
-CPU_ATTENTION_FLOPS_PER_THREAD = 51e9
-# Element-wise work a token does in a pass (norms, SwiGLU, residual adds, the log-softmax over the vocabulary),
-# memory-bound: it is what makes a 128-wide model slower per FLOP than a 512-wide one.
-CPU_SECONDS_PER_ELEMENT = 3.8e-9
-CPU_STEP_OVERHEAD_S = 0.001
-# What a second thread adds to a process's speed, as a fraction of the first: issue 26's quiet-machine figure (SFT
-# on the 25M model: 1.15 s a step at one thread, 0.75 s at two, 1.53x; DPO gains less). The cost-curve bench's own
-# two-thread point ran under a load average above 10 on 2 cores and does not measure it.
-CPU_EXTRA_THREAD_EFFICIENCY = 0.5
+
+@dataclass(frozen=True)
+class CpuRates:
+    """Per-thread rates of one CPU fp32 GEMM kernel's runs: step CPU seconds = matmul FLOPs / matmul + attention
+    FLOPs / attention + elements x seconds_per_element + overhead_s, fit by least squares (relative error) on the
+    world-1 one-thread SFT and DPO points of bench/cost_curves.py (bench/results/cost_curves.md shows every point)."""
+
+    kernel: str  # "aten" (F.linear: MKL's sgemm) or "onednn" (rlhfkit.models.cpu_gemm's routing)
+    matmul: float  # FLOP/s of the linear layers
+    attention: float  # FLOP/s of torch's CPU scaled_dot_product_attention (its own kernel whatever the linears use)
+    seconds_per_element: float  # element-wise work (norms, SwiGLU, residual adds, log-softmax): memory-bound
+    overhead_s: float  # per step
+    # what a second torch thread adds to a process's speed, as a fraction of the first
+    extra_thread_efficiency: float
+
+
+# Measured 2026-11-27 on the CPU dev machine (2-core AMD EPYC, torch 2.13.0+cpu, fp32, one torch thread), linears on
+# MKL (before rlhfkit.models.cpu_gemm), tiny, 25M and 135M-shaped Llamas at 128 to 8,192 tokens
+# (bench/results/cost_curves_mkl.md). Attention runs at about half the GEMM rate; the element-wise term is what makes
+# a 128-wide model slower per FLOP than a 512-wide one. A second thread: issue 26's quiet-machine figure (SFT on the
+# 25M model: 1.15 s a step at one thread, 0.75 s at two, 1.53x; DPO gains less).
+MKL = CpuRates("aten", 91e9, 51e9, 3.8e-9, 0.001, 0.5)
+# The same fit with the linears on oneDNN (rlhfkit.models.cpu_gemm, the default where its probe finds it faster),
+# 2026-11-28 on the same machine, quiet (load 1.0-1.5): 19 points, 18 within 25% of their CPU time, the worst 28%
+# (bench/results/cost_curves.md). The matmuls run at ~1.8x MKL's rate; the fit puts more of the rest in a fixed
+# per-step cost (28 ms: the tiny model's step at 128 tokens got slower, 0.029 -> 0.041 s, with ~10 us more per
+# oneDNN call and the Python autograd function of each linear) and less in the element-wise term. Two threads: four
+# points at 1.92-2.06x their one-thread estimate's speed (oneDNN's two-thread GEMM rate is 2x its one-thread rate).
+ONEDNN = CpuRates("onednn", 168e9, 39e9, 1.0e-9, 0.028, 0.95)
+
+
+def cpu_rates(onednn: bool) -> CpuRates:
+    """The rates of the kernel a run's linear layers use (`rlhfkit.models.cpu_gemm.onednn_faster()`)."""
+    return ONEDNN if onednn else MKL
+
+
 # The per-step cost of a data-parallel world over gloo on CPU: the ZeRO-3 / FSDP2 all-gathers and reduce-scatters
 # move every parameter about 3 times a step (forward gather, backward gather, gradient reduce-scatter) at this
-# rate, fp32 bytes. Rough: the CPU time per step that the bench's world-2 points (25M model, ZeRO-3 and FSDP2) spent
-# beyond their compute implies 0.4 to 1.3 GB/s, measured at load averages of 25-40 on 2 cores.
-CPU_GLOO_BYTES_PER_S = 0.7e9
+# rate, fp32 bytes. Rough: the CPU time per step that the bench's world-2 points (25M model, SFT and DPO) spent
+# beyond their compute implies 0.8-1.0 GB/s under ZeRO-3 and 1.9-2.1 under FSDP2 (2026-11-28, quiet, linears on
+# oneDNN; 0.4-1.3 GB/s at load averages of 25-40 the day before); one rate for both, ZeRO-3's side.
+CPU_GLOO_BYTES_PER_S = 1.0e9
 
 
 @dataclass(frozen=True)
@@ -77,6 +101,7 @@ class StepTime:
     threads: int
     overhead: float  # seconds per step on top of the work (fixed + communication)
     tokens: int  # trained tokens per step on one rank
+    rates: CpuRates
 
 
 def matmul_weights(shape: ModelShape, lm_head: bool = True) -> int:
@@ -127,21 +152,22 @@ def offline_step_work(trainer: str, shape: ModelShape, rows: int, seq: int, ref:
     return policy + (forward_work(ref, 2 * rows, seq) if ref is not None else Work())
 
 
-def thread_speedup(threads: int) -> float:
+def thread_speedup(threads: int, rates: CpuRates) -> float:
     """How much faster a process with `threads` torch threads computes than with one."""
-    return 1 + CPU_EXTRA_THREAD_EFFICIENCY * (max(threads, 1) - 1)
+    return 1 + rates.extra_thread_efficiency * (max(threads, 1) - 1)
 
 
-def cpu_step_time(work: Work, tokens: int, threads: int, params: int = 0, world: int = 1) -> StepTime:
-    """Seconds of a step of `work` on one rank: the compute terms sped up by `threads`, the fixed overhead, and with
-    `world` > 1 the gloo traffic of sharding `params` fp32 parameters."""
-    compute = (work.matmul / CPU_MATMUL_FLOPS_PER_THREAD + work.attention / CPU_ATTENTION_FLOPS_PER_THREAD
-               + work.elements * CPU_SECONDS_PER_ELEMENT) / thread_speedup(threads)
-    overhead = CPU_STEP_OVERHEAD_S + (3 * 4 * params / CPU_GLOO_BYTES_PER_S if world > 1 else 0.0)
-    return StepTime(work, compute + overhead, threads, overhead, tokens)
+def cpu_step_time(work: Work, tokens: int, threads: int, rates: CpuRates, params: int = 0,
+                  world: int = 1) -> StepTime:
+    """Seconds of a step of `work` on one rank at `rates`: the compute terms sped up by `threads`, the fixed
+    overhead, and with `world` > 1 the gloo traffic of sharding `params` fp32 parameters."""
+    compute = (work.matmul / rates.matmul + work.attention / rates.attention
+               + work.elements * rates.seconds_per_element) / thread_speedup(threads, rates)
+    overhead = rates.overhead_s + (3 * 4 * params / CPU_GLOO_BYTES_PER_S if world > 1 else 0.0)
+    return StepTime(work, compute + overhead, threads, overhead, tokens, rates)
 
 
-def offline_estimate(cfg: OfflineConfig, trainer: str, world: int, threads: int) -> StepTime:
+def offline_estimate(cfg: OfflineConfig, trainer: str, world: int, threads: int, rates: CpuRates) -> StepTime:
     """The CPU step time of an offline trainer's config: `--train_batch_size` rows split over `world` ranks, each
     row `--max_len` tokens long."""
     shape = read_model_shape(cfg.model.pretrain or "", "--pretrain")
@@ -152,16 +178,20 @@ def offline_estimate(cfg: OfflineConfig, trainer: str, world: int, threads: int)
     seq = cfg.data.max_len
     work = offline_step_work(trainer, shape, rows, seq, ref)
     tokens = rows * seq * (1 if trainer == "sft" else 2)
-    return cpu_step_time(work, tokens, threads, shape.params(trainer != "rm"), world)
+    return cpu_step_time(work, tokens, threads, rates, shape.params(trainer != "rm"), world)
 
 
 def describe(cfg: TrainConfig, trainer: str, kind: str, world: int, threads: int) -> str | None:
     """The `step time` line of --dry_run; None where nothing is estimated (RL trainers: generation dominates their
-    step; GPUs: no rate measured yet)."""
+    step; GPUs: no rate measured yet). The rates are those of the kernel the run's linear layers will use: oneDNN
+    where rlhfkit.models.cpu_gemm's probe (at this process's thread count, `RLHFKIT_CPU_GEMM` first) finds it
+    faster, as load_causal_lm will decide, else MKL's."""
     if isinstance(cfg, PPOConfig) or kind != "cpu":
         return None
-    st = offline_estimate(cfg, trainer, world, threads)
+    from rlhfkit.models.cpu_gemm import onednn_faster
+
+    st = offline_estimate(cfg, trainer, world, threads, cpu_rates(onednn_faster()))
     return (f"step time: about {st.seconds:.3g} s per optimizer step on this CPU ({st.tokens} tokens per rank at "
             f"--max_len {cfg.data.max_len}, {st.work.flops / 1e9:.3g} GFLOP, {threads} thread"
-            f"{'s' if threads != 1 else ''}{f', {st.overhead:.2g} s of gloo traffic' if world > 1 else ''}); "
-            "shorter rows take less")
+            f"{'s' if threads != 1 else ''}, linears on {'oneDNN' if st.rates.kernel == 'onednn' else 'MKL'}"
+            f"{f', {st.overhead:.2g} s of gloo traffic' if world > 1 else ''}); shorter rows take less")

@@ -41,8 +41,27 @@ def test_shared_prompt_counts_once():
 def test_rates_and_the_table_cell():
     rates = machine_limit.model_rates(TINY, tokens=8, threads=1, seconds=0.001)
     assert rates["train"] > 0 and rates["forward"] > 0 and set(rates["per_shape"]) >= {"q", "down", "lm_head"}
+    assert set(rates["kernels"]) == set(machine_limit.fp32_kernels())  # every fp32 kernel measured, the best taken
+    assert rates["train"] >= max(r["train"] for r in rates["kernels"].values()) * 0.999
     run = {"times": [2.0, 2.0], "cpu": [2.0], "runs": [2.0], "rss": [1.0], "extra": {}}
     results = {"case": {"rlhfkit": run, "trl": {**run, "times": [4.0], "runs": [4.0]}}}
     lines = common.table(results, floor=lambda case, system, extra: 1.0)
     assert "% of machine limit" in lines[0] and lines[1].count("---") == 13
     assert "| **0.50** | 50% (CPU 50%) | 25% (CPU 50%) |" in lines[2]
+
+
+def test_machine_rate_takes_each_shape_on_its_faster_kernel_by_hand():
+    # two shapes at 10 tokens: "a" 2x3 (2 layers), "b" 3x4 (1 layer); FLOPs of a forward 2*10*(6*2 + 12) = 480
+    shapes = [("a", 2, 3, 2), ("b", 3, 4, 1)]
+    times = {"aten": {(2, 3): (1.0, 3.0), (3, 4): (2.0, 6.0)}, "onednn": {(2, 3): (0.5, 4.0), (3, 4): (1.0, 2.0)}}
+    r = machine_limit.rates_from_times(shapes, 10, times)
+    assert r["kernels"]["aten"]["forward"] == 480 / (1.0 * 2 + 2.0)
+    assert r["kernels"]["aten"]["train"] == 3 * 480 / (3.0 * 2 + 6.0)
+    assert r["kernels"]["onednn"]["train"] == 3 * 480 / (4.0 * 2 + 2.0)
+    # the machine: forward on the faster forward (onednn both), training "a" on aten (3 < 4) and "b" on onednn
+    assert r["forward"] == 480 / (0.5 * 2 + 1.0)
+    assert r["train"] == 3 * 480 / (3.0 * 2 + 2.0)
+    assert r["kernel_of"] == {"a": "aten", "b": "onednn"}
+    assert r["per_shape"] == {"a": 6 * 10 * 6 / 3.0, "b": 6 * 10 * 12 / 2.0}
+    assert "aten 120, onednn 144" == machine_limit.kernel_cells(
+        {"kernels": {"aten": {"train": 120e9}, "onednn": {"train": 144e9}}})

@@ -45,26 +45,36 @@ def test_offline_trainers_count_their_rows():
     assert st.offline_step_work("rm", TOY, 3, 5, None) == st.Work(3 * 69600, 3 * 4800, 3 * 1470)
 
 
-def test_seconds_from_the_rates_the_overhead_and_the_gloo_traffic():
+@pytest.mark.parametrize("rates", [st.MKL, st.ONEDNN])
+def test_seconds_from_the_rates_the_overhead_and_the_gloo_traffic(rates):
     work = st.Work(1e9, 2e8, 1e6)
-    one = st.cpu_step_time(work, 100, threads=1)
-    compute = (1e9 / st.CPU_MATMUL_FLOPS_PER_THREAD + 2e8 / st.CPU_ATTENTION_FLOPS_PER_THREAD
-               + 1e6 * st.CPU_SECONDS_PER_ELEMENT)
-    assert one.seconds == pytest.approx(compute + st.CPU_STEP_OVERHEAD_S)
-    two = st.cpu_step_time(work, 100, threads=2, params=1000, world=2)
-    # a second thread adds CPU_EXTRA_THREAD_EFFICIENCY of the first; ZeRO-3 / FSDP2: every fp32 parameter moves 3
+    one = st.cpu_step_time(work, 100, threads=1, rates=rates)
+    compute = 1e9 / rates.matmul + 2e8 / rates.attention + 1e6 * rates.seconds_per_element
+    assert one.seconds == pytest.approx(compute + rates.overhead_s)
+    two = st.cpu_step_time(work, 100, threads=2, rates=rates, params=1000, world=2)
+    # a second thread adds extra_thread_efficiency of the first; ZeRO-3 / FSDP2: every fp32 parameter moves 3
     # times a step
-    assert two.seconds == pytest.approx(compute / (1 + st.CPU_EXTRA_THREAD_EFFICIENCY) + st.CPU_STEP_OVERHEAD_S
+    assert two.seconds == pytest.approx(compute / (1 + rates.extra_thread_efficiency) + rates.overhead_s
                                         + 3 * 4 * 1000 / st.CPU_GLOO_BYTES_PER_S)
 
 
+def test_the_rates_follow_the_kernel_of_the_linears():
+    assert st.cpu_rates(True) is st.ONEDNN and st.cpu_rates(False) is st.MKL
+    assert (st.ONEDNN.kernel, st.MKL.kernel) == ("onednn", "aten")
+    assert st.ONEDNN.matmul > st.MKL.matmul  # the reason for the routing on this machine
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine plans against its GPUs (no estimate there)")
-def test_dry_run_prints_the_estimate_beside_the_memory_plan(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize(("setting", "rates", "name"), [("onednn", st.ONEDNN, "oneDNN"), ("aten", st.MKL, "MKL")])
+def test_dry_run_prints_the_estimate_beside_the_memory_plan(tmp_path, capsys, monkeypatch, setting, rates, name):
+    # the estimate uses the rates of the kernel the run's linears will use (RLHFKIT_CPU_GEMM first, then the probe)
     monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RLHFKIT_CPU_GEMM", setting)
     model = write_config(tmp_path / "toy", TOY_CONFIG)
     cfg = parse_config(SFTConfig, ["--pretrain", str(model), "--dataset", "x.jsonl", "--max_len", "5",
                                    "--train_batch_size", "3", "--micro_train_batch_size", "3", "--dry_run"], "x")
     assert dry_run(cfg, "sft", "x")
     line = capsys.readouterr().out.splitlines()[-1]
-    seconds = st.cpu_step_time(st.Work(175680, 7200, 6660), 15, torch.get_num_threads()).seconds
+    seconds = st.cpu_step_time(st.Work(175680, 7200, 6660), 15, torch.get_num_threads(), rates).seconds
     assert line.startswith(f"step time: about {seconds:.3g} s per optimizer step on this CPU (15 tokens per rank")
+    assert f"linears on {name}" in line
