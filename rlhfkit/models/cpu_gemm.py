@@ -16,9 +16,9 @@ oneDNN's ~10 us call overhead to pay (M x K x N < 2^21). `RLHFKIT_CPU_GEMM=aten`
 
 from __future__ import annotations
 
+import functools
 import os
 import time
-import types
 from typing import Any
 
 import torch
@@ -108,19 +108,21 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
-def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return linear(x, self.weight, self.bias)
+def _forward(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return linear(x, layer.weight, layer.bias)
 
 
 def use_fast_cpu_linears(model: nn.Module) -> int:
     """Route `model`'s plain `nn.Linear` layers through `linear` when oneDNN is faster here; returns how many.
-    A layer keeps its parameters and state dict: only its instance `forward` changes, so DeepSpeed, FSDP2, PEFT
-    (which calls the base layer) and checkpoints see the same module."""
+    A layer keeps its class, parameters and state dict: only its instance `forward` changes, so DeepSpeed, FSDP2,
+    PEFT (which calls the base layer) and checkpoints see the same module. The forward is a `functools.partial` of a
+    module-level function, not a bound method, so a routed model still pickles (`torch.save(model)`, Ray) and
+    deep-copies onto its copy."""
     if not onednn_faster():
         return 0
     count = 0
     for module in model.modules():
         if type(module) is nn.Linear:
-            module.forward = types.MethodType(_forward, module)  # type: ignore[method-assign]
+            module.forward = functools.partial(_forward, module)  # type: ignore[method-assign]
             count += 1
     return count

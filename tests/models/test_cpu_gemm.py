@@ -114,3 +114,19 @@ def test_a_routed_model_trains_like_the_plain_one(forced):
     for (name, p), q in zip(plain.named_parameters(), routed.parameters()):
         rel = ((p.grad - q.grad).abs().max() / p.grad.abs().max()).item()
         assert rel < 1e-4, name
+
+
+def test_a_routed_model_pickles_and_deep_copies_onto_its_copy(forced):
+    import io
+    import pickle
+
+    model = nn.Sequential(nn.Linear(256, 512))
+    cpu_gemm.use_fast_cpu_linears(model)
+    x = torch.randn(64, 256)
+    for copied in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert copied[0].forward.args[0] is copied[0]  # routed, and onto the copy's own weights
+        assert torch.equal(copied(x), model(x))
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    assert torch.equal(torch.load(buffer, weights_only=False)(x), model(x))
