@@ -35,6 +35,8 @@ from rlhfkit.distributed.rank_split import results_of_groups, split_for_groups
 from rlhfkit.distributed.rank_split import split_for_ranks as split_for_ranks
 from rlhfkit.distributed.startup_clock import mark
 from rlhfkit.errors import ComponentFailed
+from rlhfkit.models.cpu_gemm import ENV as CPU_GEMM_ENV
+from rlhfkit.models.cpu_gemm import kernel_for_workers
 
 #: Environment of every role process. Threads: one unless the actor's slot says how many CPUs its bundle has
 #: (`worker_env(slot=...)`); oversubscription is the main CPU trap.
@@ -89,8 +91,10 @@ def kill_actors(actors: Sequence[Any]) -> None:
 
 def worker_env(extra: dict[str, str] | None = None, slot: Slot | None = None) -> dict[str, str]:
     """Env vars for a role's Ray actors: WORKER_ENV, as many threads as the slot's bundle has CPUs (one under
-    --full_determinism, with its other settings), offline switches of this process, and `extra`."""
+    --full_determinism, with its other settings), offline switches of this process, the CPU linear kernel this
+    driver chose for the whole run (`cpu_gemm.kernel_for_workers`), and `extra`."""
     env = dict(WORKER_ENV)
+    env[CPU_GEMM_ENV] = kernel_for_workers()
     if slot is not None:
         env.update(OMP_NUM_THREADS=str(slot.threads), MKL_NUM_THREADS=str(slot.threads))
     if flag_from_env():

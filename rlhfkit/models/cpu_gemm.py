@@ -71,6 +71,14 @@ def onednn_faster() -> bool:
     return _choice[threads]
 
 
+def kernel_for_workers() -> str:
+    """This process's choice, "onednn" or "aten", for the `RLHFKIT_CPU_GEMM` of the processes it starts (a Ray
+    run's roles and engines): one probe in the driver decides for the whole run, so two processes of one run cannot
+    choose differently (the two kernels round differently, and a parity check between ranks or backends would see
+    it) and no role pays a probe. A GPU machine never routes, whatever this says."""
+    return "onednn" if onednn_faster() else "aten"
+
+
 class _OneDnnLinear(torch.autograd.Function):
     """y = x W^T + b with the forward, dL/dx = g W and dL/dW = g^T x each one oneDNN call on 2-D views."""
 

@@ -88,6 +88,18 @@ def test_the_probe_decides_once_per_thread_count(monkeypatch):
     assert calls == [1]
 
 
+def test_the_driver_decides_once_for_every_process_it_starts(monkeypatch):
+    from rlhfkit.distributed.ray_groups import worker_env
+
+    monkeypatch.delenv(cpu_gemm.ENV, raising=False)
+    for probe, kernel in ((True, "onednn"), (False, "aten")):  # the driver's probe, passed on as a fixed choice
+        monkeypatch.setattr(cpu_gemm, "_choice", {})
+        monkeypatch.setattr(cpu_gemm, "_probe", lambda probe=probe: probe)
+        assert worker_env()[cpu_gemm.ENV] == kernel and worker_env({"X": "1"})[cpu_gemm.ENV] == kernel
+    monkeypatch.setenv(cpu_gemm.ENV, "aten")  # the user's choice wins, and reaches every process of the run
+    assert cpu_gemm.kernel_for_workers() == "aten" and worker_env()[cpu_gemm.ENV] == "aten"
+
+
 def test_the_probe_times_both_kernels_for_real():
     assert isinstance(cpu_gemm._probe(), bool)
 
