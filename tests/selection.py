@@ -77,6 +77,7 @@ SLOW = {
     "models/test_gguf.py::test_sft_two_steps_from_a_gguf_file",
     "models/test_real_model.py",
     "models/test_sequence_parallel.py::test_split_sample_gives_one_rank_loss_and_gradients",
+    "models/test_tokenizer_apart.py::test_a_ray_driver_prepares_its_run_without_the_modeling_stack",
     "rl/test_rl_sequence_parallel.py::test_rl_roles_on_a_split_sample_give_the_one_rank_numbers",
     "planner/test_plan_measured.py",
     "rewards/test_server.py::test_bad_port_fails_before_the_model_loads",

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pickle
 import re
+import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
+
+if TYPE_CHECKING:  # Transformers' Auto classes are imported where used: see `load_tokenizer_apart`
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rlhfkit.config.common import ModelArgs
 from rlhfkit.errors import UserError
@@ -86,6 +84,8 @@ def _from_pretrained(loader: Any, path: str, flag: str, **kwargs: Any) -> Any:
 def load_tokenizer(path: str, *, use_fast: bool = True, flag: str = "--pretrain",
                    padding_side: str = "right") -> PreTrainedTokenizerBase:
     """Load a tokenizer; give it a pad token (eos) if it has none."""
+    from transformers import AutoTokenizer
+
     tok = _from_pretrained(AutoTokenizer, path, flag, use_fast=use_fast)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
@@ -128,13 +128,69 @@ def quantization_config(load_in_4bit: bool, lora_rank: int, bf16: bool) -> Any |
 
 def load_model_config(path: str, flag: str = "--pretrain") -> Any:
     """The model's Transformers config (defaults filled in), without loading any weights."""
+    from transformers import AutoConfig
+
     return _from_pretrained(AutoConfig, path, flag)
 
 
-def load_tokenizer_for(model_args: ModelArgs, padding_side: str = "right") -> PreTrainedTokenizerBase:
-    """The tokenizer of `--pretrain`, as the model flags ask (`--disable_fast_tokenizer`)."""
+def load_tokenizer_for(model_args: ModelArgs, padding_side: str = "right", *,
+                       apart: bool = False) -> PreTrainedTokenizerBase:
+    """The tokenizer of `--pretrain`, as the model flags ask (`--disable_fast_tokenizer`); with `apart`, loaded
+    by `load_tokenizer_apart` (a process that never loads a model: the Ray driver)."""
     path = check_model_path(model_args.pretrain)
-    return load_tokenizer(path, use_fast=not model_args.disable_fast_tokenizer, padding_side=padding_side)
+    load = load_tokenizer_apart if apart else load_tokenizer
+    return load(path, use_fast=not model_args.disable_fast_tokenizer, padding_side=padding_side)
+
+
+_AUTO_TOKENIZER_MODULE = "transformers.models.auto.tokenization_auto"
+APART_TIMEOUT_S = 300.0  # a forked child that stalls (a lock held by another thread at the fork): load here instead
+
+
+def load_tokenizer_apart(path: str, **kwargs: Any) -> PreTrainedTokenizerBase:
+    """`load_tokenizer(path, **kwargs)`, run in a forked child that sends the tokenizer back pickled: the same
+    object (AutoTokenizer chooses its class in the child), but this process never imports AutoTokenizer's module,
+    which pulls in Transformers' whole modeling stack (the Auto model factory, generation, torch._dynamo: about
+    1,000 modules and 150 MB of memory, measured in bench/results/ray_startup.md). Unpickling imports only the
+    tokenizer's own class. For a process that loads no model (the Ray driver); anywhere else, and where the module
+    is already imported or fork is missing, it is `load_tokenizer`. A user error in the child (a bad path) is
+    raised here as it is; a child that dies or stalls falls back to loading here."""
+    import multiprocessing
+
+    if _AUTO_TOKENIZER_MODULE in sys.modules or "fork" not in multiprocessing.get_all_start_methods():
+        return load_tokenizer(path, **kwargs)
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_send_tokenizer, args=(send, path, kwargs), daemon=True)
+    child.start()
+    send.close()
+    message: tuple[str, Any] = ("lost", None)  # the child died or stalled before answering
+    try:
+        if receive.poll(APART_TIMEOUT_S):
+            message = receive.recv()
+    except EOFError:
+        pass
+    finally:
+        receive.close()
+        child.join(timeout=5)
+        if child.is_alive():
+            child.kill()
+    kind, payload = message
+    if kind == "error":
+        raise payload
+    return pickle.loads(payload) if kind == "ok" else load_tokenizer(path, **kwargs)
+
+
+def _send_tokenizer(send: Any, path: str, kwargs: dict[str, Any]) -> None:
+    """The forked child of `load_tokenizer_apart`: ("ok", pickled tokenizer) or ("error", the exception)."""
+    try:
+        message: tuple[str, Any] = ("ok", pickle.dumps(load_tokenizer(path, **kwargs)))
+    except Exception as e:  # noqa: BLE001 - every failure goes back to the parent, which raises it
+        message = ("error", e)
+    try:
+        send.send(message)
+    except Exception as e:  # noqa: BLE001 - an exception that does not pickle: its text
+        send.send(("error", RuntimeError(f"{e.__class__.__name__}: {message[1]}")))
+    send.close()
 
 
 def load_causal_lm(path: str, *, attn_implementation: str = "sdpa", dtype: torch.dtype = torch.float32,
@@ -154,6 +210,8 @@ def load_causal_lm(path: str, *, attn_implementation: str = "sdpa", dtype: torch
         vlm = add_multimodal_positions(_from_pretrained(AutoModelForImageTextToText, path, flag, dtype=dtype,
                                                         attn_implementation=attn_implementation, **extra))
         return with_cpu_gemm(vlm)
+    from transformers import AutoModelForCausalLM
+
     return with_cpu_gemm(_from_pretrained(AutoModelForCausalLM, path, flag, dtype=dtype,
                                           attn_implementation=attn_implementation, **extra))
 

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
 
 if TYPE_CHECKING:
     from peft import PeftModel
+    from transformers import PreTrainedModel
 
 
 def apply_lora(model: PreTrainedModel, rank: int, alpha: int, dropout: float,

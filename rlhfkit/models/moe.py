@@ -13,13 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from transformers import PretrainedConfig, PreTrainedModel
 
 from rlhfkit.errors import UserError
+
+if TYPE_CHECKING:  # Transformers' modeling stack is imported where a model is: a Ray driver imports this module
+    from transformers import PretrainedConfig, PreTrainedModel
 
 
 def is_moe_config(config: PretrainedConfig) -> bool:
@@ -45,6 +47,8 @@ def check_aux_loss_coef(coef: float, model_path: str | None, flag: str = "--pret
 def _router_model(model: nn.Module) -> PreTrainedModel | None:
     """The outermost Transformers model with a router inside a DeepSpeed engine / PEFT wrapper (the module whose
     output carries `aux_loss`; its inner base model returns router logits only)."""
+    from transformers import PreTrainedModel
+
     for module in model.modules():
         if isinstance(module, PreTrainedModel) and is_moe_config(module.config):
             return module

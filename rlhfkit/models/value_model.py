@@ -11,11 +11,10 @@ Reward statistics for `--normalize_reward` are stored in the config as `reward_m
 
 from __future__ import annotations
 
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrainedModel
 
 from rlhfkit.errors import UserError
 from rlhfkit.models.loading import _from_pretrained, with_cpu_gemm
@@ -23,6 +22,9 @@ from rlhfkit.models.policy import attn_implementation_of, model_dtype, model_inp
 from rlhfkit.models.sequence_parallel import sequence_parallel_size, sequence_parallel_token_values
 from rlhfkit.models.vision import is_vision_config
 from rlhfkit.models.vision_value import load_vision_value_model
+
+if TYPE_CHECKING:  # the Auto classes are imported where a model loads: a Ray driver imports this module, loads none
+    from transformers import PreTrainedModel
 
 
 def load_value_model(path: str, *, value_head_prefix: str = "score", attn_implementation: str = "sdpa",
@@ -33,6 +35,8 @@ def load_value_model(path: str, *, value_head_prefix: str = "score", attn_implem
     otherwise (train_rm, the default critic from --pretrain) a plain causal LM gets a freshly initialised head."""
     if require_head:
         check_value_head(path, value_head_prefix, flag, allow_hint)
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
     config = _from_pretrained(AutoConfig, path, flag)
     if is_vision_config(config):  # a vision-language base: its backbone with a value head (images in the forward)
         model = load_vision_value_model(_from_pretrained, config, path, flag, value_head_prefix, dtype=dtype,
@@ -98,7 +102,7 @@ def _unwrap(model: nn.Module) -> PreTrainedModel:
 
     inner = getattr(model, "module", model)
     base = inner.get_base_model() if isinstance(inner, PeftModel) else inner
-    return cast(PreTrainedModel, base)  # what load_value_model builds: a Transformers sequence classifier
+    return cast("PreTrainedModel", base)  # what load_value_model builds: a Transformers sequence classifier
 
 
 def token_values(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -125,7 +125,7 @@ def prepare_ray_run(cfg: PPOConfig, use_gpu: bool | None = None,
         enable_full_determinism()
         if run.use_gpu:
             run.notes.append(gpu_limits_note())
-    run.inputs = load_rl_inputs(cfg)
+    run.inputs = load_rl_inputs(cfg, tokenizer_apart=True)  # the driver loads no model: it never imports its stack
     check_distillation(cfg, run.inputs.tokenizer)  # before Ray starts
     run.http_teacher = http_teacher(cfg)
     return run

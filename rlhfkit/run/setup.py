@@ -327,8 +327,10 @@ class RLInputs:
             self.text_reward.close()
 
 
-def load_rl_inputs(cfg: PPOConfig) -> RLInputs:
-    tokenizer = load_tokenizer_for(cfg.model)
+def load_rl_inputs(cfg: PPOConfig, tokenizer_apart: bool = False) -> RLInputs:
+    """The tokenizer (`tokenizer_apart`: loaded in a forked child, for a driver that loads no model), the prompts,
+    the text reward source and the optimizer-step count of an RL run."""
+    tokenizer = load_tokenizer_for(cfg.model, apart=tokenizer_apart)
     prompts, eval_prompts = load_prompts(cfg, tokenizer)
     text_reward = make_text_reward(cfg) if not cfg.rl_model.reward_pretrain else None
     return RLInputs(tokenizer, prompts, eval_prompts, text_reward, num_update_steps(cfg, len(prompts)))
