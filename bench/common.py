@@ -86,15 +86,16 @@ def child_env(system: str, threads: int) -> dict[str, str]:
 # -- models --------------------------------------------------------------------------------------------------------
 def build_models(workdir: Path, big: bool = True) -> tuple[Any, dict[str, Path]]:
     """The demo assets and two models sharing their tokenizer: `tiny` (the demo's 1.5M-parameter Llama) and, with
-    `big`, `25m` (a random-init Llama of about 25M parameters)."""
-    import torch
-    from transformers import AutoTokenizer, LlamaForCausalLM
-
+    `big`, `25m` (a random-init Llama of about 25M parameters). Imports Transformers' modeling code only to build
+    the 25M model: a bench child that measures a run's memory (ray_startup.py) must not carry it."""
     from rlhfkit.demo.assets import build_demo_assets, tiny_llama_config
 
     assets = build_demo_assets(workdir / "assets", seed=0)
     if not big:
         return assets, {"tiny": assets.model_dir}
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
     big_dir = workdir / "llama25m"
     if not (big_dir / "model.safetensors").is_file():
         tok = AutoTokenizer.from_pretrained(assets.model_dir)

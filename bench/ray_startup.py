@@ -43,7 +43,7 @@ def child(case: str, workdir: Path) -> None:
     import psutil
 
     started = psutil.Process().create_time()  # the child's own start: imports count too
-    monitor = TreeMonitor(interval=0.25)
+    monitor = TreeMonitor(interval=0.1, pss_every=1)  # the same sampler as TRL's case: a short peak is seen in both
     import grpo
 
     from rlhfkit.config.base import parse_config
