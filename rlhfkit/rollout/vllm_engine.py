@@ -39,6 +39,7 @@ Sleep: with `--vllm_enable_sleep` on GPUs `sleep()` is `LLM.sleep(level=1)` (wei
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -47,6 +48,7 @@ import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -112,12 +114,10 @@ class VLLMEngineArgs:
     def from_spec(cls, spec: EngineSpec, use_gpu: bool) -> VLLMEngineArgs:
         """The one place engine arguments are made from an `EngineSpec` (`use_gpu`: whether the engines have GPUs;
         without them vLLM runs eagerly). The context length is capped by the model's position embeddings."""
-        from transformers import AutoConfig
-
         from rlhfkit.models.loading import check_model_path
 
         path = check_model_path(spec.model)
-        limit = getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None) or 10**9
+        limit = max_position_embeddings(path) or 10**9
         max_model_len = None if spec.max_model_len is None else min(spec.max_model_len, limit)
         kv_bytes = None if use_gpu else cpu_kv_cache_bytes(path, spec, max_model_len or limit)
         return cls(model=path, tensor_parallel_size=spec.tensor_parallel_size,
@@ -127,6 +127,21 @@ class VLLMEngineArgs:
                    max_lora_rank=spec.vllm_lora_slot_rank if spec.lora_rank else 0,
                    max_model_len=max_model_len, kv_cache_memory_bytes=kv_bytes,
                    extra={} if spec.max_num_seqs is None else {"max_num_seqs": spec.max_num_seqs})
+
+
+def max_position_embeddings(path: str) -> int | None:
+    """The model's `max_position_embeddings`: from its config.json where the file names it (the Ray driver calls
+    this; `AutoConfig` would import Transformers' generation code and torch._dynamo there, ~100 MB it never needs
+    otherwise), else from `AutoConfig` (a config class's default, or a key it maps, e.g. GPT-2's n_positions)."""
+    try:
+        found = json.loads((Path(path) / "config.json").read_text(encoding="utf-8")).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):  # a hub name, or an unreadable file: AutoConfig says what is wrong
+        found = None
+    if isinstance(found, int) and found > 0:
+        return found
+    from transformers import AutoConfig
+
+    return getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
 
 
 def cpu_kv_cache_bytes(path: str, spec: EngineSpec, max_model_len: int) -> int:
@@ -149,9 +164,7 @@ def _cpu_scheduling(args: VLLMEngineArgs) -> dict[str, Any]:
     only; its budget must then hold the longest one. An engine's own settings (`extra`) win."""
     context = args.max_model_len
     if context is None:  # vLLM takes the model's own context then
-        from transformers import AutoConfig
-
-        context = getattr(AutoConfig.from_pretrained(args.model), "max_position_embeddings", None) or 0
+        context = max_position_embeddings(args.model) or 0
     budget = max(4096, context)
     return {k: v for k, v in (("enable_chunked_prefill", False), ("max_num_batched_tokens", budget))
             if k not in args.extra}

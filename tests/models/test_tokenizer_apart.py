@@ -1,6 +1,7 @@
 """`load_tokenizer_apart`: the Ray driver's tokenizer, chosen by AutoTokenizer in a forked child and sent back
 pickled, is the tokenizer `load_tokenizer` gives; a user error in the child is raised as it is; and a driver that
-prepares a Ray run never imports Transformers' modeling stack (bench/results/ray_startup.md: about 150 MB)."""
+prepares a Ray run (its inputs, its vLLM engines' arguments) never imports Transformers' modeling stack
+(bench/results/ray_startup.md: about 150 MB)."""
 
 from __future__ import annotations
 
@@ -56,8 +57,12 @@ DRIVER = """
 import json, sys
 from rlhfkit.config.base import parse_config
 from rlhfkit.config.rl import PPOConfig
+from rlhfkit.config.rl_specs import engine_spec
 from rlhfkit.rl.ray_run import prepare_ray_run
-run = prepare_ray_run(parse_config(PPOConfig, sys.argv[1:], "train_ppo_ray"), use_gpu=False, cpus_per_bundle=1)
+from rlhfkit.rollout.vllm_engine import VLLMEngineArgs
+cfg = parse_config(PPOConfig, sys.argv[1:], "train_ppo_ray")
+run = prepare_ray_run(cfg, use_gpu=False, cpus_per_bundle=1)
+VLLMEngineArgs.from_spec(engine_spec(cfg), use_gpu=False)  # what the driver makes for its vLLM engines
 heavy = ["transformers.models.auto.tokenization_auto", "transformers.modeling_utils", "transformers.generation",
          "torch._dynamo", "accelerate"]
 print(json.dumps({"imported": [m for m in heavy if m in sys.modules], "prompts": len(run.inputs.prompts),

@@ -41,3 +41,21 @@ def test_engine_and_planner_size_the_cpu_kv_cache_alike(demo_assets, capsys, mon
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
     assert run_cli(train_ppo_ray.main, argv(demo_assets.model_dir) + ["--dry_run"], prog="x") == 0
     assert re.search(r"vllm +KV cache +\w+ +2\.00 GiB +VLLM_CPU_KVCACHE_SPACE=2 GiB", capsys.readouterr().out)
+
+
+def test_the_context_limit_is_read_as_autoconfig_reads_it(demo_assets, tmp_path):
+    """From config.json where it names the limit (the Ray driver then never imports Transformers' generation code),
+    else from AutoConfig: the class default, or a key the class maps (GPT-2's n_positions)."""
+    import json
+
+    from transformers import AutoConfig
+
+    from rlhfkit.rollout.vllm_engine import max_position_embeddings
+
+    model = str(demo_assets.model_dir)
+    assert max_position_embeddings(model) == AutoConfig.from_pretrained(model).max_position_embeddings == 512
+    for name, config, expected in (("llama", {"model_type": "llama"}, 2048),
+                                   ("gpt2", {"model_type": "gpt2", "n_positions": 64}, 64)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        assert max_position_embeddings(str(tmp_path / name)) == expected
