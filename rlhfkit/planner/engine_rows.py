@@ -51,7 +51,7 @@ def engine_rows(cfg: PPOConfig, shape: mem.ModelShape, devices: Devices, name: s
     """The rows of engine member `name` (vllm, hf_engine or IN_ACTOR) on one device of `pool`."""
     if name == IN_ACTOR:
         kv, note = hf_kv_cache(cfg, shape)
-        note += ", the engine generates on the actor's own weights (no copy)"
+        note += "; generates on the actor's own weights (no copy)"
         if pool.turns:  # --deepspeed_enable_sleep: the actor's states are loaded while it generates
             return [Row("actor", "KV cache (engine in actor)", "train", kv, transient=True, note=note)]
         return [Row("actor", "KV cache (engine in actor)", "generate", kv, note=note)]
