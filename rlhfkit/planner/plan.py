@@ -3,11 +3,13 @@
 `build_plan(cfg, trainer, devices)` reads the model's config.json (no weights), the placement and the flags, and
 returns a `Plan`: one `Pool` per group of devices that roles share (the placement of `rlhfkit/distributed/
 placement.py`; a single-process trainer is one pool), each with rows (role, component, phase, bytes per device).
-The byte counts come from `rlhfkit/planner/memory.py` (ZeRO arithmetic, activations, KV cache; a VLM: vision.py).
+The byte counts come from `rlhfkit/planner/memory.py` (ZeRO arithmetic, activations, KV cache; a VLM: vision.py);
+the rollout engines' rows from engine_rows.py (a Transformers engine that runs in the actor holds no weights of its
+own); the plan's data types are in rows.py.
 
 Phases, for roles that take turns on shared devices (the hybrid engine):
 - resident: held the whole run;
-- generate: only while the vLLM engines generate (`--vllm_enable_sleep` frees them otherwise);
+- generate: only while the engines generate (`--vllm_enable_sleep` frees vLLM's otherwise; KV caches);
 - train: only while the DeepSpeed roles score and train (`--deepspeed_enable_sleep` offloads them during
   generation; it also offloads each role while another one runs, so one role's states are on the device at once).
 A pool's peak is resident + max(generate, train); in the train phase activations are transient (one micro-batch
@@ -20,21 +22,22 @@ Python + torch + transformers baseline (`CPU_PROCESS_BASELINE`), and the run's p
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from rlhfkit.config.backend import layout_name
 from rlhfkit.config.critic_optim import critic_strategy
 from rlhfkit.config.kinds import OfflineConfig, TrainConfig, WithReference
-from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference, role_needed, role_ranks, samples_per_rollout
-from rlhfkit.config.rl_specs import generate_batch, placement_spec
+from rlhfkit.config.rl import PPOConfig, needs_critic, needs_reference, role_needed, role_ranks
+from rlhfkit.config.rl_specs import placement_spec
 from rlhfkit.config.sequence_parallel import check_ring_heads, check_ring_world
 from rlhfkit.distributed.placement import plan_pools, role_demands
 from rlhfkit.errors import UserError
 from rlhfkit.planner import memory as mem
 from rlhfkit.planner import parallel as par
 from rlhfkit.planner import vision
+from rlhfkit.planner.engine_rows import IN_ACTOR, engine_member, engine_rows
+from rlhfkit.planner.rows import Devices, Plan, Pool, Row
 
 # Resident set of one trainer process on CPU before its models count: the interpreter, torch, transformers, datasets,
 # tokenizers and DeepSpeed imported, the tokenizer and the data loaded. Measured 2026-11-25 on the CPU dev machine
@@ -49,72 +52,6 @@ RAY_LOCAL_CLUSTER = 512 * mem.MIB
 # Below this share of a device left free the plan still fits but says so: allocator fragmentation and the CUDA
 # context (about 0.5-1 GiB per process on a GPU) are not in the rows.
 TIGHT_FRACTION = 0.9
-
-
-@dataclass(frozen=True)
-class Devices:
-    """What the plan is measured against: `count` devices of `memory` bytes each (GPUs) or the host (CPU)."""
-
-    kind: str  # "gpu" or "cpu"
-    memory: float
-    count: int
-    source: str  # where the numbers come from, for the header line
-
-
-@dataclass
-class Row:
-    role: str
-    component: str
-    phase: str  # resident | generate | train
-    bytes: float
-    transient: bool = False  # activations: one role's micro-batch at a time
-    note: str = ""
-
-
-@dataclass
-class Pool:
-    name: str
-    devices: int
-    members: list[str]
-    rows: list[Row] = field(default_factory=list)
-    turns: bool = False  # --deepspeed_enable_sleep: roles take turns in the train phase
-    checks: list[str] = field(default_factory=list)  # failed hard conditions (vLLM cannot start ...)
-    largest_process: float = 0.0  # CPU plans: the peak of the pool's largest process (baseline included)
-
-    def phase_bytes(self, phase: str) -> float:
-        rows = [r for r in self.rows if r.phase == phase]
-        if phase != "train" or not self.turns:
-            fixed = sum(r.bytes for r in rows if not r.transient)
-            return fixed + max((r.bytes for r in rows if r.transient), default=0.0)
-        per_role: dict[str, float] = {}
-        for r in rows:
-            per_role[r.role] = per_role.get(r.role, 0.0) + r.bytes
-        return max(per_role.values(), default=0.0)
-
-    @property
-    def peak(self) -> float:
-        return self.phase_bytes("resident") + max(self.phase_bytes("generate"), self.phase_bytes("train"))
-
-
-@dataclass
-class Plan:
-    trainer: str
-    header: list[str]
-    pools: list[Pool]
-    devices: Devices
-    capacity: float  # bytes the peak is compared with, per device (CPU: the host's memory for all processes)
-    advice: list[str] = field(default_factory=list)
-
-    def worst(self) -> Pool:
-        return max(self.pools, key=lambda p: p.peak)
-
-    def total(self) -> float:
-        """CPU: every process shares the host, so the pools add up; GPU: each pool has its own devices."""
-        return sum(p.peak for p in self.pools) if self.devices.kind == "cpu" else self.worst().peak
-
-    @property
-    def fits(self) -> bool:
-        return self.total() <= self.capacity and not any(p.checks for p in self.pools)
 
 
 def _shape(path: str | None, flag: str) -> mem.ModelShape:
@@ -250,37 +187,6 @@ def _rl_role_rows(cfg: PPOConfig, role: str, ranks: int, shapes: dict[str, mem.M
             _act_row(role, shapes[role], cfg, r.micro_rollout_batch_size, seq, train=False, lm_head=lm_head)]
 
 
-def _engine_rows(cfg: PPOConfig, shape: mem.ModelShape, devices: Devices, name: str, pool: Pool) -> list[Row]:
-    d, r = cfg.data, cfg.rollout
-    max_len = d.prompt_max_len + d.generate_max_len + 1
-    if shape.max_position_embeddings:
-        max_len = min(max_len, int(shape.max_position_embeddings))
-    if name == "hf_engine" or devices.kind == "cpu":
-        # The Transformers engine (and vLLM on CPU) holds its own copy of the policy's weights plus a KV cache.
-        bf16, n, g = cfg.model.bf16, samples_per_rollout(cfg), mem.vllm_cpu_concurrent(generate_batch(cfg))
-        per_token = mem.kv_bytes_per_token(shape, bf16)
-        if name == "vllm":  # the user's VLLM_CPU_KVCACHE_SPACE wins; else sized as rollout/vllm_engine.py does
-            space = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
-            kv = float(space) * mem.GIB if space else mem.vllm_cpu_kv_cache_bytes(per_token, g, max_len)
-            kv_note = f"VLLM_CPU_KVCACHE_SPACE={space} GiB" if space else f"sized for {g} x {max_len} tokens"
-        else:
-            rows_ = min(n, max(r.micro_rollout_batch_size, 256))
-            kv, kv_note = per_token * rows_ * max_len, f"{rows_} x {max_len} tokens"
-        return [Row(name, "weights", "resident", shape.params() * (2 if bf16 else 4), note="own copy of the policy"),
-                Row(name, "KV cache", "generate", kv, note=kv_note)]
-    tp = r.vllm_tensor_parallel_size
-    budget = mem.vllm_budget(shape, devices.memory, r.vllm_gpu_memory_utilization, tp, max_len)
-    phase = "generate" if r.vllm_enable_sleep else "resident"
-    if budget.sequences < 1:
-        need = max_len * mem.kv_bytes_per_token(shape, True, tp)
-        pool.checks.append(f"vLLM: {mem.gib(budget.kv_cache)} of KV cache per device holds {budget.tokens} tokens, "
-                           f"less than one {max_len}-token sequence ({mem.gib(need)}); vLLM will not start")
-    return [Row("vllm", "weights", phase, budget.weights, note=f"bf16 / TP {tp}"),
-            Row("vllm", "KV cache + workspace", phase, budget.reserved - budget.weights,
-                note=f"{budget.blocks} blocks of {mem.VLLM_BLOCK_SIZE} = {budget.tokens} tokens, "
-                     f"{budget.sequences} x {max_len}-token sequences")]
-
-
 def _rl_shapes(cfg: PPOConfig) -> dict[str, mem.ModelShape]:
     actor = _shape(cfg.model.pretrain, "--pretrain")
     m = cfg.rl_model
@@ -303,8 +209,8 @@ def _plan_rl(cfg: PPOConfig, trainer: str, devices: Devices) -> list[Pool]:
         for role in roles:
             pool.members.append(role)
             pool.rows += _rl_role_rows(cfg, role, 1, shapes, False)
-        pool.members.append("hf_engine")
-        pool.rows += _engine_rows(cfg, shapes["actor"], devices, "hf_engine", pool)
+        pool.members.append("hf_engine")  # its own copy of the policy (engine_rows.py)
+        pool.rows += engine_rows(cfg, shapes["actor"], devices, "hf_engine", pool)
         return [pool]
     placement = placement_spec(cfg)
     demands = role_demands(placement)
@@ -312,10 +218,11 @@ def _plan_rl(cfg: PPOConfig, trainer: str, devices: Devices) -> list[Pool]:
     pools = []
     for p in plan_pools(demands, colocate_all=placement.colocate_all, colocate_actor_ref=placement.colocate_actor_ref,
                         colocate_critic_reward=placement.colocate_critic_reward):
-        pool = Pool(p.name, p.bundles, list(p.members), turns=res.deepspeed_enable_sleep and len(p.members) > 1)
-        for member in p.members:
-            if member in ("vllm", "hf_engine"):
-                pool.rows += _engine_rows(cfg, shapes["actor"], devices, member, pool)
+        members = [engine_member(cfg, m) for m in p.members]  # the Transformers engine may run in the actor
+        pool = Pool(p.name, p.bundles, members, turns=res.deepspeed_enable_sleep and len(p.members) > 1)
+        for member in members:
+            if member in ("vllm", "hf_engine", IN_ACTOR):
+                pool.rows += engine_rows(cfg, shapes["actor"], devices, member, pool)
             else:
                 pool.rows += _rl_role_rows(cfg, member, ranks[member], shapes, pool.turns)
         pools.append(pool)
@@ -330,6 +237,8 @@ def _ranks_of(cfg: TrainConfig, trainer: str, role: str, world_size: int) -> int
         return world_size
     if role == "vllm":
         return cfg.rollout.vllm_num_engines
+    if role == IN_ACTOR:  # no process of its own: its rows are the actor's
+        return 0
     return 1 if role == "hf_engine" else role_ranks(cfg, role)
 
 

@@ -9,12 +9,10 @@ model, more than the weights themselves), a second copy of the weights, and a we
 over the module the actor trains (switched to eval mode, under no_grad, for the call), so there is no second
 process, no second copy and nothing to sync: the engine always samples from the current weights.
 
-`shares_actor_weights` says when that is exact (`ray_run.check_ray_config` decides once per run): one actor rank
-whose module holds the full weights in the engine's dtype (DeepSpeed ZeRO 0-2 or the plain-torch engine, not
-ZeRO-3 or FSDP2 shards), no LoRA (the engine would need the merged weights), no Liger kernels or packed-attention
-forwards in the actor's module, no --async_train (its generator actor needs an engine of its own), no image
-prompts (not yet checked on this path). The rest keeps
-the separate engine actor; `RLHFKIT_SHARED_ENGINE=0` forces it (A/B benchmarks, `bench/ray_startup.py`).
+Which runs share is decided once per run by `rlhfkit.config.shared_engine.run_shares_actor_weights` (`ray_run.
+check_ray_config`), the rule the `--dry_run` planner also plans with: one actor rank whose module holds the full
+weights in the engine's dtype, no LoRA, no --async_train, no image prompts, and the rest listed there; the other runs
+keep the separate engine actor, and `RLHFKIT_SHARED_ENGINE=0` forces it.
 """
 
 from __future__ import annotations
@@ -24,26 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from rlhfkit.config.specs import RLSpecs
 from rlhfkit.rollout.engine import EpisodeRunner, SampledSequence
-
-#: "0" keeps the separate Transformers engine actor even where the actor's module could be shared.
-SHARED_ENGINE_ENV = "RLHFKIT_SHARED_ENGINE"
-
-
-def shares_actor_weights(specs: RLSpecs, async_train: bool, image_prompts: bool = False) -> bool:
-    """Whether the run's Transformers engine can run inside the actor's process on its module (see above); image
-    prompts (a vision-language policy) keep their engine actor for now: not yet measured on this path."""
-    actor, engine, placement = specs.actor, specs.engine, specs.placement
-    ranks = dict(placement.role_ranks).get("actor", 0)
-    return (os.environ.get(SHARED_ENGINE_ENV, "1") != "0" and engine.backend == "transformers"
-            and placement.colocate_all and engine.num_engines == 1 and ranks == 1 and not async_train
-            and not image_prompts and actor.model.lora_rank == 0 and engine.lora_rank == 0
-            and not actor.model.load_in_4bit
-            and actor.strategy.backend == "deepspeed" and actor.strategy.zero_stage < 3
-            and actor.strategy.ds_tensor_parallel_size == 1 and actor.strategy.ring_attn_size == 1
-            and not actor.model.use_liger_kernel and not actor.batch.packed
-            and engine.bf16 == actor.model.bf16 and engine.model == actor.model.pretrain)
 
 
 # -- in the actor's process -----------------------------------------------------------------------------------------

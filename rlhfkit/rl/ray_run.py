@@ -28,13 +28,14 @@ import torch
 from rlhfkit.config.lora_sync import lora_sync_mode
 from rlhfkit.config.rl import PPOConfig
 from rlhfkit.config.rl_specs import rl_specs
+from rlhfkit.config.shared_engine import run_shares_actor_weights
 from rlhfkit.config.specs import PlacementSpec, RLSpecs
 from rlhfkit.config.vision import vision_engine_note
 from rlhfkit.distributed.determinism import enable_full_determinism, gpu_limits_note
 from rlhfkit.distributed.placement import ResourcePlan, bundle_cpus, connect_ray, plan_for, unwrap_user_error
 from rlhfkit.distributed.startup_clock import StartupClock, actor_marks
 from rlhfkit.errors import UserError
-from rlhfkit.rl.actor_engine import ActorEngine, shares_actor_weights
+from rlhfkit.rl.actor_engine import ActorEngine
 from rlhfkit.rl.loop import RoleHandles, rl_settings
 from rlhfkit.rl.rollout_source import RolloutSource
 from rlhfkit.rl.trainer import BatchSupply, RLTrainer
@@ -96,7 +97,7 @@ def check_ray_config(cfg: PPOConfig, use_gpu: bool | None = None,
     if specs.critic is not None and cfg.rl_model.critic_pretrain:
         check_model_path(specs.critic.path, "--critic_pretrain")
     run = RayRunPlan(plan, use_gpu, sync_backend(specs.placement, use_gpu), specs)
-    run.shared_engine = shares_actor_weights(specs, cfg.asynchronous.async_train, bool(cfg.vision.image_key))
+    run.shared_engine = run_shares_actor_weights(cfg, specs)  # the rule the --dry_run planner plans with
     if run.shared_engine:
         run.notes.append("the Transformers engine generates in the actor's process on the actor's own weights "
                          "(no engine process, no weight copy to sync)")

@@ -11,7 +11,8 @@ import torch
 
 from rlhfkit.config.base import parse_config
 from rlhfkit.config.rl import PPOConfig
-from rlhfkit.rl.actor_engine import SHARED_ENGINE_ENV, ActorEngine, shares_actor_weights
+from rlhfkit.config.shared_engine import SHARED_ENGINE_ENV, shares_actor_weights
+from rlhfkit.rl.actor_engine import ActorEngine
 
 BASE = "--prompt_data p.jsonl --rollout_batch_size 4 --n_samples_per_prompt 2 --train_batch_size 8 " \
        "--micro_train_batch_size 4 --micro_rollout_batch_size 4 --advantage_estimator group_norm " \
