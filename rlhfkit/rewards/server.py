@@ -25,9 +25,7 @@ Scoring a text: see rlhfkit/rewards/scorer.py (`RewardScorer`, `load_scorer`).
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
-import os
 import socket
 import threading
 import time
@@ -42,6 +40,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from rlhfkit.config.preference import SERVE_RM_KEY_ENV
+from rlhfkit.config.serving import authorized, key_or_env
 from rlhfkit.errors import UserError
 from rlhfkit.rewards.batching import BatchingWorker, Job
 from rlhfkit.rewards.scorer import RewardScorer
@@ -128,14 +127,6 @@ def declared_length(headers: Any, max_body_bytes: int) -> int:
     if length > max_body_bytes:  # no Connection: close, so uvicorn reads and drops the body: the client gets this
         raise Refusal(413, f"body of {length} bytes is over the limit of {max_body_bytes}")
     return length
-
-
-def authorized(headers: Any, api_key: str | None) -> bool:
-    """True without a key, else for `Authorization: Bearer <key>` (compared in constant time)."""
-    if not api_key:
-        return True
-    scheme, _, token = headers.get("authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
 
 
 async def read_body(request: Request, length: int, timeout: float) -> bytes:
@@ -225,7 +216,7 @@ def build_app(worker: BatchingWorker, limits: Limits, api_key: str | None) -> Fa
 
 def resolve_api_key(api_key: str | None) -> str | None:
     """The key: `api_key` when non-empty, else env RLHFKIT_RM_API_KEY (an empty flag never switches auth off)."""
-    return api_key or os.environ.get(API_KEY_ENV) or None
+    return key_or_env(api_key, API_KEY_ENV)
 
 
 def _listen(host: str, port: int) -> socket.socket:
