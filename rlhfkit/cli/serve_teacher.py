@@ -14,7 +14,7 @@ import threading
 from collections.abc import Sequence
 
 from rlhfkit.cli.common import quiet_libraries, run_cli
-from rlhfkit.config.base import parse_config, required
+from rlhfkit.config.base import parse_config
 from rlhfkit.config.distill import ServeTeacherConfig
 
 PROG = "rlhfkit.cli.serve_teacher"
@@ -25,9 +25,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_config(ServeTeacherConfig, argv, PROG, __doc__)
     cfg.check_inputs()  # the auth rule included: fails before the model loads
     api_key = cfg.resolved_api_key()
+    from rlhfkit.models.loading import check_model_path
     from rlhfkit.rl.teacher_server import serve_teacher_model, served_teacher_spec
 
-    spec = served_teacher_spec(required(cfg.pretrain, "pretrain"), cfg.bf16, cfg.temperature, cfg.batch_size)
+    path = check_model_path(cfg.pretrain, "--pretrain")  # named by this command's flag, before the process group
+    spec = served_teacher_spec(path, cfg.bf16, cfg.temperature, cfg.batch_size)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
     server = serve_teacher_model(spec, cfg.host, cfg.port, api_key=api_key)

@@ -105,5 +105,5 @@ class ServeTeacherConfig:
     def resolved_api_key(self) -> str | None:
         """The bearer token to require (None: none). A loopback --host may serve without one; any other host
         needs a key or an explicit --no_auth, so a model is never exposed by a forgotten flag."""
-        return server_api_key("serve_teacher", self.api_key, self.no_auth, TEACHER_KEY_ENV,
-                              need_key=not is_loopback(self.host))
+        return server_api_key(f"serve_teacher on --host {self.host} (reachable from other machines)", self.api_key,
+                              self.no_auth, TEACHER_KEY_ENV, need_key=not is_loopback(self.host))
