@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
+import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,6 +30,7 @@ from typing import Any
 import torch
 
 from rlhfkit.config.common import ModelArgs, StrategyArgs
+from rlhfkit.config.distill import ServeTeacherConfig
 from rlhfkit.config.serving import authorized
 from rlhfkit.config.specs import BatchSpec, TeacherSpec
 from rlhfkit.errors import UserError
@@ -65,6 +68,34 @@ def answer_of(exp: Experience, scores: dict[str, torch.Tensor]) -> dict[str, Any
     return {names[k]: [row[:n] for row, n in zip(v.tolist(), lengths)] for k, v in scores.items()}
 
 
+class _JSONHandler(BaseHTTPRequestHandler):
+    """JSON answers and the bearer check of the teacher's handler (`bearer`: the key to require, None: none)."""
+
+    bearer: str | None = None
+
+    def log_message(self, *args: Any) -> None:  # quiet: the trainer's console is the log
+        pass
+
+    def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _refused(self) -> bool:
+        """Answer 401 unless the request carries the bearer token (always False without a key)."""
+        if authorized(self.headers, self.bearer):
+            return False
+        self.close_connection = True  # its body, if any, is never read
+        self._send(401, {"error": "missing or wrong bearer token (the students' --teacher_api_key)"},
+                   {"WWW-Authenticate": "Bearer"})
+        return True
+
+
 class TeacherServer:
     """Serves `score` on host:port (port 0: a free one; `url` says which) in a background thread."""
 
@@ -72,28 +103,8 @@ class TeacherServer:
                  max_body_bytes: int = MAX_BODY_BYTES, api_key: str | None = None):
         lock = threading.Lock()  # one model: one forward at a time
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:  # quiet: the trainer's console is the log
-                pass
-
-            def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                for name, value in (headers or {}).items():
-                    self.send_header(name, value)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _refused(self) -> bool:
-                """Answer 401 unless the request carries the bearer token (always False without a key)."""
-                if authorized(self.headers, api_key):
-                    return False
-                self.close_connection = True  # its body, if any, is never read
-                self._send(401, {"error": "missing or wrong bearer token (the students' --teacher_api_key)"},
-                           {"WWW-Authenticate": "Bearer"})
-                return True
+        class Handler(_JSONHandler):
+            bearer = api_key
 
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 if self._refused():
@@ -167,3 +178,30 @@ def served_teacher_spec(path: str, bf16: bool, temperature: float, batch_size: i
                       max_tokens_per_gpu=None, packed=False, max_epochs=1)
     return TeacherSpec(model=ModelArgs(pretrain=path, bf16=bf16), strategy=StrategyArgs(), batch=batch, path=path,
                        temperature=temperature, topk=0)
+
+
+def run_teacher_server(cfg: ServeTeacherConfig) -> None:
+    """`serve_teacher`: check the key rule and the model directory (before the model loads), serve, print the URL
+    and auth mode, and stop on SIGTERM or Ctrl-C."""
+    from rlhfkit.models.loading import check_model_path
+
+    cfg.check_inputs()  # the auth rule included
+    api_key = cfg.resolved_api_key()
+    path = check_model_path(cfg.pretrain, "--pretrain")  # named by this command's flag, before the process group
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    server = serve_teacher_model(served_teacher_spec(path, cfg.bf16, cfg.temperature, cfg.batch_size), cfg.host,
+                                 cfg.port, api_key=api_key)
+    if cfg.no_auth:  # (api_key is None then: --no_auth next to a key was refused)
+        sys.stderr.write(f"serve_teacher: warning: --no_auth: serving without a bearer token; anyone who can reach "
+                         f"{server.url} can use the model\n")
+    print(f"teacher server ready: {server.url} (temperature={cfg.temperature:g}, "
+          f"auth={'bearer' if api_key else 'off'})", flush=True)
+    try:
+        while not stop.wait(0.5):  # until SIGTERM or Ctrl-C
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    print("teacher server stopped", flush=True)
