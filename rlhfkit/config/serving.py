@@ -10,7 +10,6 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import os
-from collections.abc import Mapping
 
 from rlhfkit.errors import UserError
 
@@ -43,10 +42,10 @@ def server_api_key(command: str, api_key: str | None, no_auth: bool, env: str, n
     return key
 
 
-def authorized(headers: Mapping[str, str], api_key: str | None) -> bool:
-    """True without a key, else for `Authorization: Bearer <key>` (compared in constant time). `headers` is any
-    case-insensitive mapping (Starlette's headers, http.server's `email.message.Message`)."""
+def authorized(authorization: str | None, api_key: str | None) -> bool:
+    """True without a key, else for a request whose `Authorization` header is `Bearer <key>` (compared in constant
+    time)."""
     if not api_key:
         return True
-    scheme, _, token = (headers.get("authorization") or "").partition(" ")
+    scheme, _, token = (authorization or "").partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())

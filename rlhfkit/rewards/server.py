@@ -200,7 +200,7 @@ def build_app(worker: BatchingWorker, limits: Limits, api_key: str | None) -> Fa
     @app.post(REWARD_PATH, response_model=RewardResponse)
     async def get_reward(request: Request) -> RewardResponse:
         length = declared_length(request.headers, limits.max_body_bytes)
-        if not authorized(request.headers, api_key):
+        if not authorized(request.headers.get("authorization"), api_key):
             raise Refusal(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
         async with body_slots:  # bounds the bodies held in memory at once, whatever the number of connections
             texts, problem = parse_request(await read_body(request, length, limits.client_timeout))

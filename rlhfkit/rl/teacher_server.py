@@ -88,7 +88,7 @@ class _JSONHandler(BaseHTTPRequestHandler):
 
     def _refused(self) -> bool:
         """Answer 401 unless the request carries the bearer token (always False without a key)."""
-        if authorized(self.headers, self.bearer):
+        if authorized(self.headers.get("Authorization"), self.bearer):
             return False
         self.close_connection = True  # its body, if any, is never read
         self._send(401, {"error": "missing or wrong bearer token (the students' --teacher_api_key)"},
