@@ -1,5 +1,6 @@
 """The bearer token of rlhfkit's model servers (`serve_rm`, `serve_teacher`), stated once for both: which key a
-server requires (its flag rule) and the constant-time check of a request's `Authorization` header.
+server requires (its flag rule), the constant-time check of a request's `Authorization` header, and keeping a
+client's key (`--teacher_api_key`) out of what a run records (its saved config, checkpoint metadata, W&B).
 
 It lives in the config layer, the first one, so that both servers (`rlhfkit.rewards.server`,
 `rlhfkit.rl.teacher_server`) and their configs import it without importing each other or a web stack.
@@ -10,8 +11,13 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import os
+from typing import Any
 
 from rlhfkit.errors import UserError
+
+#: Config fields that hold a server's bearer token: recorded as HIDDEN when set (`without_keys`).
+KEY_FIELDS = frozenset({"teacher_api_key", "api_key"})
+HIDDEN = "<hidden>"
 
 
 def key_or_env(api_key: str | None, env: str) -> str | None:
@@ -49,3 +55,11 @@ def authorized(authorization: str | None, api_key: str | None) -> bool:
         return True
     scheme, _, token = (authorization or "").partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
+
+
+def without_keys(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` (nested as `dataclasses.asdict` gives it) with every set KEY_FIELDS value replaced by HIDDEN: what
+    a run writes down (rlhfkit_args.json, the checkpoint's config, W&B) never holds a key, and a resume with another
+    key sees no change."""
+    return {k: (HIDDEN if k in KEY_FIELDS and v else without_keys(v) if isinstance(v, dict) else v)
+            for k, v in config.items()}

@@ -123,3 +123,16 @@ def test_the_students_key_comes_from_the_flag_else_the_environment(demo_assets, 
     assert teacher_api_key(cfg("--teacher_url", "http://127.0.0.1:1", "--teacher_api_key", "k")) == "k"
     with pytest.raises(UserError, match="--teacher_api_key is the key of a served teacher: add --teacher_url"):
         cfg("--teacher_api_key", "k")
+
+
+def test_a_run_records_no_key(demo_assets):
+    import dataclasses
+
+    from rlhfkit.config.serving import HIDDEN, without_keys
+
+    cfg = parse_config(PPOConfig, ["--pretrain", str(demo_assets.model_dir), "--zero_stage", "0", "--teacher_url",
+                                   "http://127.0.0.1:1", "--teacher_api_key", "s3cret"], "t")
+    recorded = without_keys(dataclasses.asdict(cfg))
+    assert "s3cret" not in json.dumps(recorded) and recorded["distill"]["teacher_api_key"] == HIDDEN
+    assert recorded["distill"]["teacher_url"] == "http://127.0.0.1:1" and cfg.distill.teacher_api_key == "s3cret"
+    assert without_keys({"distill": {"teacher_api_key": None}}) == {"distill": {"teacher_api_key": None}}
