@@ -42,6 +42,7 @@ SLOW = {
     "cli/test_demo_vlm.py::test_vlm_demo_runs_both_stages_reduced",
     "cli/test_interactive_chat.py",
     "cli/test_preference_cli.py",
+    "cli/test_serve_teacher.py",
     "cli/test_seed_commands.py::test_scaling_keeps_every_seed_flag",
     "cli/test_seed_commands.py::test_seed_block_runs",
     "cli/test_train_ppo_ray.py::test_cli_process_exits_2_without_starting_ray",

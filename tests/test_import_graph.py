@@ -6,10 +6,10 @@ Layers, first to last, one per folder (a module imports only from its own folder
 Allowed everywhere: `rlhfkit` itself (the version) and `rlhfkit.errors` (UserError).
 
 Entry-point modules (ENTRY_POINTS): the modules whose `run_*` function a CLI calls (run_sft, run_rm, run_dpo,
-run_kto in trainers/, run_ppo and run_ppo_ray in rl/, run_batch_inference in inference/); every such module the CLI
-imports must be one. The rest of trainers/, rl/ and inference/ is shared machinery that imports no entry point. A
-CLI names its entry point as a "module:function" string that `rlhfkit.cli.common.run_config` imports when it runs;
-such a string counts as an import of that module here.
+run_kto in trainers/, run_ppo, run_ppo_ray and run_teacher_server in rl/, run_batch_inference in inference/); every
+such module the CLI imports must be one. The rest of trainers/, rl/ and inference/ is shared machinery that imports
+no entry point. A CLI names its entry point as a "module:function" string that `rlhfkit.cli.common.run_config`
+imports when it runs; such a string counts as an import of that module here.
 
 Spec-only layers (SPEC_ONLY): distributed/, rollout/, models/ and agents/ take the small specs of
 `rlhfkit/config/specs.py` (derived once by `rlhfkit/config/rl_specs.py`), never the RL config or its sections.
@@ -39,7 +39,7 @@ LAYERS: list[tuple[str, ...]] = layers_from_docs()
 EVERYWHERE = {"rlhfkit", "rlhfkit.errors"}
 RUNNER = re.compile(r"(rlhfkit(?:\.\w+)+):\w+")  # "rlhfkit.trainers.sft:run_sft", as given to run_config
 ENTRY_POINTS = {f"rlhfkit.trainers.{m}" for m in ("sft", "reward", "dpo", "kto")} | {
-    "rlhfkit.rl.local_run", "rlhfkit.rl.ray_run", "rlhfkit.inference.batch"}
+    "rlhfkit.rl.local_run", "rlhfkit.rl.ray_run", "rlhfkit.rl.teacher_server", "rlhfkit.inference.batch"}
 ENTRY_FOLDERS = ("rlhfkit.trainers.", "rlhfkit.rl.", "rlhfkit.inference.")
 CHAT = "rlhfkit.inference.chat"  # the interactive chat session, driven by the chat CLI's own loop
 # The parts below the RL stack take the small specs of `rlhfkit.config.specs`, never the RL config itself.

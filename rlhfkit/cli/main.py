@@ -17,6 +17,7 @@ COMMANDS = {
     "train_ppo": ("train_ppo", "online RL (PPO, REINFORCE++, GRPO, RLOO) in one process"),
     "train_ppo_ray": ("train_ppo_ray", "online RL with Ray roles and rollout engines"),
     "serve_rm": ("serve_rm", "HTTP server for a reward model"),
+    "serve_teacher": ("serve_teacher", "HTTP server for an on-policy distillation teacher (--teacher_url)"),
     "batch_inference": ("batch_inference", "generate / score a dataset; best-of-N, conditional SFT and DPO data"),
     "lora_combiner": ("lora_combiner", "merge a LoRA adapter into its base model"),
     "interactive_chat": ("interactive_chat", "chat with a saved model in the terminal"),

@@ -354,7 +354,7 @@ RLHFKIT_ONLY = frozenset({
     "doctor_equal_reward_groups_max",
     "doctor_logprob_gap_max", "doctor_heldout_drop", "tau_pos", "tau_neg", "loss_type", "simpo_gamma", "backend",
     "teacher_pretrain", "teacher_url", "teacher_timeout", "distill_loss", "distill_topk", "distill_coef",
-    "distill_only", "teacher_num_nodes", "teacher_num_gpus_per_node",
+    "distill_only", "teacher_num_nodes", "teacher_num_gpus_per_node", "teacher_api_key",
     "lora_sync",
 })
 

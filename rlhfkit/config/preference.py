@@ -8,7 +8,6 @@ unpaired data reuses `--input_key` / `--output_key` from DataArgs.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from rlhfkit.config.base import arg, validate_sections, with_default
@@ -27,6 +26,7 @@ from rlhfkit.config.devices import ATTN_CHOICES, ATTN_HELP, AUTO
 from rlhfkit.config.names import DPO_LOSS_TYPES, REFERENCE_FREE_DPO_LOSSES, RM_LOSS_KINDS
 from rlhfkit.config.paths import check_output_paths
 from rlhfkit.config.sequence_parallel import check_ring_combinations, refuse_ring_attn
+from rlhfkit.config.serving import server_api_key
 from rlhfkit.config.vision import VisionArgs, check_vision_flags, vision_inert_flags
 from rlhfkit.errors import UserError
 
@@ -337,14 +337,7 @@ class ServeRMConfig:
     def resolved_api_key(self) -> str | None:
         """The bearer token to require, or None with --no_auth. An empty --api_key falls back to the environment,
         so a script passing an unset variable never exposes the model; only --no_auth turns auth off."""
-        key = self.api_key or os.environ.get(SERVE_RM_KEY_ENV) or None
-        if self.no_auth and key:
-            given = "--api_key" if self.api_key else SERVE_RM_KEY_ENV
-            raise UserError(f"--no_auth contradicts the key in {given}; drop one of them")
-        if not self.no_auth and not key:
-            raise UserError(f"serve_rm needs a bearer token: set --api_key or {SERVE_RM_KEY_ENV}, or pass --no_auth "
-                            "to serve without one")
-        return key
+        return server_api_key("serve_rm", self.api_key, self.no_auth, SERVE_RM_KEY_ENV, need_key=True)
 
 
 def _require_dataset(data: DataArgs, what: str) -> None:

@@ -25,9 +25,7 @@ Scoring a text: see rlhfkit/rewards/scorer.py (`RewardScorer`, `load_scorer`).
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
-import os
 import socket
 import threading
 import time
@@ -42,6 +40,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from rlhfkit.config.preference import SERVE_RM_KEY_ENV
+from rlhfkit.config.serving import authorized, key_or_env
 from rlhfkit.errors import UserError
 from rlhfkit.rewards.batching import BatchingWorker, Job
 from rlhfkit.rewards.scorer import RewardScorer
@@ -130,14 +129,6 @@ def declared_length(headers: Any, max_body_bytes: int) -> int:
     return length
 
 
-def authorized(headers: Any, api_key: str | None) -> bool:
-    """True without a key, else for `Authorization: Bearer <key>` (compared in constant time)."""
-    if not api_key:
-        return True
-    scheme, _, token = headers.get("authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
-
-
 async def read_body(request: Request, length: int, timeout: float) -> bytes:
     """Exactly `length` bytes within `timeout` seconds in all (408: a slow or short body cannot hold a slot)."""
     body = bytearray()
@@ -209,7 +200,7 @@ def build_app(worker: BatchingWorker, limits: Limits, api_key: str | None) -> Fa
     @app.post(REWARD_PATH, response_model=RewardResponse)
     async def get_reward(request: Request) -> RewardResponse:
         length = declared_length(request.headers, limits.max_body_bytes)
-        if not authorized(request.headers, api_key):
+        if not authorized(request.headers.get("authorization"), api_key):
             raise Refusal(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
         async with body_slots:  # bounds the bodies held in memory at once, whatever the number of connections
             texts, problem = parse_request(await read_body(request, length, limits.client_timeout))
@@ -225,7 +216,7 @@ def build_app(worker: BatchingWorker, limits: Limits, api_key: str | None) -> Fa
 
 def resolve_api_key(api_key: str | None) -> str | None:
     """The key: `api_key` when non-empty, else env RLHFKIT_RM_API_KEY (an empty flag never switches auth off)."""
-    return api_key or os.environ.get(API_KEY_ENV) or None
+    return key_or_env(api_key, API_KEY_ENV)
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -22,8 +22,10 @@ from typing import Any
 import torch
 
 from rlhfkit.algorithms.logprobs import token_logprobs
+from rlhfkit.config.distill import TEACHER_KEY_ENV
 from rlhfkit.config.rl import PPOConfig
 from rlhfkit.config.rl_specs import teacher_topk
+from rlhfkit.config.serving import key_or_env
 from rlhfkit.config.specs import TeacherSpec
 from rlhfkit.distributed.ray_groups import dispatch
 from rlhfkit.errors import UserError
@@ -106,20 +108,36 @@ def rows_to_tensor(rows: list[list[Any]], width: int, dtype: torch.dtype) -> tor
 
 
 class HTTPTeacher:
-    """A teacher served over HTTP (`--teacher_url`; protocol in `rlhfkit.rl.teacher_server`)."""
+    """A teacher served over HTTP (`--teacher_url`; protocol in `rlhfkit.rl.teacher_server`), with
+    `Authorization: Bearer <api_key>` on every request when a key is given (`--teacher_api_key`)."""
 
-    def __init__(self, url: str, topk: int, timeout: float):
-        self.url, self.topk, self.timeout = url.rstrip("/"), topk, timeout
+    def __init__(self, url: str, topk: int, timeout: float, api_key: str | None = None):
+        self.url, self.topk, self.timeout, self.api_key = url.rstrip("/"), topk, timeout, api_key
 
     def _call(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        request = urllib.request.Request(self.url + path, data=data, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 result: dict[str, Any] = json.loads(response.read())
                 return result
+        except urllib.error.HTTPError as e:
+            if e.code == 401:
+                raise UserError(self._refused()) from None
+            raise UserError(f"--teacher_url {self.url}{path}: {e}") from None
         except (urllib.error.URLError, OSError, ValueError) as e:
             raise UserError(f"--teacher_url {self.url}{path}: {e}") from None
+
+    def _refused(self) -> str:
+        """The one line of a 401: the server wants a bearer token this student lacks or has wrong."""
+        if self.api_key:
+            return (f"--teacher_url {self.url}: the teacher refused the bearer token (401): --teacher_api_key "
+                    f"(or {TEACHER_KEY_ENV}) must be the key the teacher server was started with")
+        return (f"--teacher_url {self.url}: the teacher requires a bearer token (401): pass its key with "
+                f"--teacher_api_key (or {TEACHER_KEY_ENV})")
 
     def fingerprint(self) -> str:
         return str(self._call(INFO_PATH)["tokenizer"])
@@ -136,14 +154,14 @@ class HTTPTeacher:
 
 
 def check_teacher_tokenizer(teacher_pretrain: str | None, teacher_url: str | None, student: Any,
-                            timeout: float = 60.0) -> None:
+                            timeout: float = 60.0, api_key: str | None = None) -> None:
     """Stop (UserError, one line) unless the teacher's tokenizer maps tokens to ids as the student's does."""
     if teacher_pretrain:
         where = f"--teacher_pretrain {teacher_pretrain}"
         theirs = tokenizer_fingerprint(load_tokenizer(check_model_path(teacher_pretrain, "--teacher_pretrain"),
                                                       flag="--teacher_pretrain"))
     elif teacher_url:
-        where, theirs = f"--teacher_url {teacher_url}", HTTPTeacher(teacher_url, 0, timeout).fingerprint()
+        where, theirs = f"--teacher_url {teacher_url}", HTTPTeacher(teacher_url, 0, timeout, api_key).fingerprint()
     else:
         return
     if theirs != tokenizer_fingerprint(student):
@@ -154,10 +172,17 @@ def check_teacher_tokenizer(teacher_pretrain: str | None, teacher_url: str | Non
 def check_distillation(cfg: PPOConfig, student_tokenizer: Any) -> None:
     """The run's distillation teacher, if any, shares the student's tokenizer (UserError, one line)."""
     d = cfg.distill
-    check_teacher_tokenizer(d.teacher_pretrain, d.teacher_url, student_tokenizer, d.teacher_timeout)
+    check_teacher_tokenizer(d.teacher_pretrain, d.teacher_url, student_tokenizer, d.teacher_timeout,
+                            teacher_api_key(cfg))
 
 
 def http_teacher(cfg: PPOConfig) -> HTTPTeacher | None:
     """The --teacher_url teacher of the run (None without one)."""
     d = cfg.distill
-    return HTTPTeacher(d.teacher_url, teacher_topk(cfg), d.teacher_timeout) if d.teacher_url else None
+    return HTTPTeacher(d.teacher_url, teacher_topk(cfg), d.teacher_timeout, teacher_api_key(cfg)) \
+        if d.teacher_url else None
+
+
+def teacher_api_key(cfg: PPOConfig) -> str | None:
+    """The bearer token for --teacher_url: --teacher_api_key, else env RLHFKIT_TEACHER_API_KEY, else none."""
+    return key_or_env(cfg.distill.teacher_api_key, TEACHER_KEY_ENV)

@@ -6,17 +6,22 @@ Protocol (JSON both ways):
 - `POST /logprobs {"input_ids": [[id, ...], ...], "prompt_lengths": [int, ...], "topk": k}` ->
   {"logprobs": [[the log-prob of each response token], ...]} and, with k > 0, "topk_logprobs" / "topk_ids"
   ([[[k numbers] per response token], ...]): row i's response is input_ids[i][prompt_lengths[i]:].
-Errors are JSON {"error": ...} with status 400 (a bad request) or 413 (a body over `max_body_bytes`).
+Errors are JSON {"error": ...} with status 400 (a bad request), 401 (a missing or wrong bearer token) or 413 (a body
+over `max_body_bytes`).
 
-`TeacherServer(score, fingerprint)` serves any `score(experience, topk)`; `serve_teacher_model(path)` serves a local
-model through `TeacherRole` (the same forward a local teacher runs, so both give the same log-probs). It binds
-127.0.0.1 unless told otherwise: the endpoint has no authentication.
+`TeacherServer(score, fingerprint, api_key=...)` serves any `score(experience, topk)`; `serve_teacher_model(spec)`
+serves a local model through `TeacherRole` (the same forward a local teacher runs, so both give the same log-probs).
+With an `api_key` every request (GET /info too) needs `Authorization: Bearer <key>` (the students' --teacher_api_key;
+checked before the body is read); without one anyone who reaches the port is served. It binds 127.0.0.1 unless told
+otherwise; `python -m rlhfkit.cli.serve_teacher` serves a model directory and refuses another host without a key.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import signal
+import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,6 +29,11 @@ from typing import Any
 
 import torch
 
+from rlhfkit.config.common import ModelArgs, StrategyArgs
+from rlhfkit.config.distill import ServeTeacherConfig
+from rlhfkit.config.serving import authorized
+from rlhfkit.config.specs import BatchSpec, TeacherSpec
+from rlhfkit.errors import UserError
 from rlhfkit.rl.experience import Experience
 from rlhfkit.rl.teacher import INFO_PATH, LOGPROBS_PATH, tokenizer_fingerprint
 
@@ -58,31 +68,54 @@ def answer_of(exp: Experience, scores: dict[str, torch.Tensor]) -> dict[str, Any
     return {names[k]: [row[:n] for row, n in zip(v.tolist(), lengths)] for k, v in scores.items()}
 
 
+class _JSONHandler(BaseHTTPRequestHandler):
+    """JSON answers and the bearer check of the teacher's handler (`bearer`: the key to require, None: none)."""
+
+    bearer: str | None = None
+
+    def log_message(self, *args: Any) -> None:  # quiet: the trainer's console is the log
+        pass
+
+    def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _refused(self) -> bool:
+        """Answer 401 unless the request carries the bearer token (always False without a key)."""
+        if authorized(self.headers.get("Authorization"), self.bearer):
+            return False
+        self.close_connection = True  # its body, if any, is never read
+        self._send(401, {"error": "missing or wrong bearer token (the students' --teacher_api_key)"},
+                   {"WWW-Authenticate": "Bearer"})
+        return True
+
+
 class TeacherServer:
     """Serves `score` on host:port (port 0: a free one; `url` says which) in a background thread."""
 
     def __init__(self, score: Score, fingerprint: str, host: str = "127.0.0.1", port: int = 0,
-                 max_body_bytes: int = MAX_BODY_BYTES):
+                 max_body_bytes: int = MAX_BODY_BYTES, api_key: str | None = None):
         lock = threading.Lock()  # one model: one forward at a time
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:  # quiet: the trainer's console is the log
-                pass
-
-            def _send(self, status: int, payload: dict[str, Any]) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+        class Handler(_JSONHandler):
+            bearer = api_key
 
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                if self._refused():
+                    return
                 if self.path != INFO_PATH:
                     return self._send(404, {"error": f"no {self.path}; try {INFO_PATH} or POST {LOGPROBS_PATH}"})
                 self._send(200, {"tokenizer": fingerprint})
 
             def do_POST(self) -> None:  # noqa: N802
+                if self._refused():
+                    return
                 if self.path != LOGPROBS_PATH:
                     return self._send(404, {"error": f"no {self.path}; POST {LOGPROBS_PATH}"})
                 size = int(self.headers.get("Content-Length") or -1)
@@ -102,8 +135,11 @@ class TeacherServer:
                     return self._send(500, {"error": f"{type(e).__name__}: {e}"})
                 self._send(200, answer_of(exp, scores))
 
-        self.host = host
-        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.host, self.api_key = host, api_key
+        try:
+            self.server = ThreadingHTTPServer((host, port), Handler)
+        except OSError as e:  # a port in use, an address not of this machine
+            raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True, name="teacher-server")
 
     @property
@@ -120,7 +156,8 @@ class TeacherServer:
         self.thread.join(timeout=10)
 
 
-def serve_teacher_model(spec: Any, host: str = "127.0.0.1", port: int = 0) -> TeacherServer:
+def serve_teacher_model(spec: Any, host: str = "127.0.0.1", port: int = 0,
+                        api_key: str | None = None) -> TeacherServer:
     """A started server over a local `TeacherRole` built from `spec` (a `TeacherSpec`; each request sets topk)."""
     from rlhfkit.models.loading import load_tokenizer
     from rlhfkit.rl.teacher import TeacherRole
@@ -131,4 +168,40 @@ def serve_teacher_model(spec: Any, host: str = "127.0.0.1", port: int = 0) -> Te
         role.spec = dataclasses.replace(spec, topk=topk)
         return role.score(exp)
 
-    return TeacherServer(score, tokenizer_fingerprint(load_tokenizer(spec.path)), host, port).start()
+    fingerprint = tokenizer_fingerprint(load_tokenizer(spec.path))
+    return TeacherServer(score, fingerprint, host, port, api_key=api_key).start()
+
+
+def served_teacher_spec(path: str, bf16: bool, temperature: float, batch_size: int) -> TeacherSpec:
+    """The spec of a teacher served on its own (serve_teacher): one process, default strategy, no packing."""
+    batch = BatchSpec(train_batch_size=1, micro_train_batch_size=1, micro_rollout_batch_size=batch_size,
+                      max_tokens_per_gpu=None, packed=False, max_epochs=1)
+    return TeacherSpec(model=ModelArgs(pretrain=path, bf16=bf16), strategy=StrategyArgs(), batch=batch, path=path,
+                       temperature=temperature, topk=0)
+
+
+def run_teacher_server(cfg: ServeTeacherConfig) -> None:
+    """`serve_teacher`: check the key rule and the model directory (before the model loads), serve, print the URL
+    and auth mode, and stop on SIGTERM or Ctrl-C."""
+    from rlhfkit.models.loading import check_model_path
+
+    cfg.check_inputs()  # the auth rule included
+    api_key = cfg.resolved_api_key()
+    path = check_model_path(cfg.pretrain, "--pretrain")  # named by this command's flag, before the process group
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    server = serve_teacher_model(served_teacher_spec(path, cfg.bf16, cfg.temperature, cfg.batch_size), cfg.host,
+                                 cfg.port, api_key=api_key)
+    if cfg.no_auth:  # (api_key is None then: --no_auth next to a key was refused)
+        sys.stderr.write(f"serve_teacher: warning: --no_auth: serving without a bearer token; anyone who can reach "
+                         f"{server.url} can use the model\n")
+    print(f"teacher server ready: {server.url} (temperature={cfg.temperature:g}, "
+          f"auth={'bearer' if api_key else 'off'})", flush=True)
+    try:
+        while not stop.wait(0.5):  # until SIGTERM or Ctrl-C
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    print("teacher server stopped", flush=True)

@@ -25,6 +25,7 @@ from rlhfkit.config.common import LoggingArgs, ModelArgs, StrategyArgs
 from rlhfkit.config.paths import check_not_under_a_file
 from rlhfkit.config.preference import DPOConfig, KTOConfig, RMConfig
 from rlhfkit.config.rl import PPOConfig, is_http, remote_reward_urls, samples_per_rollout
+from rlhfkit.config.serving import without_keys
 from rlhfkit.config.sft import SFTConfig
 from rlhfkit.distributed.strategy import DeepSpeedStrategy
 from rlhfkit.errors import UserError
@@ -110,7 +111,7 @@ def prepare_run(cfg: RunConfig, kind: str, *, extra_outputs: Sequence[tuple[str,
     for note in claim_ckpt_dir(c.ckpt_path, resume=c.load_checkpoint, overwrite=c.overwrite_ckpt, rank0=rank0):
         if rank0:
             print(note, flush=True)
-    run = RunInfo(kind, dataclasses.asdict(cfg))
+    run = RunInfo(kind, without_keys(dataclasses.asdict(cfg)))
     if c.load_checkpoint:  # another trainer's or model's checkpoint: refused now rather than after the model loads
         newest = latest_checkpoint(c.ckpt_path)
         if newest is not None:
@@ -125,7 +126,7 @@ def run_name(kind: str) -> str:
 def make_logger(strategy: DeepSpeedStrategy, logging_args: LoggingArgs, save_path: str, kind: str,
                 config: RunConfig) -> MetricsLogger:
     """Metrics sinks on rank 0; the config is saved next to the metrics for reproducibility."""
-    as_dict = dataclasses.asdict(config)
+    as_dict = without_keys(dataclasses.asdict(config))  # no bearer token in the saved config or W&B
     if strategy.is_rank0:
         os.makedirs(save_path, exist_ok=True)
         with open(os.path.join(save_path, "rlhfkit_args.json"), "w") as f:

@@ -25,7 +25,8 @@ from rlhfkit.config.docs import TABLES, load_config_class
 from tests.helpers import error_lines
 
 PACKAGE = Path(__file__).resolve().parents[2] / "rlhfkit"
-CONFIGS = {**TABLES, "serve_rm": "rlhfkit.config.preference:ServeRMConfig"}
+CONFIGS = {**TABLES, "serve_rm": "rlhfkit.config.preference:ServeRMConfig",
+           "serve_teacher": "rlhfkit.config.distill:ServeTeacherConfig"}
 
 # Config-layer helpers that turn flags into derived settings for the runtime (rlhfkit/config/rl.py, "derived
 # settings"): a field they read is read by whoever calls them; the test checks each is really called outside config.
