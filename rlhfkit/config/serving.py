@@ -18,6 +18,8 @@ from rlhfkit.errors import UserError
 #: Config fields that hold a server's bearer token: recorded as HIDDEN when set (`without_keys`).
 KEY_FIELDS = frozenset({"teacher_api_key", "api_key"})
 HIDDEN = "<hidden>"
+#: The values of --use_wandb (OpenRLHF's form: the W&B API key itself) that are no key: any other one is hidden too.
+WANDB_WORDS = ("offline", "true", "1", "yes")
 
 
 def key_or_env(api_key: str | None, env: str) -> str | None:
@@ -58,8 +60,13 @@ def authorized(authorization: str | None, api_key: str | None) -> bool:
 
 
 def without_keys(config: dict[str, Any]) -> dict[str, Any]:
-    """`config` (nested as `dataclasses.asdict` gives it) with every set KEY_FIELDS value replaced by HIDDEN: what
-    a run writes down (rlhfkit_args.json, the checkpoint's config, W&B) never holds a key, and a resume with another
-    key sees no change."""
-    return {k: (HIDDEN if k in KEY_FIELDS and v else without_keys(v) if isinstance(v, dict) else v)
-            for k, v in config.items()}
+    """`config` (nested as `dataclasses.asdict` gives it) with every set KEY_FIELDS value, and a --use_wandb API
+    key, replaced by HIDDEN: what a run writes down (rlhfkit_args.json, the checkpoint's config, W&B) never holds a
+    key, and a resume with another key sees no change."""
+    return {k: (HIDDEN if _is_key(k, v) else without_keys(v) if isinstance(v, dict) else v) for k, v in config.items()}
+
+
+def _is_key(field: str, value: Any) -> bool:
+    if field == "use_wandb":
+        return isinstance(value, str) and value.strip().lower() not in WANDB_WORDS
+    return field in KEY_FIELDS and bool(value)

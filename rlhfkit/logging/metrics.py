@@ -17,6 +17,7 @@ from typing import Any
 from tqdm import tqdm
 
 from rlhfkit.config.common import LoggingArgs
+from rlhfkit.config.serving import WANDB_WORDS
 from rlhfkit.logging import html_report
 
 
@@ -137,7 +138,7 @@ def _start_wandb(args: LoggingArgs, key: str, run_name: str, config: dict[str, A
 
     if key.lower() == "offline":
         os.environ["WANDB_MODE"] = "offline"
-    elif key.lower() not in ("true", "1", "yes") and os.environ.get("WANDB_MODE") != "offline":
+    elif key.lower() not in WANDB_WORDS and os.environ.get("WANDB_MODE") != "offline":
         wandb.login(key=key, relogin=True)
     return wandb.init(entity=args.wandb_org, project=args.wandb_project, group=args.wandb_group,
                       name=args.wandb_run_name or run_name, config=config, dir=run_dir, reinit="finish_previous")

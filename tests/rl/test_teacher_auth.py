@@ -136,3 +136,12 @@ def test_a_run_records_no_key(demo_assets):
     assert "s3cret" not in json.dumps(recorded) and recorded["distill"]["teacher_api_key"] == HIDDEN
     assert recorded["distill"]["teacher_url"] == "http://127.0.0.1:1" and cfg.distill.teacher_api_key == "s3cret"
     assert without_keys({"distill": {"teacher_api_key": None}}) == {"distill": {"teacher_api_key": None}}
+
+
+def test_a_run_records_no_wandb_api_key():
+    """OpenRLHF's --use_wandb takes the W&B API key itself; its other values (offline, true) are no secret."""
+    from rlhfkit.config.serving import HIDDEN, without_keys
+
+    for value, recorded in (("0123456789abcdef0123456789abcdef01234567", HIDDEN), ("offline", "offline"),
+                            ("True", "True"), (None, None)):
+        assert without_keys({"logging": {"use_wandb": value}}) == {"logging": {"use_wandb": recorded}}
