@@ -151,12 +151,12 @@ def load_tokenizer_apart(path: str, **kwargs: Any) -> PreTrainedTokenizerBase:
     object (AutoTokenizer chooses its class in the child), but this process never imports AutoTokenizer's module,
     which pulls in Transformers' whole modeling stack (the Auto model factory, generation, torch._dynamo: about
     1,000 modules and 150 MB of memory, measured in bench/results/ray_startup.md). Unpickling imports only the
-    tokenizer's own class. For a process that loads no model (the Ray driver); anywhere else, and where the module
-    is already imported or fork is missing, it is `load_tokenizer`. A user error in the child (a bad path) is
-    raised here as it is; a child that dies or stalls falls back to loading here."""
+    tokenizer's own class. For a process that loads no model (the Ray driver); off Linux, and where the module is
+    already imported, it is `load_tokenizer`. A user error in the child (a bad path) is raised here as it is; a
+    child that dies or stalls, or a tokenizer that does not pickle, falls back to loading here."""
     import multiprocessing
 
-    if _AUTO_TOKENIZER_MODULE in sys.modules or "fork" not in multiprocessing.get_all_start_methods():
+    if _AUTO_TOKENIZER_MODULE in sys.modules or not sys.platform.startswith("linux"):
         return load_tokenizer(path, **kwargs)
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
@@ -177,19 +177,29 @@ def load_tokenizer_apart(path: str, **kwargs: Any) -> PreTrainedTokenizerBase:
     kind, payload = message
     if kind == "error":
         raise payload
-    return pickle.loads(payload) if kind == "ok" else load_tokenizer(path, **kwargs)
+    try:
+        return pickle.loads(payload) if kind == "ok" else load_tokenizer(path, **kwargs)
+    except (pickle.UnpicklingError, AttributeError, ImportError, TypeError):  # a class that will not rebuild here
+        return load_tokenizer(path, **kwargs)
 
 
 def _send_tokenizer(send: Any, path: str, kwargs: dict[str, Any]) -> None:
-    """The forked child of `load_tokenizer_apart`: ("ok", pickled tokenizer) or ("error", the exception)."""
+    """The forked child of `load_tokenizer_apart`: ("ok", pickled tokenizer), ("error", the exception loading
+    raised) or ("lost", None) for a tokenizer that does not pickle (the parent then loads it itself)."""
+    message: tuple[str, Any]
     try:
-        message: tuple[str, Any] = ("ok", pickle.dumps(load_tokenizer(path, **kwargs)))
-    except Exception as e:  # noqa: BLE001 - every failure goes back to the parent, which raises it
+        tokenizer = load_tokenizer(path, **kwargs)
+    except Exception as e:  # noqa: BLE001 - every loading failure goes back to the parent, which raises it
         message = ("error", e)
+    else:
+        try:
+            message = ("ok", pickle.dumps(tokenizer))
+        except Exception:  # noqa: BLE001 - e.g. a custom tokenizer holding a lock or a file handle
+            message = ("lost", None)
     try:
         send.send(message)
     except Exception as e:  # noqa: BLE001 - an exception that does not pickle: its text
-        send.send(("error", RuntimeError(f"{e.__class__.__name__}: {message[1]}")))
+        send.send(("error", RuntimeError(f"{e.__class__.__name__}: {message[1]!r}")))
     send.close()
 
 

@@ -53,6 +53,19 @@ def test_a_child_that_dies_falls_back_to_loading_here(forked, monkeypatch, demo_
     assert tok("a b")["input_ids"] == loading.load_tokenizer(str(demo_assets.model_dir))("a b")["input_ids"]
 
 
+def test_a_tokenizer_that_does_not_pickle_is_loaded_here(forked, monkeypatch, demo_assets):
+    real = loading.load_tokenizer
+
+    def unpicklable(path, **kwargs):
+        tok = real(path, **kwargs)
+        tok.handle = __import__("threading").Lock()  # a lock does not pickle
+        return tok
+
+    monkeypatch.setattr(loading, "load_tokenizer", unpicklable)
+    tok = loading.load_tokenizer_apart(str(demo_assets.model_dir))
+    assert hasattr(tok, "handle")  # loaded in this process, by the fall-back
+
+
 DRIVER = """
 import json, sys
 from rlhfkit.config.base import parse_config
