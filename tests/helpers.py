@@ -150,4 +150,18 @@ def spawn_ranks(rank_main: Callable[[int, int, int], None], world: int) -> None:
     from rlhfkit.distributed.launch import free_port
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.start_processes(rank_main, args=(world, free_port()), nprocs=world, start_method="spawn")
+    mp.start_processes(_rank_then_exit, args=(rank_main, world, free_port()), nprocs=world, start_method="spawn")
+
+
+def _rank_then_exit(rank: int, rank_main: Callable[[int, int, int], None], world: int, port: int) -> None:
+    """One spawned rank: `rank_main`, then, when it returned, leave the process group and exit without the
+    interpreter's C++ teardown, where a finished gloo rank can abort (SIGABRT, "terminate called without an active
+    exception": a 2-rank ZeRO-3 EMA test's rank did in a fresh-clone CI run of 2026-11-28, after its checks passed).
+    The runs themselves exit the same way (`rlhfkit/cli/common.py`). A rank that raises is reported as before."""
+    from rlhfkit.distributed.launch import leave_process_group
+
+    rank_main(rank, world, port)
+    leave_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
