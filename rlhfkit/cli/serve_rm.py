@@ -8,14 +8,13 @@ SIGTERM (or Ctrl-C) stops it gracefully: requests in flight get their answers fi
 
 from __future__ import annotations
 
-import signal
 import sys
-import threading
 from collections.abc import Sequence
 
 from rlhfkit.cli.common import note_openrlhf_defaults, quiet_libraries, run_cli
 from rlhfkit.config.base import parse_config_given, required
 from rlhfkit.config.preference import ServeRMConfig
+from rlhfkit.config.serving import serve_until_stopped
 
 PROG = "rlhfkit.cli.serve_rm"
 
@@ -39,22 +38,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                           max_queries_per_request=cfg.max_queries_per_request, request_timeout=cfg.request_timeout,
                           client_timeout=cfg.client_timeout, max_concurrent_bodies=cfg.max_concurrent_bodies,
                           max_connections=cfg.max_connections, keep_alive_timeout=cfg.keep_alive_timeout)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
-    server.start()
-    if cfg.no_auth:  # (api_key is None then: --no_auth next to a key was refused)
-        sys.stderr.write(f"{PROG}: warning: --no_auth: serving without a bearer token; anyone who can reach "
-                         f"{cfg.host}:{server.port} can use the model\n")
-    print(f"reward server ready: {server.url} (normalize_reward={scorer.normalize}, "
-          f"auth={'bearer' if server.api_key else 'off'})", flush=True)
-    try:
-        while not stop.wait(0.5):  # until SIGTERM or Ctrl-C
-            pass
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.stop()
-    print("reward server stopped", flush=True)
+
+    def announce(server: RewardServer) -> None:
+        if cfg.no_auth:  # (api_key is None then: --no_auth next to a key was refused)
+            sys.stderr.write(f"{PROG}: warning: --no_auth: serving without a bearer token; anyone who can reach "
+                             f"{cfg.host}:{server.port} can use the model\n")
+        print(f"reward server ready: {server.url} (normalize_reward={scorer.normalize}, "
+              f"auth={'bearer' if server.api_key else 'off'})", flush=True)
+
+    serve_until_stopped(server.start, announce, "reward")
     return 0
 
 

@@ -1,6 +1,7 @@
 """The bearer token of rlhfkit's model servers (`serve_rm`, `serve_teacher`), stated once for both: which key a
 server requires (its flag rule), the constant-time check of a request's `Authorization` header, and keeping a
-client's key (`--teacher_api_key`) out of what a run records (its saved config, checkpoint metadata, W&B).
+client's key (`--teacher_api_key`) out of what a run records (its saved config, checkpoint metadata, W&B); and the
+two commands' life from start to Ctrl-C / SIGTERM (`serve_until_stopped`).
 
 It lives in the config layer, the first one, so that both servers (`rlhfkit.rewards.server`,
 `rlhfkit.rl.teacher_server`) and their configs import it without importing each other or a web stack.
@@ -11,7 +12,10 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import os
-from typing import Any
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 from rlhfkit.errors import UserError
 
@@ -70,3 +74,28 @@ def _is_key(field: str, value: Any) -> bool:
     if field == "use_wandb":
         return isinstance(value, str) and value.strip().lower() not in WANDB_WORDS
     return field in KEY_FIELDS and bool(value)
+
+
+class _Server(Protocol):
+    def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=_Server)
+
+
+def serve_until_stopped(start: Callable[[], S], announce: Callable[[S], None], name: str) -> None:
+    """A server command's life: SIGTERM is handled before `start()` brings the server up, `announce(server)` prints
+    its warning and ready line, then it serves until SIGTERM or Ctrl-C, stops the server (`server.stop()`) and
+    prints "<name> server stopped"."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    server = start()
+    announce(server)
+    try:
+        while not stop.wait(0.5):  # until SIGTERM or Ctrl-C
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    print(f"{name} server stopped", flush=True)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -31,7 +30,7 @@ import torch
 
 from rlhfkit.config.common import ModelArgs, StrategyArgs
 from rlhfkit.config.distill import ServeTeacherConfig
-from rlhfkit.config.serving import authorized
+from rlhfkit.config.serving import authorized, serve_until_stopped
 from rlhfkit.config.specs import BatchSpec, TeacherSpec
 from rlhfkit.errors import UserError
 from rlhfkit.rl.experience import Experience
@@ -188,20 +187,13 @@ def run_teacher_server(cfg: ServeTeacherConfig) -> None:
     cfg.check_inputs()  # the auth rule included
     api_key = cfg.resolved_api_key()
     path = check_model_path(cfg.pretrain, "--pretrain")  # named by this command's flag, before the process group
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
-    server = serve_teacher_model(served_teacher_spec(path, cfg.bf16, cfg.temperature, cfg.batch_size), cfg.host,
-                                 cfg.port, api_key=api_key)
-    if cfg.no_auth:  # (api_key is None then: --no_auth next to a key was refused)
-        sys.stderr.write(f"serve_teacher: warning: --no_auth: serving without a bearer token; anyone who can reach "
-                         f"{server.url} can use the model\n")
-    print(f"teacher server ready: {server.url} (temperature={cfg.temperature:g}, "
-          f"auth={'bearer' if api_key else 'off'})", flush=True)
-    try:
-        while not stop.wait(0.5):  # until SIGTERM or Ctrl-C
-            pass
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.stop()
-    print("teacher server stopped", flush=True)
+    spec = served_teacher_spec(path, cfg.bf16, cfg.temperature, cfg.batch_size)
+
+    def announce(server: TeacherServer) -> None:
+        if cfg.no_auth:  # (api_key is None then: --no_auth next to a key was refused)
+            sys.stderr.write(f"serve_teacher: warning: --no_auth: serving without a bearer token; anyone who can "
+                             f"reach {server.url} can use the model\n")
+        print(f"teacher server ready: {server.url} (temperature={cfg.temperature:g}, "
+              f"auth={'bearer' if api_key else 'off'})", flush=True)
+
+    serve_until_stopped(lambda: serve_teacher_model(spec, cfg.host, cfg.port, api_key=api_key), announce, "teacher")
