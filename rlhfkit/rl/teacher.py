@@ -29,7 +29,7 @@ from rlhfkit.config.serving import key_or_env
 from rlhfkit.config.specs import TeacherSpec
 from rlhfkit.distributed.ray_groups import dispatch
 from rlhfkit.errors import UserError
-from rlhfkit.models.loading import check_model_path, load_causal_lm, load_tokenizer
+from rlhfkit.models.loading import check_model_path, load_causal_lm, load_tokenizer_apart
 from rlhfkit.rl.experience import Experience, as_experience
 from rlhfkit.rl.role_forward import action_logits, per_chunk
 from rlhfkit.rl.roles import _attn, _dtype, _Role
@@ -158,8 +158,9 @@ def check_teacher_tokenizer(teacher_pretrain: str | None, teacher_url: str | Non
     """Stop (UserError, one line) unless the teacher's tokenizer maps tokens to ids as the student's does."""
     if teacher_pretrain:
         where = f"--teacher_pretrain {teacher_pretrain}"
-        theirs = tokenizer_fingerprint(load_tokenizer(check_model_path(teacher_pretrain, "--teacher_pretrain"),
-                                                      flag="--teacher_pretrain"))
+        # apart: the Ray driver, which loads no model, would otherwise import AutoTokenizer's module here after all
+        path = check_model_path(teacher_pretrain, "--teacher_pretrain")
+        theirs = tokenizer_fingerprint(load_tokenizer_apart(path, flag="--teacher_pretrain"))
     elif teacher_url:
         where, theirs = f"--teacher_url {teacher_url}", HTTPTeacher(teacher_url, 0, timeout, api_key).fingerprint()
     else:

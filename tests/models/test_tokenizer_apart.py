@@ -84,13 +84,16 @@ run.inputs.close()
 """
 
 
-def test_a_ray_driver_prepares_its_run_without_the_modeling_stack(demo_assets, tmp_path):
+@pytest.mark.parametrize("teacher", [False, True])
+def test_a_ray_driver_prepares_its_run_without_the_modeling_stack(demo_assets, tmp_path, teacher):
+    """With --teacher_pretrain the driver also checks the teacher's tokenizer against the student's."""
     argv = ["--pretrain", str(demo_assets.model_dir), "--prompt_data", str(demo_assets.rl_train),
             "--input_key", "prompt", "--label_key", "answer", "--remote_rm_url",
             str(Path(__file__).parents[2] / "rlhfkit/demo/reward_func.py"), "--vllm_num_engines", "0",
             "--colocate_all_models", "--actor_num_gpus_per_node", "1", "--rollout_batch_size", "4",
             "--micro_rollout_batch_size", "4", "--train_batch_size", "4", "--micro_train_batch_size", "4",
-            "--save_path", str(tmp_path / "out")]
+            "--save_path", str(tmp_path / "out"),
+            *(["--teacher_pretrain", str(demo_assets.model_dir)] if teacher else [])]
     proc = subprocess.run([sys.executable, "-c", DRIVER, *argv], capture_output=True, text=True, timeout=120,
                           cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
