@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import MARK, ROOT, TreeMonitor, build_models, child_env, load
+from common import MARK, ROOT, TreeMonitor, build_models, child_env, ensure_trl, load
 
 CASES = {"vllm": ["--vllm_num_engines", "1", "--vllm_enable_sleep", "--enforce_eager"],
          "hf": ["--vllm_num_engines", "0"], "hf_actor_engine": ["--vllm_num_engines", "0"],
@@ -113,6 +113,8 @@ def main() -> None:
         child_trl(workdir) if args.child == "trl" else child(args.child, workdir)
         return
     build_models(workdir, big=False)
+    if "trl" in (args.case or list(CASES)):
+        ensure_trl()  # a fresh clone has no bench/.trl yet
     for rep in range(args.repeats):
         for case in args.case or list(CASES):
             codes = [str(ROOT)] if case == "trl" else args.code or [str(ROOT)]
