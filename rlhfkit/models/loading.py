@@ -19,7 +19,12 @@ from rlhfkit.config.common import ModelArgs
 from rlhfkit.errors import UserError
 from rlhfkit.models.cpu_gemm import use_fast_cpu_linears
 from rlhfkit.models.gguf import is_gguf_path, resolve_pretrain
+from rlhfkit.models.triton_guard import hide_triton_without_gpu_backend
 from rlhfkit.models.vision import add_multimodal_positions, check_vision_family, is_vision_config
+
+# Transformers' modeling code imports torch._dynamo, which imports Triton where it is installed: on a PyTorch
+# without a GPU backend Triton cannot run, and costs every process that loads a model 71 MB (triton_guard.py).
+hide_triton_without_gpu_backend()
 
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 

