@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlhfkit.config.specs import PlacementSpec
+from rlhfkit.distributed.ray_head import lean_local_head
 from rlhfkit.errors import UserError
 
 
@@ -216,9 +217,10 @@ def connect_ray(min_cpus: float) -> bool:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address="auto", logging_level=logging.ERROR)
     else:  # a new local cluster (never a stale `ray start` address); logical CPUs: roles mostly take turns, so
-        # a small machine may host more bundles than cores
-        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(min_cpus)), include_dashboard=False,
-                 logging_level=logging.ERROR)
+        # a small machine may host more bundles than cores. No autoscaler monitor or dashboard: ray_head.py
+        with lean_local_head():
+            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(min_cpus)),
+                     include_dashboard=False, logging_level=logging.ERROR)
     return True
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from rlhfkit.distributed.ray_head import lean_local_head
+
 NUM_CPUS = 8  # logical CPUs: placement bundles are bookkeeping here, the machine has 2 cores
 
 
@@ -17,5 +19,6 @@ def ensure_ray() -> None:
                        "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1"}.items():
         os.environ.setdefault(key, value)
     os.environ.pop("RAY_ADDRESS", None)
-    ray.init(address="local", num_cpus=NUM_CPUS, num_gpus=0, include_dashboard=False, log_to_driver=False,
-             logging_level="ERROR", configure_logging=True)
+    with lean_local_head():  # as a run starts its own cluster: no autoscaler monitor (rlhfkit/distributed/ray_head.py)
+        ray.init(address="local", num_cpus=NUM_CPUS, num_gpus=0, include_dashboard=False, log_to_driver=False,
+                 logging_level="ERROR", configure_logging=True)
