@@ -12,7 +12,8 @@ weight decay; the AdamW group at the run's learning rate, betas and eps; the sch
 torch's Muon scales a matrix's step by sqrt(max(1, rows / cols)) (Keller Jordan's "original" rule, as DeepSpeed's
 Muon that OpenRLHF uses) and runs the Newton-Schulz iteration in bfloat16.
 
-The schedule is Transformers' (`get_scheduler`); `--min_lr_ratio` is the floor of `cosine_with_min_lr`.
+The schedules are Transformers' (`rlhfkit.algorithms.lr_schedule`, without importing them); `--min_lr_ratio` is the
+floor of `cosine_with_min_lr`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlhfkit.algorithms.lr_schedule import schedule
 from rlhfkit.config.common import StrategyArgs
 from rlhfkit.errors import UserError
 
@@ -155,9 +157,7 @@ def make_optimizer(args: StrategyArgs, model: nn.Module, learning_rate: float) -
 def make_scheduler(args: StrategyArgs, optimizer: torch.optim.Optimizer, num_update_steps: int) -> Any:
     """Warmup over `--lr_warmup_ratio` of the steps, then `--lr_scheduler` (cosine_with_min_lr ends at
     `--min_lr_ratio` x each group's peak)."""
-    from transformers import get_scheduler
-
     warmup = int(round(args.lr_warmup_ratio * num_update_steps))
-    kwargs = {"min_lr_rate": args.min_lr_ratio} if args.lr_scheduler == "cosine_with_min_lr" else {}
-    return get_scheduler(args.lr_scheduler, optimizer, num_warmup_steps=warmup,
-                         num_training_steps=max(num_update_steps, 1), scheduler_specific_kwargs=kwargs)
+    min_lr_rate = args.min_lr_ratio if args.lr_scheduler == "cosine_with_min_lr" else 0.0
+    factor = schedule(args.lr_scheduler, warmup, max(num_update_steps, 1), min_lr_rate)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
