@@ -244,8 +244,13 @@ def test_muon_under_deepspeed_zero0_is_the_plain_engine_and_other_stages_fail(wo
     ds = strategy(False, optim="muon").prepare_train(tiny_llama(), 1e-2, STEPS)
     assert not isinstance(ds, PlainTorchEngine) and isinstance(ds.optimizer, MuonWithAdamW)
     assert train(local, data) == pytest.approx(train(ds, data), rel=1e-6)
+    # Muon orthogonalises each update in bfloat16: where the two engines' gradients differ in their last fp32 bits
+    # (DeepSpeed sums and clips them in its own order), an update entry can round to the next bfloat16 value, 2^-8
+    # of its size. Measured on an AMD Zen 3 without AVX-512 (bf16 emulated): 5e-5 after 3 steps at lr 1e-2; bit-equal
+    # on a Zen 5. The bound: one bfloat16 step of a unit-sized update per optimizer step.
+    muon_bound = STEPS * 1e-2 * 2.0**-7
     for name, w in weights(ds).items():
-        torch.testing.assert_close(weights(local)[name], w, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(weights(local)[name], w, rtol=1e-5, atol=muon_bound)
     ds.save_checkpoint(str(tmp_path), tag="ds")
     assert strategy(True, optim="muon").prepare_train(tiny_llama(1), 1e-2, STEPS).load_checkpoint(
         str(tmp_path), tag="ds")[0] is not None
