@@ -139,8 +139,12 @@ class HTTPTeacher:
         return (f"--teacher_url {self.url}: the teacher requires a bearer token (401): pass its key with "
                 f"--teacher_api_key (or {TEACHER_KEY_ENV})")
 
+    def info(self) -> dict[str, Any]:
+        """The server's GET /info: its tokenizer's fingerprint and, where it says, its temperature."""
+        return self._call(INFO_PATH)
+
     def fingerprint(self) -> str:
-        return str(self._call(INFO_PATH)["tokenizer"])
+        return str(self.info()["tokenizer"])
 
     def score(self, batch: Experience | dict[str, Any]) -> dict[str, torch.Tensor]:
         exp = as_experience(batch)
@@ -154,15 +158,23 @@ class HTTPTeacher:
 
 
 def check_teacher_tokenizer(teacher_pretrain: str | None, teacher_url: str | None, student: Any,
-                            timeout: float = 60.0, api_key: str | None = None) -> None:
-    """Stop (UserError, one line) unless the teacher's tokenizer maps tokens to ids as the student's does."""
+                            timeout: float = 60.0, api_key: str | None = None,
+                            temperature: float | None = None) -> None:
+    """Stop (UserError, one line) unless the teacher's tokenizer maps tokens to ids as the student's does, and a
+    served teacher that names its temperature serves the student's `temperature` (a local teacher runs at it)."""
     if teacher_pretrain:
         where = f"--teacher_pretrain {teacher_pretrain}"
         # apart: the Ray driver, which loads no model, would otherwise import AutoTokenizer's module here after all
         path = check_model_path(teacher_pretrain, "--teacher_pretrain")
         theirs = tokenizer_fingerprint(load_tokenizer_apart(path, flag="--teacher_pretrain"))
     elif teacher_url:
-        where, theirs = f"--teacher_url {teacher_url}", HTTPTeacher(teacher_url, 0, timeout, api_key).fingerprint()
+        info = HTTPTeacher(teacher_url, 0, timeout, api_key).info()
+        where, theirs = f"--teacher_url {teacher_url}", str(info["tokenizer"])
+        served = info.get("temperature")
+        if temperature is not None and served is not None and abs(float(served) - temperature) > 1e-9:
+            raise UserError(f"{where}: the teacher serves log-probs at temperature {float(served):g} and this run "
+                            f"samples at --temperature {temperature:g}; the distillation target must be the teacher "
+                            f"at the student's temperature: restart serve_teacher with --temperature {temperature:g}")
     else:
         return
     if theirs != tokenizer_fingerprint(student):
@@ -171,10 +183,11 @@ def check_teacher_tokenizer(teacher_pretrain: str | None, teacher_url: str | Non
 
 
 def check_distillation(cfg: PPOConfig, student_tokenizer: Any) -> None:
-    """The run's distillation teacher, if any, shares the student's tokenizer (UserError, one line)."""
+    """The run's distillation teacher, if any, shares the student's tokenizer, and a served one serves log-probs at
+    the run's --temperature (UserError, one line)."""
     d = cfg.distill
     check_teacher_tokenizer(d.teacher_pretrain, d.teacher_url, student_tokenizer, d.teacher_timeout,
-                            teacher_api_key(cfg))
+                            teacher_api_key(cfg), cfg.rollout.temperature)
 
 
 def http_teacher(cfg: PPOConfig) -> HTTPTeacher | None:

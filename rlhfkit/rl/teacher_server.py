@@ -1,8 +1,9 @@
 """A small HTTP server for a distillation teacher (`--teacher_url`), on the standard library's threading server.
 
 Protocol (JSON both ways):
-- `GET /info` -> {"tokenizer": fingerprint of the teacher's token -> id map (`teacher.tokenizer_fingerprint`)}:
-  the student checks it at start (a different tokenizer stops the run).
+- `GET /info` -> {"tokenizer": fingerprint of the teacher's token -> id map (`teacher.tokenizer_fingerprint`),
+  "temperature": the temperature of the log-probs served}: the student checks both at start (a different tokenizer,
+  or a temperature other than its --temperature, stops the run; a server that names no temperature is not checked).
 - `POST /logprobs {"input_ids": [[id, ...], ...], "prompt_lengths": [int, ...], "topk": k}` ->
   {"logprobs": [[the log-prob of each response token], ...]} and, with k > 0, "topk_logprobs" / "topk_ids"
   ([[[k numbers] per response token], ...]): row i's response is input_ids[i][prompt_lengths[i]:].
@@ -99,8 +100,12 @@ class TeacherServer:
     """Serves `score` on host:port (port 0: a free one; `url` says which) in a background thread."""
 
     def __init__(self, score: Score, fingerprint: str, host: str = "127.0.0.1", port: int = 0,
-                 max_body_bytes: int = MAX_BODY_BYTES, api_key: str | None = None):
+                 max_body_bytes: int = MAX_BODY_BYTES, api_key: str | None = None,
+                 temperature: float | None = None):
         lock = threading.Lock()  # one model: one forward at a time
+        info: dict[str, Any] = {"tokenizer": fingerprint}
+        if temperature is not None:
+            info["temperature"] = temperature
 
         class Handler(_JSONHandler):
             bearer = api_key
@@ -110,7 +115,7 @@ class TeacherServer:
                     return
                 if self.path != INFO_PATH:
                     return self._send(404, {"error": f"no {self.path}; try {INFO_PATH} or POST {LOGPROBS_PATH}"})
-                self._send(200, {"tokenizer": fingerprint})
+                self._send(200, info)
 
             def do_POST(self) -> None:  # noqa: N802
                 if self._refused():
@@ -168,7 +173,7 @@ def serve_teacher_model(spec: Any, host: str = "127.0.0.1", port: int = 0,
         return role.score(exp)
 
     fingerprint = tokenizer_fingerprint(load_tokenizer(spec.path))
-    return TeacherServer(score, fingerprint, host, port, api_key=api_key).start()
+    return TeacherServer(score, fingerprint, host, port, api_key=api_key, temperature=spec.temperature).start()
 
 
 def served_teacher_spec(path: str, bf16: bool, temperature: float, batch_size: int) -> TeacherSpec:

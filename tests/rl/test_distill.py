@@ -132,6 +132,31 @@ def test_teacher_with_another_tokenizer_is_refused(demo_assets, teacher_dir, oth
         assert "tokenizer differs from the actor's" in str(error) and "\n" not in str(error)
 
 
+def test_served_teacher_at_another_temperature_is_refused(demo_assets):
+    """serve_teacher says its temperature in GET /info; a student sampling at another --temperature stops with one
+    line naming both; a server that names none (another implementation of the protocol) is not checked."""
+    from transformers import AutoTokenizer
+
+    from rlhfkit.rl.teacher import tokenizer_fingerprint
+
+    student = AutoTokenizer.from_pretrained(demo_assets.model_dir)
+    fingerprint = tokenizer_fingerprint(student)
+    warm = TeacherServer(lambda exp, k: {}, fingerprint=fingerprint, temperature=0.7).start()
+    silent = TeacherServer(lambda exp, k: {}, fingerprint=fingerprint).start()
+    try:
+        assert HTTPTeacher(warm.url, 0, 10).info() == {"tokenizer": fingerprint, "temperature": 0.7}
+        check_teacher_tokenizer(None, warm.url, student, temperature=0.7)
+        with pytest.raises(UserError) as e:
+            check_teacher_tokenizer(None, warm.url, student, temperature=1.0)
+        check_teacher_tokenizer(None, silent.url, student, temperature=1.0)
+    finally:
+        warm.stop()
+        silent.stop()
+    message = str(e.value)
+    assert "temperature 0.7" in message and "--temperature 1" in message and "\n" not in message
+    assert "restart serve_teacher with --temperature 1" in message
+
+
 @pytest.mark.parametrize("cli", ["train_ppo", "train_ppo_ray"])
 def test_cli_stops_with_one_line_before_the_models_or_ray(cli, demo_assets, other_tokenizer_teacher, tmp_path,
                                                         capsys, monkeypatch):
