@@ -40,12 +40,13 @@ from rlhfkit.planner.engine_rows import IN_ACTOR, engine_member, engine_rows
 from rlhfkit.planner.rows import Devices, Plan, Pool, Row
 
 # Resident set of one trainer process on CPU before its models count: the interpreter, torch, transformers, datasets,
-# tokenizers and DeepSpeed imported, the tokenizer and the data loaded. Measured 2026-11-25 on the CPU dev machine
-# (torch 2.13.0+cpu, transformers 5.19): the peak RSS (getrusage RUSAGE_CHILDREN ru_maxrss) of train_sft, train_dpo
-# and train_ppo on the 1M-parameter demo model was 535, 549 and 538 MiB; minus this planner's model terms for those
-# runs (16-32 MiB) that leaves 510-520 MiB. tests/planner/test_plan_measured.py checks the whole estimate against the
-# demo model and a 27M-parameter Llama.
-CPU_PROCESS_BASELINE = 515 * mem.MIB
+# tokenizers and DeepSpeed imported, the tokenizer and the data loaded. Measured 2026-11-28 on a 2-core CPU machine
+# (AMD EPYC Zen 3, torch 2.13.0+cpu, transformers 5.19), after Triton and PEFT left these processes
+# (rlhfkit/models/triton_guard.py, rlhfkit/algorithms/lr_schedule.py; 515 MiB before): the peak RSS (getrusage
+# RUSAGE_CHILDREN ru_maxrss) of train_sft, train_dpo and train_ppo on the 1M-parameter demo model was 433, 438 and
+# 429 MiB; minus this planner's model terms for those runs (16-32 MiB) that leaves 405-415 MiB.
+# tests/planner/test_plan_measured.py checks the whole estimate against the demo model and a 27M-parameter Llama.
+CPU_PROCESS_BASELINE = 410 * mem.MIB
 # The local Ray cluster of a train_ppo_ray run on one machine (GCS, raylet, dashboard, workers' core): about 0.5 GB
 # after ray.init (Ray 2.60, measured on the CPU dev machine 2026-11-22).
 RAY_LOCAL_CLUSTER = 512 * mem.MIB
