@@ -147,7 +147,7 @@ def test_cpu_ray_plan_counts_a_process_per_rank(capsys, demo_assets):
             "--actor_num_gpus_per_node", "2", "--dry_run"]
     out = dry_run(capsys, train_ppo_ray.main, argv)
     # actor x 2 ranks, ref x 1, the Transformers engine x 1
-    assert re.search(r"process +Python \+ torch \+ transformers +resident +515\.0 MiB +1 process", out)
-    assert re.search(r"process +Python \+ torch \+ transformers +resident +1\.01 GiB +2 processes", out)
+    assert re.search(r"process +Python \+ torch \+ transformers +resident +410\.0 MiB +1 process", out)
+    assert re.search(r"process +Python \+ torch \+ transformers +resident +820\.0 MiB +2 processes", out)
     assert re.search(r"ray +local Ray cluster +resident +512\.0 MiB", out)
     assert "the largest process peaks at" in out
