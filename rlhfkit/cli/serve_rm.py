@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from rlhfkit.cli.common import note_openrlhf_defaults, quiet_libraries, run_cli
 from rlhfkit.config.base import parse_config_given, required
 from rlhfkit.config.preference import ServeRMConfig
-from rlhfkit.config.serving import serve_until_stopped
+from rlhfkit.config.serving import announce_ready, serve_until_stopped
 
 PROG = "rlhfkit.cli.serve_rm"
 
@@ -39,12 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                           client_timeout=cfg.client_timeout, max_concurrent_bodies=cfg.max_concurrent_bodies,
                           max_connections=cfg.max_connections, keep_alive_timeout=cfg.keep_alive_timeout)
 
-    def announce(server: RewardServer) -> None:
-        if cfg.no_auth:  # (api_key is None then: --no_auth next to a key was refused)
-            sys.stderr.write(f"{PROG}: warning: --no_auth: serving without a bearer token; anyone who can reach "
-                             f"{cfg.host}:{server.port} can use the model\n")
-        print(f"reward server ready: {server.url} (normalize_reward={scorer.normalize}, "
-              f"auth={'bearer' if server.api_key else 'off'})", flush=True)
+    def announce(server: RewardServer) -> None:  # (--no_auth next to a key was refused: api_key is None then)
+        announce_ready(PROG, "reward", server.url, f"normalize_reward={scorer.normalize}", bearer=bool(server.api_key),
+                       no_auth=cfg.no_auth, reach=f"{cfg.host}:{server.port}")
 
     serve_until_stopped(server.start, announce, "reward")
     return 0

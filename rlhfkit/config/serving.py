@@ -13,6 +13,7 @@ import hmac
 import ipaddress
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
@@ -81,6 +82,15 @@ class _Server(Protocol):
 
 
 S = TypeVar("S", bound=_Server)
+
+
+def announce_ready(prog: str, name: str, url: str, detail: str, *, bearer: bool, no_auth: bool, reach: str) -> None:
+    """A server command's ready line, "<name> server ready: <url> (<detail>, auth=bearer|off)", after a warning on
+    stderr when --no_auth lets anyone who can reach `reach` use the model."""
+    if no_auth:
+        sys.stderr.write(f"{prog}: warning: --no_auth: serving without a bearer token; anyone who can reach {reach} "
+                         "can use the model\n")
+    print(f"{name} server ready: {url} ({detail}, auth={'bearer' if bearer else 'off'})", flush=True)
 
 
 def serve_until_stopped(start: Callable[[], S], announce: Callable[[S], None], name: str) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -31,7 +30,7 @@ import torch
 
 from rlhfkit.config.common import ModelArgs, StrategyArgs
 from rlhfkit.config.distill import ServeTeacherConfig
-from rlhfkit.config.serving import authorized, serve_until_stopped
+from rlhfkit.config.serving import announce_ready, authorized, serve_until_stopped
 from rlhfkit.config.specs import BatchSpec, TeacherSpec
 from rlhfkit.errors import UserError
 from rlhfkit.rl.experience import Experience
@@ -194,11 +193,8 @@ def run_teacher_server(cfg: ServeTeacherConfig) -> None:
     path = check_model_path(cfg.pretrain, "--pretrain")  # named by this command's flag, before the process group
     spec = served_teacher_spec(path, cfg.bf16, cfg.temperature, cfg.batch_size)
 
-    def announce(server: TeacherServer) -> None:
-        if cfg.no_auth:  # (api_key is None then: --no_auth next to a key was refused)
-            sys.stderr.write(f"serve_teacher: warning: --no_auth: serving without a bearer token; anyone who can "
-                             f"reach {server.url} can use the model\n")
-        print(f"teacher server ready: {server.url} (temperature={cfg.temperature:g}, "
-              f"auth={'bearer' if api_key else 'off'})", flush=True)
+    def announce(server: TeacherServer) -> None:  # (--no_auth next to a key was refused: api_key is None then)
+        announce_ready("serve_teacher", "teacher", server.url, f"temperature={cfg.temperature:g}",
+                       bearer=bool(api_key), no_auth=cfg.no_auth, reach=server.url)
 
     serve_until_stopped(lambda: serve_teacher_model(spec, cfg.host, cfg.port, api_key=api_key), announce, "teacher")
