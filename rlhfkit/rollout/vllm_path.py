@@ -41,9 +41,10 @@ def add_vllm_path(children: bool = False) -> None:
     if str(path) not in sys.path:
         sys.path.append(str(path))
         importlib.invalidate_caches()
-    entries = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if children and str(path) not in entries:
-        os.environ["PYTHONPATH"] = os.pathsep.join([*entries, str(path)])
+    if children:
+        entries = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if str(path) not in entries:
+            os.environ["PYTHONPATH"] = os.pathsep.join([*entries, str(path)])
 
 
 def vllm_available() -> bool:
