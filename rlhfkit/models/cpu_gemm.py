@@ -4,7 +4,8 @@ PyTorch runs an fp32 `F.linear` on CPU through MKL's sgemm. On AMD CPUs MKL does
 measured on the 2-core AMD EPYC (Zen 5) CI machine, torch 2.13, one thread, MKL gives 90-112 GFLOP/s on the bench
 models' shapes where oneDNN (bundled in the same wheel, `torch.ops.mkldnn._linear_pointwise`) gives 230-250 for
 the forward and the input gradient and 165-225 for the weight gradient (`bench/machine_limit.py`). Both compute in
-fp32 with fp32 accumulation (errors against float64 of the same order, ~1e-6 relative).
+fp32 with fp32 accumulation (errors against float64 of the same order, ~1e-6 relative). On a 2-core Zen 3 (AVX2
+only) it is the other way round: MKL 176-182 GFLOP/s at two threads, oneDNN 14-26% slower, and nothing is routed.
 
 `use_fast_cpu_linears(model)` routes a model's `nn.Linear` layers through an autograd function whose forward and
 two backward products all run on oneDNN, when a one-off probe on this process's thread count finds oneDNN faster
@@ -35,27 +36,42 @@ def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
-def _time_once(fn: Any, repeats: int) -> float:
-    """The process CPU time of `repeats` calls: unlike wall-clock, it does not count the time the process waited for a
+PROBE_SHAPE = (1024, 1024, 1024)  # M, K, N: the size of the bench models' products, ~2 GFLOP (12 ms at 2 threads)
+PROBE_ROUNDS = 3
+
+
+def _cpu_seconds(fn: Any) -> float:
+    """The process CPU time of one call: unlike wall-clock, it does not count the time the process waited for a
     core, so a loaded machine cannot flip the decision (and with it the numerics) between the processes of one run."""
-    fn()
     start = time.process_time()
-    for _ in range(repeats):
-        fn()
+    fn()
     return time.process_time() - start
 
 
 def _probe() -> bool:
-    """Whether oneDNN's fp32 linear beats `F.linear` here: best of three on one 256x512x1024 product (~15 ms)."""
+    """Whether oneDNN's fp32 linear beats `F.linear` here by 10% or more: both kernels on one 1024^3 product, in
+    three alternating rounds of one call each (after a warm-up call each), the best call of each compared (~0.25 s
+    at one thread, ~0.13 s at two).
+
+    The shape matters. On a 2-core Zen 3 (AVX2, no AVX-512) oneDNN is 14-26% slower than MKL on 1024^3 and on the
+    bench models' products, but within +-5% of it on a 256x512x1024 product, where one process in four or so timed
+    MKL slow enough to pick oneDNN, and that process's training step ran 25% slower. Alternating rounds keep a
+    burst of load or a frequency change from landing on one kernel only."""
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return False
-    x, w = torch.randn(256, 512), torch.randn(1024, 512)
+    m, k, n = PROBE_SHAPE
+    x, w = torch.randn(m, k), torch.randn(n, k)
+    kernels = {"onednn": lambda: _onednn_linear(x, w, None), "aten": lambda: F.linear(x, w)}
     try:
-        onednn = min(_time_once(lambda: _onednn_linear(x, w, None), 4) for _ in range(3))
+        kernels["onednn"]()
     except RuntimeError:  # a build whose oneDNN lacks the fp32 kernel
         return False
-    aten = min(_time_once(lambda: F.linear(x, w), 4) for _ in range(3))
-    return onednn < 0.9 * aten
+    kernels["aten"]()
+    best = dict.fromkeys(kernels, float("inf"))
+    for _ in range(PROBE_ROUNDS):
+        for name, fn in kernels.items():
+            best[name] = min(best[name], _cpu_seconds(fn))
+    return best["onednn"] < 0.9 * best["aten"]
 
 
 def onednn_faster() -> bool:
