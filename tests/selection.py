@@ -45,6 +45,7 @@ SLOW = {
     "cli/test_serve_teacher.py",
     "cli/test_seed_commands.py::test_scaling_keeps_every_seed_flag",
     "cli/test_seed_commands.py::test_seed_block_runs",
+    "cli/test_seed_commands.py::test_seed_ray_block_runs",
     "cli/test_train_ppo_ray.py::test_cli_process_exits_2_without_starting_ray",
     "cli/test_train_ppo_ray_failures.py",
     "cli/test_train_sft.py",
@@ -108,12 +109,15 @@ SLOW = {
 SLOW_FIXTURES = {"ray_cluster", "sft_model_dir"}
 
 # Modules and tests (as in SLOW) that start a Ray cluster, in this process or in a child. A whole module is named
-# where its module-scoped fixtures serve its Ray tests too. Every user of the `ray_cluster` fixture must be here.
+# where its module-scoped fixtures serve its Ray tests too; a module whose fixtures are cheap (a few small files, a
+# tiny model) names its Ray tests only, and its other tests run in the other worker, which builds those fixtures a
+# second time (models/test_real_model.py stays whole: its fixture installs the real model into a shared cache).
+# Every user of the `ray_cluster` fixture must be here.
 RAY = {
     "bench/test_grpo_ray_bench.py",
-    "cli/test_batch_inference.py",
+    "cli/test_batch_inference.py::test_vllm_engines_on_ray_match_the_transformers_engine",
     "cli/test_demo.py",
-    "cli/test_seed_commands.py",
+    "cli/test_seed_commands.py::test_seed_ray_block_runs",
     "cli/test_train_ppo_ray.py",
     "cli/test_train_ppo_ray_failures.py",
     "distributed/test_multinode.py",
