@@ -29,15 +29,14 @@ from torch import nn
 ENV = "RLHFKIT_CPU_GEMM"
 CHOICES = ("auto", "onednn", "aten")
 MIN_PRODUCT = 1 << 21  # M*K*N below which MKL's lower call overhead wins (measured: 16x128x344 MKL 17 us, oneDNN 20)
+PROBE_SHAPE = (1024, 1024, 1024)  # M, K, N: the size of the bench models' products, ~2 GFLOP (12 ms at 2 threads)
+PROBE_ROUNDS = 3
 _choice: dict[int, bool] = {}  # torch thread count -> oneDNN measured faster
+_seconds: dict[int, dict[str, float]] = {}  # torch thread count -> kernel -> best CPU seconds of a probe product
 
 
 def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-
-
-PROBE_SHAPE = (1024, 1024, 1024)  # M, K, N: the size of the bench models' products, ~2 GFLOP (12 ms at 2 threads)
-PROBE_ROUNDS = 3
 
 
 def _cpu_seconds(fn: Any) -> float:
@@ -48,30 +47,53 @@ def _cpu_seconds(fn: Any) -> float:
     return time.process_time() - start
 
 
-def _probe() -> bool:
-    """Whether oneDNN's fp32 linear beats `F.linear` here by 10% or more: both kernels on one 1024^3 product, in
-    three alternating rounds of one call each (after a warm-up call each), the best call of each compared (~0.25 s
-    at one thread, ~0.13 s at two).
-
-    The shape matters. On a 2-core Zen 3 (AVX2, no AVX-512) oneDNN is 14-26% slower than MKL on 1024^3 and on the
-    bench models' products, but within +-5% of it on a 256x512x1024 product, where one process in four or so timed
-    MKL slow enough to pick oneDNN, and that process's training step ran 25% slower. Alternating rounds keep a
-    burst of load or a frequency change from landing on one kernel only."""
-    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
-        return False
+def _time_kernels() -> dict[str, float]:
+    """The best CPU seconds of one PROBE_SHAPE product on each kernel ("onednn" only where this build has its fp32
+    linear), in PROBE_ROUNDS alternating rounds of one call each after a warm-up call each: alternating keeps a burst
+    of load or a frequency change from landing on one kernel only."""
     m, k, n = PROBE_SHAPE
     x, w = torch.randn(m, k), torch.randn(n, k)
-    kernels = {"onednn": lambda: _onednn_linear(x, w, None), "aten": lambda: F.linear(x, w)}
-    try:
-        kernels["onednn"]()
-    except RuntimeError:  # a build whose oneDNN lacks the fp32 kernel
-        return False
+    kernels: dict[str, Any] = {"aten": lambda: F.linear(x, w)}
+    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        try:
+            _onednn_linear(x, w, None)
+            kernels["onednn"] = lambda: _onednn_linear(x, w, None)
+        except RuntimeError:  # a build whose oneDNN lacks the fp32 kernel
+            pass
     kernels["aten"]()
     best = dict.fromkeys(kernels, float("inf"))
     for _ in range(PROBE_ROUNDS):
         for name, fn in kernels.items():
             best[name] = min(best[name], _cpu_seconds(fn))
-    return best["onednn"] < 0.9 * best["aten"]
+    return best
+
+
+def kernel_seconds() -> dict[str, float]:
+    """`_time_kernels` at this process's torch thread count, measured once per thread count."""
+    threads = torch.get_num_threads()
+    if threads not in _seconds:
+        _seconds[threads] = _time_kernels()
+    return _seconds[threads]
+
+
+def _probe() -> bool:
+    """Whether oneDNN's fp32 linear beats `F.linear` here by 10% or more, on one 1024^3 product (~0.25 s at one
+    thread, ~0.13 s at two, `kernel_seconds`).
+
+    The shape matters. On a 2-core Zen 3 (AVX2, no AVX-512) oneDNN is 14-26% slower than MKL on 1024^3 and on the
+    bench models' products, but within +-5% of it on a 256x512x1024 product, where one process in four or so timed
+    MKL slow enough to pick oneDNN, and that process's training step ran 25% slower."""
+    seconds = kernel_seconds()
+    return "onednn" in seconds and seconds["onednn"] < 0.9 * seconds["aten"]
+
+
+def gemm_rate(kernel: str) -> float | None:
+    """FLOP/s of `kernel` ("aten" or "onednn") on the probe's 1024^3 product at this process's torch thread count:
+    its CPU time spread over the threads, i.e. the rate of the process on a machine it has to itself (the `--dry_run`
+    step-time estimate's matmul rate); None where this build has no such kernel."""
+    m, k, n = PROBE_SHAPE
+    seconds = kernel_seconds().get(kernel)
+    return 2.0 * m * k * n * torch.get_num_threads() / seconds if seconds else None
 
 
 def onednn_faster() -> bool:

@@ -16,11 +16,12 @@ taken full (`--max_len` tokens): an upper bound for shorter data, exact for pack
 Element-wise work (norms, activations, residual adds, the log-softmax over the vocabulary) is counted as h + i
 elements per token and layer plus V logits, 3 times for a trained pass: on CPU it is bound by memory, not FLOPs.
 
-The rates and overhead below are fit on `bench/cost_curves.py`'s CPU points (bench/results/cost_curves.md shows the
-prediction against every measured point), once per fp32 GEMM kernel the linear layers can run on: MKL (PyTorch's
-`F.linear`) and oneDNN (where rlhfkit.models.cpu_gemm routes them when its probe finds oneDNN faster). Not
-estimated: the RL trainers (their step is mostly generation, which is bound by memory bandwidth, not FLOPs) and GPUs
-(no rate measured here yet).
+The matmul term runs at the rate this machine's probe measured for the linears' kernel (`cpu_gemm.gemm_rate`, at the
+process's thread count) where it has one. The rates and overhead below are fit on `bench/cost_curves.py`'s CPU
+points (bench/results/cost_curves.md shows the prediction against every measured point), once per fp32 GEMM kernel
+the linear layers can run on: MKL (PyTorch's `F.linear`) and oneDNN (where rlhfkit.models.cpu_gemm routes them when
+its probe finds oneDNN faster). Not estimated: the RL trainers (their step is mostly generation, which is bound by
+memory bandwidth, not FLOPs) and GPUs (no rate measured here yet).
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ class StepTime:
     overhead: float  # seconds per step on top of the work (fixed + communication)
     tokens: int  # trained tokens per step on one rank
     rates: CpuRates
+    matmul_rate: float | None = None  # the measured FLOP/s the matmul term used (None: the fit's)
 
 
 def matmul_weights(shape: ModelShape, lm_head: bool = True) -> int:
@@ -158,16 +160,20 @@ def thread_speedup(threads: int, rates: CpuRates) -> float:
 
 
 def cpu_step_time(work: Work, tokens: int, threads: int, rates: CpuRates, params: int = 0,
-                  world: int = 1) -> StepTime:
+                  world: int = 1, matmul_rate: float | None = None) -> StepTime:
     """Seconds of a step of `work` on one rank at `rates`: the compute terms sped up by `threads`, the fixed
-    overhead, and with `world` > 1 the gloo traffic of sharding `params` fp32 parameters."""
-    compute = (work.matmul / rates.matmul + work.attention / rates.attention
-               + work.elements * rates.seconds_per_element) / thread_speedup(threads, rates)
+    overhead, and with `world` > 1 the gloo traffic of sharding `params` fp32 parameters. `matmul_rate`: this
+    machine's measured FLOP/s of the linears' kernel at `threads` (`cpu_gemm.gemm_rate`), in place of the fit's
+    per-thread rate and thread speed-up for the matmul term."""
+    speedup = thread_speedup(threads, rates)
+    matmul = work.matmul / matmul_rate if matmul_rate else work.matmul / rates.matmul / speedup
+    rest = (work.attention / rates.attention + work.elements * rates.seconds_per_element) / speedup
     overhead = rates.overhead_s + (3 * 4 * params / CPU_GLOO_BYTES_PER_S if world > 1 else 0.0)
-    return StepTime(work, compute + overhead, threads, overhead, tokens, rates)
+    return StepTime(work, matmul + rest + overhead, threads, overhead, tokens, rates, matmul_rate)
 
 
-def offline_estimate(cfg: OfflineConfig, trainer: str, world: int, threads: int, rates: CpuRates) -> StepTime:
+def offline_estimate(cfg: OfflineConfig, trainer: str, world: int, threads: int, rates: CpuRates,
+                     matmul_rate: float | None = None) -> StepTime:
     """The CPU step time of an offline trainer's config: `--train_batch_size` rows split over `world` ranks, each
     row `--max_len` tokens long."""
     shape = read_model_shape(cfg.model.pretrain or "", "--pretrain")
@@ -178,20 +184,23 @@ def offline_estimate(cfg: OfflineConfig, trainer: str, world: int, threads: int,
     seq = cfg.data.max_len
     work = offline_step_work(trainer, shape, rows, seq, ref)
     tokens = rows * seq * (1 if trainer == "sft" else 2)
-    return cpu_step_time(work, tokens, threads, rates, shape.params(trainer != "rm"), world)
+    return cpu_step_time(work, tokens, threads, rates, shape.params(trainer != "rm"), world, matmul_rate)
 
 
 def describe(cfg: TrainConfig, trainer: str, kind: str, world: int, threads: int) -> str | None:
     """The `step time` line of --dry_run; None where nothing is estimated (RL trainers: generation dominates their
     step; GPUs: no rate measured yet). The rates are those of the kernel the run's linear layers will use: oneDNN
     where rlhfkit.models.cpu_gemm's probe (at this process's thread count, `RLHFKIT_CPU_GEMM` first) finds it
-    faster, as load_causal_lm will decide, else MKL's."""
+    faster, as load_causal_lm will decide, else MKL's; the matmul rate is that kernel's, measured on this machine
+    by the same probe (`cpu_gemm.gemm_rate`: the fit's constants came from another CPU)."""
     if isinstance(cfg, PPOConfig) or kind != "cpu":
         return None
-    from rlhfkit.models.cpu_gemm import onednn_faster
+    from rlhfkit.models.cpu_gemm import gemm_rate, onednn_faster
 
-    st = offline_estimate(cfg, trainer, world, threads, cpu_rates(onednn_faster()))
+    rates = cpu_rates(onednn_faster())
+    st = offline_estimate(cfg, trainer, world, threads, rates, gemm_rate(rates.kernel))
     return (f"step time: about {st.seconds:.3g} s per optimizer step on this CPU ({st.tokens} tokens per rank at "
             f"--max_len {cfg.data.max_len}, {st.work.flops / 1e9:.3g} GFLOP, {threads} thread"
-            f"{'s' if threads != 1 else ''}, linears on {'oneDNN' if st.rates.kernel == 'onednn' else 'MKL'}"
+            f"{'s' if threads != 1 else ''}, linears on {'oneDNN' if st.rates.kernel == 'onednn' else 'MKL'} at a "
+            f"measured {(st.matmul_rate or 0) / 1e9:.0f} GFLOP/s"
             f"{f', {st.overhead:.2g} s of gloo traffic' if world > 1 else ''}); shorter rows take less")

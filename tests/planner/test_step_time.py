@@ -8,6 +8,7 @@ import torch
 
 from rlhfkit.config.base import parse_config
 from rlhfkit.config.sft import SFTConfig
+from rlhfkit.models import cpu_gemm
 from rlhfkit.planner import step_time as st
 from rlhfkit.planner.dry_run import dry_run
 from rlhfkit.planner.memory import ModelShape
@@ -58,6 +59,15 @@ def test_seconds_from_the_rates_the_overhead_and_the_gloo_traffic(rates):
                                         + 3 * 4 * 1000 / st.CPU_GLOO_BYTES_PER_S)
 
 
+def test_a_measured_matmul_rate_replaces_the_fit_for_the_matmul_term_only():
+    work, rates = st.Work(1e9, 2e8, 1e6), st.MKL
+    two = st.cpu_step_time(work, 100, threads=2, rates=rates, matmul_rate=5e9)
+    # the measured rate is the process's at its thread count: no thread speed-up on top of it
+    rest = (2e8 / rates.attention + 1e6 * rates.seconds_per_element) / (1 + rates.extra_thread_efficiency)
+    assert two.seconds == pytest.approx(1e9 / 5e9 + rest + rates.overhead_s)
+    assert two.matmul_rate == 5e9
+
+
 def test_the_rates_follow_the_kernel_of_the_linears():
     assert st.cpu_rates(True) is st.ONEDNN and st.cpu_rates(False) is st.MKL
     assert (st.ONEDNN.kernel, st.MKL.kernel) == ("onednn", "aten")
@@ -75,6 +85,9 @@ def test_dry_run_prints_the_estimate_beside_the_memory_plan(tmp_path, capsys, mo
                                    "--train_batch_size", "3", "--micro_train_batch_size", "3", "--dry_run"], "x")
     assert dry_run(cfg, "sft", "x")
     line = capsys.readouterr().out.splitlines()[-1]
-    seconds = st.cpu_step_time(st.Work(175680, 7200, 6660), 15, torch.get_num_threads(), rates).seconds
+    # the matmul term at the kernel's rate measured on this machine (the probe's, cached per thread count)
+    measured = cpu_gemm.gemm_rate(rates.kernel)
+    seconds = st.cpu_step_time(st.Work(175680, 7200, 6660), 15, torch.get_num_threads(), rates,
+                               matmul_rate=measured).seconds
     assert line.startswith(f"step time: about {seconds:.3g} s per optimizer step on this CPU (15 tokens per rank")
-    assert f"linears on {name}" in line
+    assert f"linears on {name} at a measured {(measured or 0) / 1e9:.0f} GFLOP/s" in line
