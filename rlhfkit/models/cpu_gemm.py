@@ -31,8 +31,11 @@ CHOICES = ("auto", "onednn", "aten")
 MIN_PRODUCT = 1 << 21  # M*K*N below which MKL's lower call overhead wins (measured: 16x128x344 MKL 17 us, oneDNN 20)
 PROBE_SHAPE = (1024, 1024, 1024)  # M, K, N: the size of the bench models' products, ~2 GFLOP (12 ms at 2 threads)
 PROBE_ROUNDS = 3
+RATE_CALLS = 8  # gemm_rate's timed calls
 _choice: dict[int, bool] = {}  # torch thread count -> oneDNN measured faster
 _seconds: dict[int, dict[str, float]] = {}  # torch thread count -> kernel -> best CPU seconds of a probe product
+_rates: dict[tuple[int, str], float | None] = {}  # (torch thread count, kernel) -> gemm_rate
+_onednn: dict[str, bool] = {}  # "works" -> _onednn_works()
 
 
 def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -47,20 +50,36 @@ def _cpu_seconds(fn: Any) -> float:
     return time.process_time() - start
 
 
-def _time_kernels() -> dict[str, float]:
-    """The best CPU seconds of one PROBE_SHAPE product on each kernel ("onednn" only where this build has its fp32
-    linear), in PROBE_ROUNDS alternating rounds of one call each after a warm-up call each: alternating keeps a burst
-    of load or a frequency change from landing on one kernel only."""
+def _onednn_works() -> bool:
+    """Whether this build's oneDNN has the fp32 linear `_onednn_linear` calls (tried once)."""
+    if "works" not in _onednn:
+        works = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        if works:
+            try:
+                _onednn_linear(torch.ones(2, 2), torch.ones(2, 2), None)
+            except RuntimeError:  # a build whose oneDNN lacks the fp32 kernel
+                works = False
+        _onednn["works"] = works
+    return _onednn["works"]
+
+
+def _probe_kernels() -> dict[str, Any]:
+    """kernel name -> one PROBE_SHAPE product on it ("onednn" only where this build has its fp32 linear)."""
     m, k, n = PROBE_SHAPE
     x, w = torch.randn(m, k), torch.randn(n, k)
     kernels: dict[str, Any] = {"aten": lambda: F.linear(x, w)}
-    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
-        try:
-            _onednn_linear(x, w, None)
-            kernels["onednn"] = lambda: _onednn_linear(x, w, None)
-        except RuntimeError:  # a build whose oneDNN lacks the fp32 kernel
-            pass
-    kernels["aten"]()
+    if _onednn_works():
+        kernels["onednn"] = lambda: _onednn_linear(x, w, None)
+    return kernels
+
+
+def _time_kernels() -> dict[str, float]:
+    """The best CPU seconds of one PROBE_SHAPE product on each kernel, in PROBE_ROUNDS alternating rounds of one
+    call each after a warm-up call each: alternating keeps a burst of load or a frequency change from landing on one
+    kernel only."""
+    kernels = _probe_kernels()
+    for fn in kernels.values():
+        fn()
     best = dict.fromkeys(kernels, float("inf"))
     for _ in range(PROBE_ROUNDS):
         for name, fn in kernels.items():
@@ -87,13 +106,31 @@ def _probe() -> bool:
     return "onednn" in seconds and seconds["onednn"] < 0.9 * seconds["aten"]
 
 
-def gemm_rate(kernel: str) -> float | None:
-    """FLOP/s of `kernel` ("aten" or "onednn") on the probe's 1024^3 product at this process's torch thread count:
-    its CPU time spread over the threads, i.e. the rate of the process on a machine it has to itself (the `--dry_run`
-    step-time estimate's matmul rate); None where this build has no such kernel."""
+def _measure_rate(kernel: str) -> float | None:
+    kernels = _probe_kernels()
+    if kernel not in kernels:
+        return None
+    fn = kernels[kernel]
+    fn()
+    best = float("inf")
+    for _ in range(RATE_CALLS):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
     m, k, n = PROBE_SHAPE
-    seconds = kernel_seconds().get(kernel)
-    return 2.0 * m * k * n * torch.get_num_threads() / seconds if seconds else None
+    return 2.0 * m * k * n / best
+
+
+def gemm_rate(kernel: str) -> float | None:
+    """FLOP/s of `kernel` ("aten" or "onednn") on a 1024^3 product at this process's torch thread count: the best
+    wall-clock call of RATE_CALLS after a warm-up, i.e. the rate of a machine the process has to itself (the
+    `--dry_run` step-time estimate's matmul rate; 0.1-0.2 s, once per thread count and kernel); None where this
+    build has no such kernel. Not the probe's CPU times: at two threads on the 2-core Zen 3 one call's CPU time put
+    MKL anywhere from 96 to 169 GFLOP/s from one process to the next."""
+    key = (torch.get_num_threads(), kernel)
+    if key not in _rates:
+        _rates[key] = _measure_rate(kernel)
+    return _rates[key]
 
 
 def onednn_faster() -> bool:
