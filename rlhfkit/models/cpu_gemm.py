@@ -35,7 +35,6 @@ RATE_CALLS = 8  # gemm_rate's timed calls
 _choice: dict[int, bool] = {}  # torch thread count -> oneDNN measured faster
 _seconds: dict[int, dict[str, float]] = {}  # torch thread count -> kernel -> best CPU seconds of a probe product
 _rates: dict[tuple[int, str], float | None] = {}  # (torch thread count, kernel) -> gemm_rate
-_onednn: dict[str, bool] = {}  # "works" -> _onednn_works()
 
 
 def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -50,17 +49,16 @@ def _cpu_seconds(fn: Any) -> float:
     return time.process_time() - start
 
 
+@functools.cache
 def _onednn_works() -> bool:
     """Whether this build's oneDNN has the fp32 linear `_onednn_linear` calls (tried once)."""
-    if "works" not in _onednn:
-        works = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-        if works:
-            try:
-                _onednn_linear(torch.ones(2, 2), torch.ones(2, 2), None)
-            except RuntimeError:  # a build whose oneDNN lacks the fp32 kernel
-                works = False
-        _onednn["works"] = works
-    return _onednn["works"]
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    try:
+        _onednn_linear(torch.ones(2, 2), torch.ones(2, 2), None)
+    except RuntimeError:  # a build whose oneDNN lacks the fp32 kernel
+        return False
+    return True
 
 
 def _probe_kernels() -> dict[str, Any]:

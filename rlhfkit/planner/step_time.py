@@ -16,7 +16,7 @@ taken full (`--max_len` tokens): an upper bound for shorter data, exact for pack
 Element-wise work (norms, activations, residual adds, the log-softmax over the vocabulary) is counted as h + i
 elements per token and layer plus V logits, 3 times for a trained pass: on CPU it is bound by memory, not FLOPs.
 
-The matmul term runs at the rate this machine's probe measured for the linears' kernel (`cpu_gemm.gemm_rate`, at the
+The matmul term runs at the rate measured on this machine for the linears' kernel (`cpu_gemm.gemm_rate`, at the
 process's thread count) where it has one. The rates and overhead below are fit on `bench/cost_curves.py`'s CPU
 points (bench/results/cost_curves.md shows the prediction against every measured point), once per fp32 GEMM kernel
 the linear layers can run on: MKL (PyTorch's `F.linear`) and oneDNN (where rlhfkit.models.cpu_gemm routes them when
@@ -192,7 +192,7 @@ def describe(cfg: TrainConfig, trainer: str, kind: str, world: int, threads: int
     step; GPUs: no rate measured yet). The rates are those of the kernel the run's linear layers will use: oneDNN
     where rlhfkit.models.cpu_gemm's probe (at this process's thread count, `RLHFKIT_CPU_GEMM` first) finds it
     faster, as load_causal_lm will decide, else MKL's; the matmul rate is that kernel's, measured on this machine
-    by the same probe (`cpu_gemm.gemm_rate`: the fit's constants came from another CPU)."""
+    (`cpu_gemm.gemm_rate`: the fit's constants came from another CPU)."""
     if isinstance(cfg, PPOConfig) or kind != "cpu":
         return None
     from rlhfkit.models.cpu_gemm import gemm_rate, onednn_faster

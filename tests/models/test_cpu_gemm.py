@@ -114,7 +114,7 @@ def test_the_kernels_are_timed_once_per_thread_count(monkeypatch):
 
 
 def test_a_build_without_onednn_times_mkl_only(monkeypatch):
-    monkeypatch.setattr(cpu_gemm, "_onednn", {"works": False})
+    monkeypatch.setattr(cpu_gemm, "_onednn_works", lambda: False)
     monkeypatch.setattr(cpu_gemm, "_rates", {})
     assert set(cpu_gemm._time_kernels()) == {"aten"}
     assert cpu_gemm.gemm_rate("onednn") is None
