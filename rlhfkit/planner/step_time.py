@@ -201,6 +201,6 @@ def describe(cfg: TrainConfig, trainer: str, kind: str, world: int, threads: int
     st = offline_estimate(cfg, trainer, world, threads, rates, gemm_rate(rates.kernel))
     return (f"step time: about {st.seconds:.3g} s per optimizer step on this CPU ({st.tokens} tokens per rank at "
             f"--max_len {cfg.data.max_len}, {st.work.flops / 1e9:.3g} GFLOP, {threads} thread"
-            f"{'s' if threads != 1 else ''}, linears on {'oneDNN' if st.rates.kernel == 'onednn' else 'MKL'} at a "
-            f"measured {(st.matmul_rate or 0) / 1e9:.0f} GFLOP/s"
+            f"{'s' if threads != 1 else ''}, linears on {'oneDNN' if st.rates.kernel == 'onednn' else 'MKL'}"
+            f"{f' at a measured {st.matmul_rate / 1e9:.0f} GFLOP/s' if st.matmul_rate else ''}"
             f"{f', {st.overhead:.2g} s of gloo traffic' if world > 1 else ''}); shorter rows take less")

@@ -68,6 +68,22 @@ def test_a_measured_matmul_rate_replaces_the_fit_for_the_matmul_term_only():
     assert two.matmul_rate == 5e9
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine plans against its GPUs (no estimate there)")
+def test_without_a_measured_rate_the_line_claims_none(tmp_path, capsys, monkeypatch):
+    # RLHFKIT_CPU_GEMM=onednn on a build whose oneDNN lacks the fp32 linear: the fit's rate, and no "measured" figure
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RLHFKIT_CPU_GEMM", "onednn")
+    monkeypatch.setattr(cpu_gemm, "gemm_rate", lambda kernel: None)
+    model = write_config(tmp_path / "toy", TOY_CONFIG)
+    cfg = parse_config(SFTConfig, ["--pretrain", str(model), "--dataset", "x.jsonl", "--max_len", "5",
+                                   "--train_batch_size", "3", "--micro_train_batch_size", "3", "--dry_run"], "x")
+    assert dry_run(cfg, "sft", "x")
+    line = capsys.readouterr().out.splitlines()[-1]
+    seconds = st.cpu_step_time(st.Work(175680, 7200, 6660), 15, torch.get_num_threads(), st.ONEDNN).seconds
+    assert line.startswith(f"step time: about {seconds:.3g} s per optimizer step on this CPU (15 tokens per rank")
+    assert "linears on oneDNN);" in line and "measured" not in line
+
+
 def test_the_rates_follow_the_kernel_of_the_linears():
     assert st.cpu_rates(True) is st.ONEDNN and st.cpu_rates(False) is st.MKL
     assert (st.ONEDNN.kernel, st.MKL.kernel) == ("onednn", "aten")
@@ -90,4 +106,5 @@ def test_dry_run_prints_the_estimate_beside_the_memory_plan(tmp_path, capsys, mo
     seconds = st.cpu_step_time(st.Work(175680, 7200, 6660), 15, torch.get_num_threads(), rates,
                                matmul_rate=measured).seconds
     assert line.startswith(f"step time: about {seconds:.3g} s per optimizer step on this CPU (15 tokens per rank")
-    assert f"linears on {name} at a measured {(measured or 0) / 1e9:.0f} GFLOP/s" in line
+    assert measured is not None
+    assert f"linears on {name} at a measured {measured / 1e9:.0f} GFLOP/s" in line
