@@ -166,6 +166,19 @@ def test_pairs_run_their_prompt_once_with_the_plain_logps_and_gradients(max_asse
     torch.testing.assert_close(shared[1], plain[1])
     for a, b in zip(shared[2], plain[2]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    monkeypatch.setattr(shared_prefix, "MIN_SAVED_FRACTION", 0.0)  # it would pay, but the device says plain
+    monkeypatch.setattr(preference, "pair_prompts_share_a_pass", lambda device: False)
+    torch.testing.assert_close(logps_and_grads()[0], plain[0])
+    assert calls == [1]
+
+
+def test_pair_prompts_share_a_pass_on_the_cpu_only():
+    """On a GPU the preference step is launch-bound and the plain single pass is faster (H200, gpu_profile.md)."""
+    from rlhfkit.trainers.preference import pair_prompts_share_a_pass
+
+    assert pair_prompts_share_a_pass(torch.device("cpu"))
+    assert not pair_prompts_share_a_pass(torch.device("cuda", 0))
+    assert not pair_prompts_share_a_pass(torch.device("meta"))
 
 
 def test_zero3_offloaded_reference_matches_plain_run(max_assets, tmp_path, restore_env):
