@@ -27,7 +27,9 @@ def test_node_ids_map_to_their_module_or_the_ray_group():
     assert split("tests/cli/test_demo.py::test_x[a::b]") == ("cli/test_demo.py", "test_x")
     assert group_of("tests/data/test_readers.py::test_parquet_csv_arrow") == "data/test_readers.py"
     assert group_of("tests/distributed/test_ray_ppo.py::test_two_steps_in_every_cell[gae]") == "ray"
+    on_ray = "tests/cli/test_batch_inference.py::test_vllm_engines_on_ray_match_the_transformers_engine"
+    assert group_of(on_ray) == "ray"
+    assert group_of("tests/cli/test_batch_inference.py::test_generate_best_of_n_with_reward_function") \
+        == "cli/test_batch_inference.py"
     kill = "tests/run/test_kill_safety.py::test_ppo_ray_driver_sigkill_leaks_no_actors_and_resumes_to_the_same_weights"
-    assert group_of(kill) == "ray"
-    assert group_of("tests/run/test_kill_safety.py::test_sft_sigkill_anywhere_resumes_to_the_same_weights") \
-        == "run/test_kill_safety.py"
+    assert group_of(kill) == "run/test_kill_safety.py"  # its own cluster in a child: beside the Ray group
