@@ -15,8 +15,9 @@ worker holds them all: the in-process cluster starts once (6-8 s, 0.5 GB) instea
 process trees (3-5 GB each with vLLM engines) never share the two cores and the memory, and the failure tests'
 stop-within-seconds bounds keep their margin. One exception balances the two workers (the Ray group is the longer by
 minutes): `run/test_kill_safety.py`'s Ray test runs `train_ppo_ray` in a child with a cluster of its own and gives it
-45 s and more to die, so it stays in its module's group and runs beside the Ray group. (pytest-xdist's own `--dist loadgroup` reads `xdist_group` marks
-but cannot rename pytest 9.2's node ids, so it falls back to one test at a time: hence our scheduler.)
+45 s and more to die, so it stays in its module's group and runs beside the Ray group. (pytest-xdist's own `--dist
+loadgroup` reads `xdist_group` marks but cannot rename pytest 9.2's node ids, so it falls back to one test at a time:
+hence our scheduler.)
 
 Groups with a slow test go to the workers first, the "ray" group before all: the long ones start early and the unit
 tests fill the gaps at the end.
