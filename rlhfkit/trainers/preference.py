@@ -187,8 +187,10 @@ def _shared_prompt_logps(model: nn.Module, batch: dict[str, torch.Tensor], fp32:
                          ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """`sequence_logps` of a padded batch whose rows repeat a prompt (a DPO pair's chosen and rejected), each
     prompt run once (`rlhfkit.models.shared_prefix`); None when that does not pay or apply."""
+    if not pair_prompts_share_a_pass(batch["loss_mask"].device):
+        return None
     loss_mask = batch["loss_mask"].bool()
-    if not pair_prompts_share_a_pass(loss_mask.device) or not bool(loss_mask.any(dim=1).all()):
+    if not bool(loss_mask.any(dim=1).all()):
         return None
     prefix_lengths = loss_mask.int().argmax(dim=1)  # each row's first target token
     groups = share_prefixes(model, batch["input_ids"], batch["attention_mask"], prefix_lengths)
