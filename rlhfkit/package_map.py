@@ -11,10 +11,11 @@ gives the same mapping from a per-folder cache: for each folder on `sys.path` th
 (package, distribution name) pairs the standard library would derive from it, stored as JSON in the rlhfkit cache
 (`cache_dir()`: `~/.cache/rlhfkit/package-map/` by default) with the folder's modification time. Installing,
 upgrading or removing a distribution adds or removes a `*.dist-info` folder, which changes that time, so the
-folder's pairs are derived afresh. Folders without distributions, zip files on `sys.path` and unreadable or
-unwritable caches are read the standard library's way each time. Where an import hook other than Python's own
-path finder can report distributions, or this Python's `importlib.metadata` lacks the helpers used here, the
-standard function is kept. `RLHFKIT_NO_PACKAGE_MAP_CACHE=1` keeps it too.
+folder's pairs are derived afresh (and stored only once the folder has been still for 2 s, so two changes within one
+tick of its clock cannot hide the second). Folders without distributions, zip files on `sys.path` and unreadable or
+unwritable caches are read the standard library's way each time. Where an import hook other than Python's own path
+finder can report distributions, or this Python's `importlib.metadata` lacks the helpers used here, the standard
+function is kept. `RLHFKIT_NO_PACKAGE_MAP_CACHE=1` keeps it too.
 """
 
 from __future__ import annotations
@@ -27,11 +28,15 @@ import importlib.metadata as metadata
 import json
 import os
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
 DISABLE_ENV = "RLHFKIT_NO_PACKAGE_MAP_CACHE"
 STANDARD = metadata.packages_distributions
+# A folder changed this recently may change again within its clock's resolution without a new modification time
+# (the racy-timestamp case): its pairs are derived but not stored until it has been still this long.
+SETTLE_NS = 2_000_000_000
 Pairs = list[tuple[str, str]]
 
 
@@ -90,13 +95,17 @@ def cached_folder_pairs(entry: str) -> Pairs:
     pairs = _read(path, mtime_ns)
     if pairs is None:
         pairs = folder_pairs(entry)
-        if pairs:
+        settled = time.time_ns() - mtime_ns > SETTLE_NS and os.stat(folder).st_mtime_ns == mtime_ns
+        if pairs and settled:
             _write(path, folder, mtime_ns, pairs)
     return pairs
 
 
 def packages_distributions() -> Mapping[str, list[str]]:
-    """`importlib.metadata.packages_distributions()`, the same mapping, from the per-folder cache."""
+    """`importlib.metadata.packages_distributions()`, the same mapping, from the per-folder cache (the standard
+    function's answer wherever `applies()` no longer holds, e.g. an import hook added since `install()`)."""
+    if not applies():
+        return STANDARD()
     pkg_to_dist: dict[str, list[str]] = collections.defaultdict(list)
     for entry in sys.path:
         for pkg, name in cached_folder_pairs(entry):

@@ -3,6 +3,7 @@ installs and removals, survives a broken cache file, and is what `import transfo
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 from rlhfkit import package_map
 
 ROOT = Path(__file__).resolve().parents[1]
+PAST_NS = itertools.count(1_700_000_000 * 10**9, 10**6)  # distinct modification times, settled long ago
 
 
 @pytest.fixture
@@ -31,7 +33,7 @@ def add_dist(folder: Path, name: str, packages: list[str], *, top_level: bool) -
     else:
         record = "".join(f"{p}/__init__.py,,\n" for p in packages) + f"{info.name}/METADATA,,\n"
         (info / "RECORD").write_text(record, encoding="utf-8")
-    os.utime(folder, ns=(0, folder.stat().st_mtime_ns + 1_000_000))  # a new time even on a coarse clock
+    os.utime(folder, ns=(0, next(PAST_NS)))  # a new time even on a coarse clock
 
 
 def test_equals_the_standard_mapping_cold_and_warm(cache):
@@ -54,7 +56,7 @@ def test_a_new_or_removed_distribution_is_seen(cache, tmp_path, monkeypatch):
     for path in (site / "alpha_dist-1.0.dist-info").iterdir():
         path.unlink()
     (site / "alpha_dist-1.0.dist-info").rmdir()
-    os.utime(site, ns=(0, site.stat().st_mtime_ns + 1_000_000))
+    os.utime(site, ns=(0, next(PAST_NS)))
     assert "alpha" not in package_map.packages_distributions()
 
 
@@ -68,6 +70,15 @@ def test_a_broken_or_stale_cache_file_is_derived_again(cache, tmp_path, monkeypa
     files[0].write_text("{not json", encoding="utf-8")
     assert package_map.packages_distributions()["alpha"] == ["alpha-dist"]
     assert '"alpha"' in files[0].read_text(encoding="utf-8")  # rewritten
+
+
+def test_a_folder_changed_just_now_is_not_stored(cache, tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    add_dist(site, "alpha-dist", ["alpha"], top_level=True)
+    os.utime(site)  # now: it may change again within its clock's resolution
+    monkeypatch.syspath_prepend(str(site))
+    assert package_map.packages_distributions()["alpha"] == ["alpha-dist"]
+    assert not any(str(site) in p.read_text(encoding="utf-8") for p in cache.glob("*.json"))
 
 
 def test_an_unwritable_cache_still_gives_the_mapping(tmp_path, monkeypatch):
@@ -85,6 +96,8 @@ def test_another_distribution_finder_keeps_the_standard_function(monkeypatch):
     assert package_map.applies()
     monkeypatch.setattr(sys, "meta_path", [*sys.meta_path, Finder()])
     assert not package_map.applies()
+    monkeypatch.setattr(package_map, "STANDARD", lambda: {"from": ["the standard function"]})
+    assert package_map.packages_distributions() == {"from": ["the standard function"]}
     monkeypatch.undo()
     monkeypatch.setenv(package_map.DISABLE_ENV, "1")
     assert not package_map.applies()
