@@ -103,7 +103,7 @@ def test_another_distribution_finder_keeps_the_standard_function(monkeypatch):
     assert not package_map.applies()
 
 
-def _transformers_in_fresh_process(tmp_path: Path, extra_env: dict[str, str]) -> str:
+def _transformers_in_fresh_process(tmp_path: Path, extra_env: dict[str, str]) -> list[str]:
     code = ("import importlib.metadata as m, rlhfkit, transformers.utils.import_utils as iu\n"
             "from rlhfkit import package_map as pm\n"
             "print(m.packages_distributions is pm.packages_distributions,"
