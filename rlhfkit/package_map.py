@@ -32,6 +32,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from rlhfkit.cache import cache_root
+
 DISABLE_ENV = "RLHFKIT_NO_PACKAGE_MAP_CACHE"
 STANDARD = metadata.packages_distributions
 # A folder changed this recently may change again within its clock's resolution without a new modification time
@@ -41,10 +43,8 @@ Pairs = list[tuple[str, str]]
 
 
 def cache_dir() -> Path:
-    """`package-map/` in the rlhfkit cache: `$RLHFKIT_CACHE_DIR`, else `${XDG_CACHE_HOME:-~/.cache}/rlhfkit`."""
-    if os.environ.get("RLHFKIT_CACHE_DIR"):
-        return Path(os.environ["RLHFKIT_CACHE_DIR"]).expanduser() / "package-map"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "rlhfkit" / "package-map"
+    """`package-map/` in the rlhfkit cache (`rlhfkit.cache.cache_root()`)."""
+    return cache_root() / "package-map"
 
 
 def folder_pairs(folder: str) -> Pairs:

