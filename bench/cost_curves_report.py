@@ -261,7 +261,8 @@ def report(path: Path) -> None:
             "one torch thread per process unless the threads column says 2; `linears`: the fp32 GEMM kernel the linear "
             "layers ran on (`aten`: MKL through `F.linear`; `onednn`: rlhfkit.models.cpu_gemm's routing); step time "
             "= median gap between "
-            "optimizer-step ends after one warm-up step (the slower rank's); peak RSS = the processes' `ru_maxrss`, "
+            "optimizer-step ends after one warm-up step (the slower rank's); peak RSS = the processes' own "
+            "high-water marks (VmHWM; runs before 2026-11-29: `ru_maxrss`), "
             "summed over ranks. `predicted` is what `--dry_run` prints for the same config "
             "(`rlhfkit/planner/step_time.py`); error = predicted / measured - 1 (against CPU time: over the "
             "process's threads).", "",

@@ -5,7 +5,8 @@ rank in one micro-batch), fp32, AdamW, clipping 1.0; the runs alternate backends
     .venv/bin/python bench/fsdp2_vs_zero3.py [--repeats 1] [--threads 1]
 
 Step time: median gap between optimizer-step ends after one warm-up step, the slower rank's; peak RSS: each
-rank's own `ru_maxrss` at the end of the run (the larger of the two ranks). Results: bench/results/fsdp2_vs_zero3.md.
+rank's own peak (VmHWM, `common.peak_rss_mb`) at the end of the run (the larger of the two ranks). Results:
+bench/results/fsdp2_vs_zero3.md.
 """
 
 from __future__ import annotations

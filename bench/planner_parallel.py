@@ -11,7 +11,8 @@ LONG_BUDGET_GB per device: the whole sample on 1 rank does not fit, split over 4
 
 Predicted: the CPU plan's largest process (the measured per-process baseline plus one rank's rows, the same
 numbers `--dry_run` prints on a machine without GPUs) for the same flags at world size 2. Measured: each rank's own
-`ru_maxrss` at the end of the run, the larger of the two. Results: bench/results/planner_parallel.md.
+peak (VmHWM, `common.peak_rss_mb`) at the end of the run, the larger of the two. Results:
+bench/results/planner_parallel.md.
 """
 
 from __future__ import annotations
@@ -20,12 +21,11 @@ import argparse
 import datetime
 import json
 import os
-import resource
 import subprocess
 import sys
 from pathlib import Path
 
-from common import MARK, ROOT, build_models, child_env, filler_words, load, machine, versions
+from common import MARK, ROOT, build_models, child_env, filler_words, load, machine, peak_rss_mb, versions
 
 BATCH, MAX_LEN = 16, 128
 LONG_TOKENS, LONG_BUDGET_GB, LONG_RANKS = 32768, 1.5, 4
@@ -58,7 +58,7 @@ def child(argv: list[str]) -> None:
     from rlhfkit.trainers.sft import run_sft
 
     run_sft(parse_config(SFTConfig, argv, "bench"))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = peak_rss_mb()
     print(MARK + json.dumps({"rank": int(os.environ.get("RANK", "0")), "peak_rss_mb": peak}), flush=True)
 
 

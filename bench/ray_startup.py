@@ -21,14 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from common import MARK, ROOT, TreeMonitor, build_models, child_env, ensure_trl, load
+from common import MARK, ROOT, TreeMonitor, build_models, child_env, ensure_trl, load, peak_rss_mb
 
 CASES = {"vllm": ["--vllm_num_engines", "1", "--vllm_enable_sleep", "--enforce_eager"],
          "hf": ["--vllm_num_engines", "0"], "hf_actor_engine": ["--vllm_num_engines", "0"],
@@ -93,7 +92,7 @@ def child_trl(workdir: Path) -> None:
     out.update(monitor.stop(first=0))
     out.pop("cpu_by_process", None)
     out["pss_at_first_step_mb"] = float("nan")
-    out["peak_rss_self_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the kernel's own peak
+    out["peak_rss_self_mb"] = peak_rss_mb()  # the kernel's own peak
     print(MARK + json.dumps(out), flush=True)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
 import sys
 import time
@@ -21,6 +20,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import peak_rss_mb  # noqa: E402
 
 
 def model_and_row(tokens: int) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
@@ -68,7 +69,7 @@ def _rank(rank: int, world: int, port: int, tokens: int, reps: int, out: str) ->
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     set_sequence_parallel_group(dist.group.WORLD)
     times = time_steps(tokens, reps)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss = peak_rss_mb()
     Path(f"{out}.{rank}").write_text(f"{statistics.median(times)} {rss}")
     dist.destroy_process_group()
 
@@ -87,7 +88,7 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     one = statistics.median(time_steps(a.tokens, a.reps))
-    one_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    one_rss = peak_rss_mb()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "r")
         mp.start_processes(_rank, args=(2, free_port(), a.tokens, a.reps, out), nprocs=2, start_method="spawn")

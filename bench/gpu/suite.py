@@ -167,7 +167,6 @@ def run_workload(system: str, workload: str, sizes: Sizes, model: Path, data: Pa
 def child(system: str, sizes: Sizes, model: Path, paths: dict, out: Path) -> None:
     """The three workloads of one system in this process; one result line after each, so a workload that fails
     or is killed loses only its own figures."""
-    import resource
     import traceback
 
     result: dict = {}
@@ -179,7 +178,7 @@ def child(system: str, sizes: Sizes, model: Path, paths: dict, out: Path) -> Non
             traceback.print_exc()
             result[f"{workload}_error"] = f"{type(exc).__name__}: {exc}"[:400]
         result[f"{workload}_wall_s"] = time.perf_counter() - started
-        result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        result["peak_rss_mb"] = common.peak_rss_mb()
         print(common.MARK + json.dumps(result), flush=True)
 
 
