@@ -198,6 +198,35 @@ def measure(point: tuple, model_dirs: dict[str, Path], workdir: Path) -> dict:
             "load_before": load_before, "load_after": load()}
 
 
+PROBE_CHILD = """
+import dataclasses, json, sys, torch
+sys.path.insert(0, sys.argv[1])
+from rlhfkit.planner.cpu_probe import measure
+out = {}
+for kernel in ("aten", "onednn"):
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        probe = measure(kernel)
+        if probe is not None:
+            out.setdefault(kernel, {})[str(threads)] = dataclasses.asdict(probe)
+print(json.dumps(out))
+"""
+
+
+def machine_probes(processes: int = 5) -> dict[str, dict[str, dict[str, float]]]:
+    """rlhfkit/planner/cpu_probe.py's probes of this machine, per GEMM kernel and thread count (1 and 2): what
+    `--dry_run` scales the planner's rates by, recorded so the report predicts each point as `--dry_run` would.
+    The median of `processes` fresh processes, field by field: on a shared VM one process's probes can all come out
+    20% slow or fast together."""
+    command = [sys.executable, "-c", PROBE_CHILD, str(ROOT)]
+    runs = [json.loads(subprocess.run(command, env=child_env("rlhfkit", 2), check=True, capture_output=True,
+                                      text=True).stdout.splitlines()[-1]) for _ in range(processes)]
+    return {kernel: {threads: {field: statistics.median(run[kernel][threads][field] for run in runs)
+                               for field in probe}
+                     for threads, probe in by_threads.items()}
+            for kernel, by_threads in runs[0].items()}
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         a = sys.argv[2:]
@@ -215,6 +244,7 @@ def main() -> None:
         model_dirs = models(workdir)
         configs = {name: json.loads((path / "config.json").read_text()) for name, path in model_dirs.items()}
         old = json.loads(results.read_text()) if results.is_file() and args.only else {"points": []}
+        probes = old.get("probes") or machine_probes()
         done = {r["name"]: r for r in old["points"] if not args.only or r["name"] not in args.only}
         for point in POINTS:
             if args.only and point[0] not in args.only:
@@ -223,7 +253,8 @@ def main() -> None:
             print(json.dumps(done[point[0]]), flush=True)
             results.write_text(json.dumps({"machine": machine(), "versions": versions(),
                                            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                                           "models": configs, "points": list(done.values())}, indent=1))
+                                           "models": configs, "probes": probes, "points": list(done.values())},
+                                          indent=1))
     sys.path.insert(0, str(ROOT))  # the planner of this checkout (an editable install may point at another)
     from cost_curves_report import report
 

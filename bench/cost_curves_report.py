@@ -14,6 +14,7 @@ from common import ROOT
 from cost_curves import GRPO_PROMPTS
 
 from rlhfkit.planner import step_time as st
+from rlhfkit.planner.cpu_probe import CpuProbe
 from rlhfkit.planner.memory import ModelShape, read_model_shape
 
 DOCS_IMAGES = ROOT / "docs" / "images" / "cost-curves"
@@ -34,12 +35,23 @@ def shapes(data: dict[str, Any], names: set[str]) -> dict[str, ModelShape]:
     return out
 
 
-def predict(p: dict[str, Any], shape: ModelShape) -> st.StepTime:
-    """The planner's estimate for one point (rows per rank = rows / world, every row full)."""
+def probe_of(probes: dict[str, Any], kernel: str, threads: int) -> CpuProbe | None:
+    """The run's probe of `kernel` at `threads` (`bench/cost_curves.py` records them; None in runs before them)."""
+    found = probes.get(kernel, {}).get(str(threads))
+    return CpuProbe(**found) if found else None
+
+
+def predict(p: dict[str, Any], shape: ModelShape, probes: dict[str, Any]) -> st.StepTime:
+    """The planner's estimate for one point (rows per rank = rows / world, every row full), with the rates scaled to
+    the run's machine by its probes as `--dry_run` scales them (`step_time.describe`)."""
+    fit = rates_of(p)
+    rates = st.on_this_machine(fit, probe_of(probes, fit.kernel, 1))
+    at_threads = probe_of(probes, fit.kernel, p["threads"])
     rows = p["rows"] // p["world"]
     work = st.offline_step_work(p["trainer"], shape, rows, p["max_len"], shape if p["trainer"] == "dpo" else None)
     tokens = rows * p["max_len"] * (1 if p["trainer"] == "sft" else 2)
-    return st.cpu_step_time(work, tokens, p["threads"], rates_of(p), shape.params(), p["world"])
+    return st.cpu_step_time(work, tokens, p["threads"], rates, shape.params(), p["world"],
+                            st.matmul_rate_from(fit, at_threads.gemm if at_threads else None))
 
 
 def rates_of(p: dict[str, Any]) -> st.CpuRates:
@@ -188,8 +200,8 @@ def derived(points: list[dict[str, Any]]) -> list[str]:
         lines += [f"Linears on {kernel} ({len(group)} world-1, one-thread SFT and DPO points, CPU time per step):",
                   _fit_line("fit of all four terms", fit(group), group),
                   _fit_line("fit of the matmul rate and the overhead, attention and element-wise terms held at the "
-                            "MKL-era fit's (their kernels do not change with the GEMM library)", fit(group, st.MKL),
-                            group),
+                            "planner's MKL fit's (their kernels do not change with the GEMM library)",
+                            fit(group, st.MKL), group),
                   f"- the planner uses ({rates.kernel}): {rates.matmul / 1e9:.0f}, {rates.attention / 1e9:.0f} "
                   f"GFLOP/s, {rates.seconds_per_element * 1e9:.1f} ns and {rates.overhead_s * 1e3:.1f} ms "
                   "(`rlhfkit/planner/step_time.py`).",
@@ -197,17 +209,18 @@ def derived(points: list[dict[str, Any]]) -> list[str]:
                      f"forward and two rows a pair, which the fit never saw) come within {_worst(fit(sft), dpo):.0%} "
                      "of their CPU time per step."] if sft and dpo else []), ""]
     for p in (p for p in points if p["threads"] > 1 and p["world"] == 1 and "work" in p):
-        rates = rates_of(p)
+        rates = p["est"].rates
         one = st.cpu_step_time(p["work"], 0, 1, rates).seconds - rates.overhead_s
         speedup = one / (p["step_s"] - rates.overhead_s)
         lines.append(f"- {p['name']} (load {p['load_before'].split()[0]}): {speedup:.2f}x the one-thread estimate's "
                      f"speed with {p['threads']} threads, the fixed overhead aside (planner: "
-                     f"{st.thread_speedup(p['threads'], rates):.2f}x).")
+                     f"{one / (p['pred_s'] - rates.overhead_s):.2f}x).")
     for p in (p for p in points if p["world"] > 1 and "work" in p):
-        compute = st.cpu_step_time(p["work"], 0, 1, rates_of(p)).seconds
+        compute = st.cpu_step_time(p["work"], 0, 1, p["est"].rates).seconds
         rate_b = 3 * 4 * p["params"] / max(p["cpu_s"] - compute, 1e-9)
+        planner = p["est"].rates.gloo_bytes_per_s / 1e9
         lines.append(f"- {p['name']}: {p['cpu_s'] - compute:.2f} s of CPU time per step beyond compute: "
-                     f"{rate_b / 1e9:.2f} GB/s of parameter traffic (planner: {st.CPU_GLOO_BYTES_PER_S / 1e9:.2f}).")
+                     f"{rate_b / 1e9:.2f} GB/s of parameter traffic (planner: {planner:.2f}).")
     return lines
 
 
@@ -241,8 +254,8 @@ def report(path: Path) -> None:
         p.update(params=shape.params(), samples=p["rows"] // GRPO_PROMPTS)
         if p["trainer"] == "grpo":  # not estimated: generation dominates
             continue
-        est = predict(p, shape)
-        p.update(work=est.work, pred_s=est.seconds, err=est.seconds / p["step_s"] - 1,
+        est = predict(p, shape, data.get("probes", {}))
+        p.update(est=est, work=est.work, pred_s=est.seconds, err=est.seconds / p["step_s"] - 1,
                  err_cpu=est.seconds / (p["cpu_s"] / p["threads"]) - 1)  # CPU time over its threads
     out = path.parent
     images = pictures(points, out, path.stem)

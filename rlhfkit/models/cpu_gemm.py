@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -104,19 +105,23 @@ def _probe() -> bool:
     return "onednn" in seconds and seconds["onednn"] < 0.9 * seconds["aten"]
 
 
+def best_seconds(fn: Callable[[], object], calls: int) -> float:
+    """The shortest wall-clock time of `calls` calls of `fn`, after one untimed warm-up call."""
+    fn()
+    best = float("inf")
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def _measure_rate(kernel: str) -> float | None:
     kernels = _probe_kernels()
     if kernel not in kernels:
         return None
-    fn = kernels[kernel]
-    fn()
-    best = float("inf")
-    for _ in range(RATE_CALLS):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
     m, k, n = PROBE_SHAPE
-    return 2.0 * m * k * n / best
+    return 2.0 * m * k * n / best_seconds(kernels[kernel], RATE_CALLS)
 
 
 def gemm_rate(kernel: str) -> float | None:

@@ -26,10 +26,11 @@ memory bandwidth, not FLOPs) and GPUs (no rate measured here yet).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rlhfkit.config.kinds import OfflineConfig, TrainConfig, WithReference
 from rlhfkit.config.rl import PPOConfig
+from rlhfkit.planner.cpu_probe import CpuProbe
 from rlhfkit.planner.memory import ModelShape, read_model_shape
 
 
@@ -46,21 +47,38 @@ class CpuRates:
     overhead_s: float  # per step
     # what a second torch thread adds to a process's speed, as a fraction of the first
     extra_thread_efficiency: float
+    # the probes of rlhfkit/planner/cpu_probe.py on the fit's machine at one thread (None: not recorded there); each
+    # term runs at its rate times what its probe measures on another machine against this (`on_this_machine`)
+    reference: CpuProbe | None = None
+    # The per-step cost of a data-parallel world over gloo on CPU: the ZeRO-3 / FSDP2 all-gathers and
+    # reduce-scatters move every parameter about 3 times a step (forward gather, backward gather, gradient
+    # reduce-scatter) at this rate, fp32 bytes; scaled like the element-wise term (memory-bound). Rough: the CPU
+    # time per step the bench's world-2 points (25M model, SFT and DPO) spent beyond their compute.
+    gloo_bytes_per_s: float = 1.0e9
 
 
-# Measured 2026-11-27 on the CPU dev machine (2-core AMD EPYC, torch 2.13.0+cpu, fp32, one torch thread), linears on
-# MKL (before rlhfkit.models.cpu_gemm), tiny, 25M and 135M-shaped Llamas at 128 to 8,192 tokens
-# (bench/results/cost_curves_mkl.md). Attention runs at about half the GEMM rate; the element-wise term is what makes
-# a 128-wide model slower per FLOP than a 512-wide one. A second thread: issue 26's quiet-machine figure (SFT on the
-# 25M model: 1.15 s a step at one thread, 0.75 s at two, 1.53x; DPO gains less).
-MKL = CpuRates("aten", 91e9, 51e9, 3.8e-9, 0.001, 0.5)
-# The same fit with the linears on oneDNN (rlhfkit.models.cpu_gemm, the default where its probe finds it faster),
-# 2026-11-28 on the same machine, quiet (load 1.0-1.5): 19 points, 18 within 25% of their CPU time, the worst 28%
-# (bench/results/cost_curves.md). The matmuls run at ~1.8x MKL's rate; the fit puts more of the rest in a fixed
-# per-step cost (28 ms: the tiny model's step at 128 tokens got slower, 0.029 -> 0.041 s, with ~10 us more per
-# oneDNN call and the Python autograd function of each linear) and less in the element-wise term. Two threads: four
+# Linears on MKL (PyTorch's F.linear): fit 2026-11-29 on the 2-core AMD EPYC Zen 3 (AVX2, no AVX-512; torch 2.13.0+cpu,
+# fp32, one torch thread): two runs of bench/cost_curves.py 25 minutes apart (tiny, 25M and 135M-shaped Llamas at 128
+# to 8,192 tokens; 48 one-thread SFT and DPO points, each normalised by its run's probes to `reference`, their
+# geometric mean), the worst within 27% of its CPU time (bench/results/cost_curves_zen3.md and
+# cost_curves_zen3_first.md). The models' products run at 0.94x a 1024^3 product's rate, attention at 32 GFLOP/s.
+# A second thread adds 0.6x to the terms other than the matmuls (which take the two-thread GEMM probe's rate): the
+# two runs disagree (their two-thread steps ran at 1.6-1.7x and 2.0-2.4x their one-thread speed), 0.6 sits between.
+# The Zen 5 fit before it (bench/results/cost_curves_mkl.md: 91 and 51 GFLOP/s, 3.8 ns, 1 ms) put this machine's
+# steps up to 41% short. Four world-2 points a run (ZeRO-3 and FSDP2, 2 ranks on 2 cores) spent 0.40-0.96 s a step
+# beyond compute: 0.29-0.69 GB/s of parameter traffic.
+MKL = CpuRates("aten", 81.4e9, 32.3e9, 7.0e-9, 0.007, 0.6, reference=CpuProbe(86.2e9, 30.8e9, 2.02, 3.82),
+               gloo_bytes_per_s=0.45e9)
+# The fit with the linears on oneDNN (rlhfkit.models.cpu_gemm, the default where its probe finds it faster),
+# 2026-11-28 on the Zen 5 machine (AVX-512), quiet (load 1.0-1.5): 19 points, 18 within 25% of their CPU time, the
+# worst 28% (bench/results/cost_curves.md). That machine's probes were not recorded (no `reference`): only the matmul
+# term follows the machine a run is on, at the GEMM rate measured there. The matmuls ran at ~1.8x MKL's rate on it;
+# the fit puts more of the rest in a fixed per-step cost (28 ms: the tiny model's step at 128 tokens got slower,
+# 0.029 -> 0.041 s, with ~10 us more per oneDNN call and the Python autograd function of each linear) and less in
+# the element-wise term. Two threads: four
 # points at 1.92-2.06x their one-thread estimate's speed (oneDNN's two-thread GEMM rate is 2x its one-thread rate).
-ONEDNN = CpuRates("onednn", 168e9, 39e9, 1.0e-9, 0.028, 0.95)
+# World 2: 0.8-1.0 GB/s of parameter traffic under ZeRO-3 and 1.9-2.1 under FSDP2; one rate for both, ZeRO-3's side.
+ONEDNN = CpuRates("onednn", 168e9, 39e9, 1.0e-9, 0.028, 0.95, gloo_bytes_per_s=1.0e9)
 
 
 def cpu_rates(onednn: bool) -> CpuRates:
@@ -68,12 +86,27 @@ def cpu_rates(onednn: bool) -> CpuRates:
     return ONEDNN if onednn else MKL
 
 
-# The per-step cost of a data-parallel world over gloo on CPU: the ZeRO-3 / FSDP2 all-gathers and reduce-scatters
-# move every parameter about 3 times a step (forward gather, backward gather, gradient reduce-scatter) at this
-# rate, fp32 bytes. Rough: the CPU time per step that the bench's world-2 points (25M model, SFT and DPO) spent
-# beyond their compute implies 0.8-1.0 GB/s under ZeRO-3 and 1.9-2.1 under FSDP2 (2026-11-28, quiet, linears on
-# oneDNN; 0.4-1.3 GB/s at load averages of 25-40 the day before); one rate for both, ZeRO-3's side.
-CPU_GLOO_BYTES_PER_S = 1.0e9
+def on_this_machine(rates: CpuRates, probe: CpuProbe | None) -> CpuRates:
+    """`rates` with each term scaled by what its probe measured here at one thread (`probe`) against the fit's
+    machine (`rates.reference`); unchanged where either is missing."""
+    ref = rates.reference
+    if ref is None or probe is None:
+        return rates
+    return replace(rates, matmul=rates.matmul * probe.gemm / ref.gemm,
+                   attention=rates.attention * probe.attention / ref.attention,
+                   seconds_per_element=rates.seconds_per_element * probe.element_ns / ref.element_ns,
+                   overhead_s=rates.overhead_s * probe.op_us / ref.op_us,
+                   gloo_bytes_per_s=rates.gloo_bytes_per_s * ref.element_ns / probe.element_ns)
+
+
+def matmul_rate_from(rates: CpuRates, gemm: float | None) -> float | None:
+    """The matmul term's FLOP/s from `gemm`, the 1024^3 product's rate measured at the run's thread count: the fit's
+    rate scaled by it against the fit machine's (the models' smaller products run below a 1024^3 product's rate),
+    or `gemm` itself where the fit recorded no reference; None where nothing was measured."""
+    if gemm is None:
+        return None
+    return rates.matmul * gemm / rates.reference.gemm if rates.reference else gemm
+
 
 
 @dataclass(frozen=True)
@@ -168,7 +201,7 @@ def cpu_step_time(work: Work, tokens: int, threads: int, rates: CpuRates, params
     speedup = thread_speedup(threads, rates)
     matmul = work.matmul / matmul_rate if matmul_rate else work.matmul / rates.matmul / speedup
     rest = (work.attention / rates.attention + work.elements * rates.seconds_per_element) / speedup
-    overhead = rates.overhead_s + (3 * 4 * params / CPU_GLOO_BYTES_PER_S if world > 1 else 0.0)
+    overhead = rates.overhead_s + (3 * 4 * params / rates.gloo_bytes_per_s if world > 1 else 0.0)
     return StepTime(work, matmul + rest + overhead, threads, overhead, tokens, rates, matmul_rate)
 
 
@@ -191,16 +224,28 @@ def describe(cfg: TrainConfig, trainer: str, kind: str, world: int, threads: int
     """The `step time` line of --dry_run; None where nothing is estimated (RL trainers: generation dominates their
     step; GPUs: no rate measured yet). The rates are those of the kernel the run's linear layers will use: oneDNN
     where rlhfkit.models.cpu_gemm's probe (at this process's thread count, `RLHFKIT_CPU_GEMM` first) finds it
-    faster, as load_causal_lm will decide, else MKL's; the matmul rate is that kernel's, measured on this machine
-    (`cpu_gemm.gemm_rate`: the fit's constants came from another CPU)."""
+    faster, as load_causal_lm will decide, else MKL's; each scaled to this machine by its probe
+    (`on_this_machine`, `matmul_rate_from`: the fit's constants came from another CPU)."""
     if isinstance(cfg, PPOConfig) or kind != "cpu":
         return None
     from rlhfkit.models.cpu_gemm import gemm_rate, onednn_faster
+    from rlhfkit.planner.cpu_probe import measure_one_thread
 
-    rates = cpu_rates(onednn_faster())
-    st = offline_estimate(cfg, trainer, world, threads, rates, gemm_rate(rates.kernel))
+    fit = cpu_rates(onednn_faster())
+    gemm = gemm_rate(fit.kernel)
+    rates = on_this_machine(fit, measure_one_thread(fit.kernel) if fit.reference else None)
+    st = offline_estimate(cfg, trainer, world, threads, rates, matmul_rate_from(fit, gemm))
     return (f"step time: about {st.seconds:.3g} s per optimizer step on this CPU ({st.tokens} tokens per rank at "
             f"--max_len {cfg.data.max_len}, {st.work.flops / 1e9:.3g} GFLOP, {threads} thread"
             f"{'s' if threads != 1 else ''}, linears on {'oneDNN' if st.rates.kernel == 'onednn' else 'MKL'}"
-            f"{f' at a measured {st.matmul_rate / 1e9:.0f} GFLOP/s' if st.matmul_rate else ''}"
+            f"{_matmul_words(st.matmul_rate, gemm, fit.reference is not None)}"
             f"{f', {st.overhead:.2g} s of gloo traffic' if world > 1 else ''}); shorter rows take less")
+
+
+def _matmul_words(rate: float | None, gemm: float | None, scaled: bool) -> str:
+    """How the line names the matmul rate: scaled from the GEMM probe, the probe's own, or none measured."""
+    if rate is None or gemm is None:
+        return ""
+    if scaled:
+        return f" at {rate / 1e9:.0f} GFLOP/s (a 1024^3 product: {gemm / 1e9:.0f} measured here)"
+    return f" at a measured {rate / 1e9:.0f} GFLOP/s"

@@ -10,6 +10,7 @@ from rlhfkit.config.base import parse_config
 from rlhfkit.config.sft import SFTConfig
 from rlhfkit.models import cpu_gemm
 from rlhfkit.planner import step_time as st
+from rlhfkit.planner.cpu_probe import CpuProbe, measure_one_thread
 from rlhfkit.planner.dry_run import dry_run
 from rlhfkit.planner.memory import ModelShape
 from tests.planner.memory_shapes import write_config
@@ -56,7 +57,7 @@ def test_seconds_from_the_rates_the_overhead_and_the_gloo_traffic(rates):
     # a second thread adds extra_thread_efficiency of the first; ZeRO-3 / FSDP2: every fp32 parameter moves 3
     # times a step
     assert two.seconds == pytest.approx(compute / (1 + rates.extra_thread_efficiency) + rates.overhead_s
-                                        + 3 * 4 * 1000 / st.CPU_GLOO_BYTES_PER_S)
+                                        + 3 * 4 * 1000 / rates.gloo_bytes_per_s)
 
 
 def test_a_measured_matmul_rate_replaces_the_fit_for_the_matmul_term_only():
@@ -90,6 +91,33 @@ def test_the_rates_follow_the_kernel_of_the_linears():
     assert st.ONEDNN.matmul > st.MKL.matmul  # the reason for the routing on this machine
 
 
+def test_each_term_follows_its_probe_against_the_fit_machines():
+    ref = st.MKL.reference
+    assert ref is not None
+    probe = CpuProbe(gemm=ref.gemm * 2, attention=ref.attention * 3, element_ns=ref.element_ns / 4,
+                     op_us=ref.op_us * 5)
+    here = st.on_this_machine(st.MKL, probe)
+    # twice the GEMM rate, 3x the attention rate, a quarter of the time per element (and 4x the gloo traffic rate,
+    # memory-bound like it), 5x the time per small op
+    assert here.matmul == pytest.approx(st.MKL.matmul * 2)
+    assert here.attention == pytest.approx(st.MKL.attention * 3)
+    assert here.seconds_per_element == pytest.approx(st.MKL.seconds_per_element / 4)
+    assert here.gloo_bytes_per_s == pytest.approx(st.MKL.gloo_bytes_per_s * 4)
+    assert here.overhead_s == pytest.approx(st.MKL.overhead_s * 5)
+    assert here.extra_thread_efficiency == st.MKL.extra_thread_efficiency
+    # no reference recorded (the oneDNN fit) or nothing measured: the fit as it is
+    assert st.on_this_machine(st.ONEDNN, probe) is st.ONEDNN and st.on_this_machine(st.MKL, None) is st.MKL
+
+
+def test_the_matmul_rate_from_the_gemm_probe_at_the_runs_thread_count():
+    ref = st.MKL.reference
+    assert ref is not None
+    # the fit's rate times the measured 1024^3 rate against the fit machine's: the models' products run below it
+    assert st.matmul_rate_from(st.MKL, ref.gemm * 1.5) == pytest.approx(st.MKL.matmul * 1.5)
+    assert st.matmul_rate_from(st.ONEDNN, 2e11) == 2e11  # no reference: the probe's own rate
+    assert st.matmul_rate_from(st.MKL, None) is None
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine plans against its GPUs (no estimate there)")
 @pytest.mark.parametrize(("setting", "rates", "name"), [("onednn", st.ONEDNN, "oneDNN"), ("aten", st.MKL, "MKL")])
 def test_dry_run_prints_the_estimate_beside_the_memory_plan(tmp_path, capsys, monkeypatch, setting, rates, name):
@@ -101,10 +129,17 @@ def test_dry_run_prints_the_estimate_beside_the_memory_plan(tmp_path, capsys, mo
                                    "--train_batch_size", "3", "--micro_train_batch_size", "3", "--dry_run"], "x")
     assert dry_run(cfg, "sft", "x")
     line = capsys.readouterr().out.splitlines()[-1]
-    # the matmul term at the kernel's rate measured on this machine (the probe's, cached per thread count)
+    # the probes of this machine (cached per process and thread count, so the same figures as the line's)
     measured = cpu_gemm.gemm_rate(rates.kernel)
-    seconds = st.cpu_step_time(st.Work(175680, 7200, 6660), 15, torch.get_num_threads(), rates,
-                               matmul_rate=measured).seconds
-    assert line.startswith(f"step time: about {seconds:.3g} s per optimizer step on this CPU (15 tokens per rank")
     assert measured is not None
-    assert f"linears on {name} at a measured {measured / 1e9:.0f} GFLOP/s" in line
+    here = st.on_this_machine(rates, measure_one_thread(rates.kernel) if rates.reference else None)
+    matmul = st.matmul_rate_from(rates, measured)
+    assert matmul is not None
+    seconds = st.cpu_step_time(st.Work(175680, 7200, 6660), 15, torch.get_num_threads(), here,
+                               matmul_rate=matmul).seconds
+    assert line.startswith(f"step time: about {seconds:.3g} s per optimizer step on this CPU (15 tokens per rank")
+    if rates.reference:
+        assert (f"linears on {name} at {matmul / 1e9:.0f} GFLOP/s (a 1024^3 product: {measured / 1e9:.0f} measured "
+                "here)") in line
+    else:
+        assert f"linears on {name} at a measured {measured / 1e9:.0f} GFLOP/s" in line
