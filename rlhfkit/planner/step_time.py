@@ -16,12 +16,13 @@ taken full (`--max_len` tokens): an upper bound for shorter data, exact for pack
 Element-wise work (norms, activations, residual adds, the log-softmax over the vocabulary) is counted as h + i
 elements per token and layer plus V logits, 3 times for a trained pass: on CPU it is bound by memory, not FLOPs.
 
-The matmul term runs at the rate measured on this machine for the linears' kernel (`cpu_gemm.gemm_rate`, at the
-process's thread count) where it has one. The rates and overhead below are fit on `bench/cost_curves.py`'s CPU
-points (bench/results/cost_curves.md shows the prediction against every measured point), once per fp32 GEMM kernel
-the linear layers can run on: MKL (PyTorch's `F.linear`) and oneDNN (where rlhfkit.models.cpu_gemm routes them when
-its probe finds oneDNN faster). Not estimated: the RL trainers (their step is mostly generation, which is bound by
-memory bandwidth, not FLOPs) and GPUs (no rate measured here yet).
+The rates and overhead below are fit on `bench/cost_curves.py`'s CPU points (bench/results/cost_curves*.md show
+the prediction against every measured point), once per fp32 GEMM kernel the linear layers can run on: MKL (PyTorch's
+`F.linear`) and oneDNN (where rlhfkit.models.cpu_gemm routes them when its probe finds oneDNN faster). On the
+machine a run plans on, each term follows its probe there against the fit machine's (`rlhfkit/planner/cpu_probe.py`,
+`on_this_machine`), the matmul term at the GEMM rate measured at the run's thread count (`matmul_rate_from`).
+Not estimated: the RL trainers (their step is mostly generation, which is bound by memory bandwidth, not FLOPs)
+and GPUs (no rate measured here yet).
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ MKL = CpuRates("aten", 81.4e9, 32.3e9, 7.0e-9, 0.007, 0.6, reference=CpuProbe(86
 # term follows the machine a run is on, at the GEMM rate measured there. The matmuls ran at ~1.8x MKL's rate on it;
 # the fit puts more of the rest in a fixed per-step cost (28 ms: the tiny model's step at 128 tokens got slower,
 # 0.029 -> 0.041 s, with ~10 us more per oneDNN call and the Python autograd function of each linear) and less in
-# the element-wise term. Two threads: four
-# points at 1.92-2.06x their one-thread estimate's speed (oneDNN's two-thread GEMM rate is 2x its one-thread rate).
+# the element-wise term. Two threads: four points at 1.92-2.06x their one-thread estimate's speed (oneDNN's two-thread
+# GEMM rate is 2x its one-thread rate).
 # World 2: 0.8-1.0 GB/s of parameter traffic under ZeRO-3 and 1.9-2.1 under FSDP2; one rate for both, ZeRO-3's side.
 ONEDNN = CpuRates("onednn", 168e9, 39e9, 1.0e-9, 0.028, 0.95, gloo_bytes_per_s=1.0e9)
 
@@ -106,7 +107,6 @@ def matmul_rate_from(rates: CpuRates, gemm: float | None) -> float | None:
     if gemm is None:
         return None
     return rates.matmul * gemm / rates.reference.gemm if rates.reference else gemm
-
 
 
 @dataclass(frozen=True)
