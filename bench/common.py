@@ -156,18 +156,24 @@ class StepClock:
                                  **self.extra}), flush=True)
 
 
+def proc_status_bytes(field: str) -> int:
+    """A memory field of /proc/self/status (`VmHWM`, `VmRSS`, `RssFile`, ...) in bytes; KeyError where it is absent,
+    OSError where /proc is."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
 def peak_rss_mb() -> float:
     """This process's peak resident memory in MiB: `VmHWM` of /proc/self/status, the high-water mark of its own
     address space. Not `ru_maxrss`: Linux carries that over exec from the address space a child was forked from, so a
     child of a large parent (a bench driver that has just built a 135M model) reports at least the parent's peak
     (a 13 MB child of a 600 MB parent: ru_maxrss 613 MB, VmHWM 13 MB). `ru_maxrss` only where /proc is absent."""
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux, bytes on macOS: Linux here
+        return proc_status_bytes("VmHWM") / 2**20
+    except (OSError, KeyError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 class TreeMonitor:

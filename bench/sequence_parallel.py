@@ -18,10 +18,9 @@ import time
 from pathlib import Path
 
 import torch
+from common import peak_rss_mb
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import peak_rss_mb  # noqa: E402
 
 
 def model_and_row(tokens: int) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:

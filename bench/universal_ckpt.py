@@ -24,20 +24,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import MARK, ROOT, build_models, child_env, load, machine, versions
+from common import MARK, ROOT, build_models, child_env, load, machine, proc_status_bytes, versions
 
 RESULT = ROOT / "bench" / "results" / "universal_ckpt.md"
 MB = 1024**2
 
 
 # -- child (one torchrun rank) -------------------------------------------------------------------------------------
-def _status(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(field)
-
-
 def _measured(op) -> dict[str, float]:
     import gc
 
@@ -46,13 +39,13 @@ def _measured(op) -> dict[str, float]:
     gc.collect()
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     dist.barrier()
-    before, file_before = _status("VmRSS"), _status("RssFile")
+    before, file_before = proc_status_bytes("VmRSS"), proc_status_bytes("RssFile")
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
     op()
-    peak = _status("VmHWM")
+    peak = proc_status_bytes("VmHWM")
     dist.barrier()
     return {"before_mb": before / MB, "peak_delta_mb": (peak - before) / MB,
-            "file_mb": (_status("RssFile") - file_before) / MB}
+            "file_mb": (proc_status_bytes("RssFile") - file_before) / MB}
 
 
 def _allowance(engine) -> dict[str, float]:
