@@ -2,8 +2,9 @@
 
 `$RLHFKIT_CACHE_DIR` when set, else `${XDG_CACHE_HOME:-~/.cache}/rlhfkit`. Each user of the cache takes a folder of
 its own under it: `gguf/` (converted GGUF models, `rlhfkit/models/gguf.py`), `real_model/` (the packages of the
-real-model demo, `rlhfkit/cli/real_model_assets.py`) and `package-map/` (Transformers' import-time package scan,
-`rlhfkit/package_map.py`). Importable from every layer: `import rlhfkit` itself loads it (through package_map).
+real-model demo, `rlhfkit/cli/real_model_assets.py`), `package-map/` (Transformers' import-time package scan,
+`rlhfkit/package_map.py`) and `cpu-gemm/` (this machine's fp32 GEMM kernel decision, `rlhfkit/models/cpu_gemm.py`).
+Importable from every layer: `import rlhfkit` itself loads it (through package_map).
 """
 
 from __future__ import annotations

@@ -8,30 +8,42 @@ fp32 with fp32 accumulation (errors against float64 of the same order, ~1e-6 rel
 only) it is the other way round: MKL 176-182 GFLOP/s at two threads, oneDNN 14-26% slower, and nothing is routed.
 
 `use_fast_cpu_linears(model)` routes a model's `nn.Linear` layers through an autograd function whose forward and
-two backward products all run on oneDNN, when a one-off probe on this process's thread count finds oneDNN faster
-(on an Intel CPU, where MKL is fast, it usually does not, and nothing changes). Each call falls back to
-`F.linear` for anything else: a GPU tensor, another dtype, autocast, a DTensor, or a product too small for
-oneDNN's ~10 us call overhead to pay (M x K x N < 2^21). `RLHFKIT_CPU_GEMM=aten` turns the routing off,
-`=onednn` forces it (tests, benches).
+two backward products all run on oneDNN, when a probe at the process's thread count finds oneDNN faster (on an
+Intel CPU, where MKL is fast, it usually does not, and nothing changes). Each call falls back to `F.linear` for
+anything else: a GPU tensor, another dtype, autocast, a DTensor, or a product too small for oneDNN's ~10 us call
+overhead to pay (M x K x N < 2^21). `RLHFKIT_CPU_GEMM=aten` turns the routing off, `=onednn` forces it (tests,
+benches).
+
+The probe runs once per machine (CPU model, torch build, thread count) and its decision is recorded in
+`<cache_root()>/cpu-gemm/choices.json`; delete the file to measure again. The two kernels round differently, so a
+run resumed in a new process, the ranks of one torchrun job and two runs compared bit for bit must multiply on the
+same one, and a probe repeated in each process now and then picked the slower kernel on the 2-core Zen 3 (a resumed
+run then drifted from the uninterrupted one by 1.7e-4).
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import json
 import os
+import platform
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlhfkit.cache import cache_root
+
 ENV = "RLHFKIT_CPU_GEMM"
 CHOICES = ("auto", "onednn", "aten")
 MIN_PRODUCT = 1 << 21  # M*K*N below which MKL's lower call overhead wins (measured: 16x128x344 MKL 17 us, oneDNN 20)
 PROBE_SHAPE = (1024, 1024, 1024)  # M, K, N: the size of the bench models' products, ~2 GFLOP (12 ms at 2 threads)
-PROBE_ROUNDS = 3
+PROBE_ROUNDS = 7  # once per machine (0.4 s at one thread): the best of 7 keeps a slow burst from deciding
 RATE_CALLS = 8  # gemm_rate's timed calls
 _choice: dict[int, bool] = {}  # torch thread count -> oneDNN measured faster
 _seconds: dict[int, dict[str, float]] = {}  # torch thread count -> kernel -> best CPU seconds of a probe product
@@ -95,8 +107,8 @@ def kernel_seconds() -> dict[str, float]:
 
 
 def _probe() -> bool:
-    """Whether oneDNN's fp32 linear beats `F.linear` here by 10% or more, on one 1024^3 product (~0.25 s at one
-    thread, ~0.13 s at two, `kernel_seconds`).
+    """Whether oneDNN's fp32 linear beats `F.linear` here by 10% or more, on one 1024^3 product (~0.4 s at one
+    thread, ~0.2 s at two, `kernel_seconds`; once per machine, `_machine_choice`).
 
     The shape matters. On a 2-core Zen 3 (AVX2, no AVX-512) oneDNN is 14-26% slower than MKL on 1024^3 and on the
     bench models' products, but within +-5% of it on a 256x512x1024 product, where one process in four or so timed
@@ -145,8 +157,47 @@ def onednn_faster() -> bool:
         return setting == "onednn"
     threads = torch.get_num_threads()
     if threads not in _choice:
-        _choice[threads] = _probe()
+        _choice[threads] = _machine_choice(threads) and _onednn_works()
     return _choice[threads]
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_key(threads: int) -> str:
+    """What a recorded decision holds for: the CPU model, the torch build (it bundles both kernels), threads."""
+    return f"{_cpu_model()} | torch {torch.__version__} | {threads} thread{'s' * (threads != 1)}"
+
+
+def _machine_choice(threads: int) -> bool:
+    """This machine's recorded decision at `threads`; the first process to need it probes and records it, under a
+    file lock so that processes starting together (the ranks of a job) wait for it instead of probing apart. Where
+    the cache cannot be written, each process probes for itself, as before the record."""
+    folder = cache_root() / "cpu-gemm"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / "lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            path, key = folder / "choices.json", machine_key(threads)
+            try:
+                choices = json.loads(path.read_text()) if path.is_file() else {}
+            except ValueError:  # a damaged record: measured again and rewritten
+                choices = {}
+            if not isinstance(choices.get(key), dict):
+                choices[key] = {"onednn": _probe(), "cpu_seconds": kernel_seconds()}
+                tmp = path.with_name(f"choices.{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(choices, indent=1, sort_keys=True) + "\n")
+                os.replace(tmp, path)
+            return bool(choices[key].get("onednn"))
+    except OSError:
+        return _probe()
 
 
 def kernel_for_workers() -> str:

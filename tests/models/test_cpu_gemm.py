@@ -1,9 +1,13 @@
 """fp32 CPU linears through oneDNN (rlhfkit/models/cpu_gemm.py): the same values and gradients as a float64
-product, the fall-backs, and a whole model's step."""
+product, the fall-backs, a whole model's step, and one recorded kernel decision per machine."""
 
 from __future__ import annotations
 
 import copy
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -11,7 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from rlhfkit.cache import CACHE_ENV
 from rlhfkit.models import cpu_gemm
+from tests.helpers import REPO
 
 
 @pytest.fixture
@@ -79,7 +85,15 @@ def test_the_setting_is_read_from_the_environment(monkeypatch):
         cpu_gemm.onednn_faster()
 
 
-def test_the_probe_decides_once_per_thread_count(monkeypatch):
+@pytest.fixture
+def empty_cache(monkeypatch, tmp_path):
+    """No recorded decision: the next `onednn_faster()` probes (and records under tmp_path)."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(cpu_gemm, "_choice", {})
+    return tmp_path
+
+
+def test_the_probe_decides_once_per_thread_count(monkeypatch, empty_cache):
     monkeypatch.delenv(cpu_gemm.ENV, raising=False)
     monkeypatch.setattr(cpu_gemm, "_choice", {})
     calls = []
@@ -88,12 +102,13 @@ def test_the_probe_decides_once_per_thread_count(monkeypatch):
     assert calls == [1]
 
 
-def test_the_driver_decides_once_for_every_process_it_starts(monkeypatch):
+def test_the_driver_decides_once_for_every_process_it_starts(monkeypatch, empty_cache):
     from rlhfkit.distributed.ray_groups import worker_env
 
     monkeypatch.delenv(cpu_gemm.ENV, raising=False)
     for probe, kernel in ((True, "onednn"), (False, "aten")):  # the driver's probe, passed on as a fixed choice
         monkeypatch.setattr(cpu_gemm, "_choice", {})
+        monkeypatch.setenv(CACHE_ENV, str(empty_cache / kernel))
         monkeypatch.setattr(cpu_gemm, "_probe", lambda probe=probe: probe)
         assert worker_env()[cpu_gemm.ENV] == kernel and worker_env({"X": "1"})[cpu_gemm.ENV] == kernel
     monkeypatch.setenv(cpu_gemm.ENV, "aten")  # the user's choice wins, and reaches every process of the run
@@ -167,3 +182,58 @@ def test_a_routed_model_pickles_and_deep_copies_onto_its_copy(forced):
     torch.save(model, buffer)
     buffer.seek(0)
     assert torch.equal(torch.load(buffer, weights_only=False)(x), model(x))
+
+
+def test_the_decision_is_recorded_once_per_machine_and_read_back(monkeypatch, empty_cache):
+    """A later process (here: the per-process memo cleared) reads the machine's record and does not probe, whatever
+    a probe of its own would say: a resumed run multiplies on the kernel its first half used."""
+    monkeypatch.delenv(cpu_gemm.ENV, raising=False)
+    calls: list[int] = []
+    monkeypatch.setattr(cpu_gemm, "_probe", lambda: calls.append(1) or False)
+    assert not cpu_gemm.onednn_faster() and calls == [1]
+    path = empty_cache / "cpu-gemm" / "choices.json"
+    key = cpu_gemm.machine_key(torch.get_num_threads())
+    record = json.loads(path.read_text())
+    assert list(record) == [key] and record[key]["onednn"] is False and "aten" in record[key]["cpu_seconds"]
+    assert "torch " + torch.__version__ in key
+
+    def no_probe() -> bool:
+        raise AssertionError("probed although the machine's decision is recorded")
+    monkeypatch.setattr(cpu_gemm, "_probe", no_probe)
+    monkeypatch.setattr(cpu_gemm, "_choice", {})
+    assert not cpu_gemm.onednn_faster()
+    record[key]["onednn"] = True  # the record decides, not this process
+    path.write_text(json.dumps(record))
+    monkeypatch.setattr(cpu_gemm, "_choice", {})
+    assert cpu_gemm.onednn_faster() == cpu_gemm._onednn_works()
+
+
+def test_a_damaged_record_is_measured_again_and_an_unwritable_cache_probes_per_process(monkeypatch, empty_cache):
+    monkeypatch.delenv(cpu_gemm.ENV, raising=False)
+    monkeypatch.setattr(cpu_gemm, "_probe", lambda: False)
+    (empty_cache / "cpu-gemm").mkdir()
+    (empty_cache / "cpu-gemm" / "choices.json").write_text("{not json")
+    assert not cpu_gemm.onednn_faster()
+    assert json.loads((empty_cache / "cpu-gemm" / "choices.json").read_text())  # rewritten whole
+    blocked = empty_cache / "a_file"
+    blocked.write_text("")
+    monkeypatch.setenv(CACHE_ENV, str(blocked))  # the cache folder cannot be made under a file
+    monkeypatch.setattr(cpu_gemm, "_choice", {})
+    monkeypatch.setattr(cpu_gemm, "_probe", lambda: True)
+    assert cpu_gemm.onednn_faster() == cpu_gemm._onednn_works()
+
+
+def test_processes_starting_together_probe_once_and_agree(tmp_path):
+    """Two real processes (as the ranks of a torchrun job start) with no record: one probes, the other waits on the
+    lock and reads the same decision."""
+    code = ("import torch; torch.set_num_threads(1); from rlhfkit.models import cpu_gemm; calls = []; "
+            "probe = cpu_gemm._probe; cpu_gemm._probe = lambda: calls.append(1) or probe(); "
+            "print(cpu_gemm.onednn_faster(), len(calls))")
+    env = {k: v for k, v in os.environ.items() if k != cpu_gemm.ENV}
+    env.update({CACHE_ENV: str(tmp_path), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=120)[0].split() for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert outs[0][0] == outs[1][0] and sorted(int(o[1]) for o in outs) == [0, 1], outs
+    assert len(json.loads((tmp_path / "cpu-gemm" / "choices.json").read_text())) == 1
