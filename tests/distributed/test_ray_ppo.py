@@ -245,7 +245,8 @@ def train_rows(out: Path) -> list[dict]:
 @pytest.mark.limit(300)
 def test_resume_through_ray_continues_exactly(ray_cluster, demo_assets, tmp_path):
     """--load_checkpoint on the Ray path: the actor and critic groups reload their DeepSpeed states and the driver
-    its loop state, so step 3 after a stop at step 2 equals step 3 of an uninterrupted run."""
+    its loop state, so a run resumed from the step-2 checkpoint of a 3-step run (as after a crash during step 3)
+    trains a step 3 equal to that run's own."""
     from safetensors.torch import load_file
 
     def argv(out: Path, *extra: str) -> list[str]:
@@ -260,10 +261,9 @@ def test_resume_through_ray_continues_exactly(ray_cluster, demo_assets, tmp_path
         return base
 
     ckpt = tmp_path / "ckpt"
-    run_ppo_ray(parse_config(PPOConfig, argv(tmp_path / "full"), "test"))
-    run_ppo_ray(parse_config(PPOConfig, argv(tmp_path / "first", "--max_rl_steps", "2", "--save_steps", "2",
-                                             "--ckpt_path", str(ckpt)), "test"))
-    assert (ckpt / "latest").read_text() == "global_step2"
+    run_ppo_ray(parse_config(PPOConfig, argv(tmp_path / "full", "--save_steps", "2", "--ckpt_path", str(ckpt)),
+                             "test"))
+    assert (ckpt / "latest").read_text() == "global_step2"  # saved at step 2 only, then step 3 trained on
     run_ppo_ray(parse_config(PPOConfig, argv(tmp_path / "second", "--load_checkpoint", "--ckpt_path", str(ckpt)),
                              "test"))
     resumed, reference = train_rows(tmp_path / "second"), train_rows(tmp_path / "full")
