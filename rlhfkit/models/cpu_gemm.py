@@ -190,6 +190,8 @@ def _machine_choice(threads: int) -> bool:
                 choices = json.loads(path.read_text()) if path.is_file() else {}
             except ValueError:  # a damaged record: measured again and rewritten
                 choices = {}
+            if not isinstance(choices, dict):
+                choices = {}
             if not isinstance(choices.get(key), dict):
                 choices[key] = {"onednn": _probe(), "cpu_seconds": kernel_seconds()}
                 tmp = path.with_name(f"choices.{os.getpid()}.tmp")

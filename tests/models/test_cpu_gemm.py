@@ -212,9 +212,11 @@ def test_a_damaged_record_is_measured_again_and_an_unwritable_cache_probes_per_p
     monkeypatch.delenv(cpu_gemm.ENV, raising=False)
     monkeypatch.setattr(cpu_gemm, "_probe", lambda: False)
     (empty_cache / "cpu-gemm").mkdir()
-    (empty_cache / "cpu-gemm" / "choices.json").write_text("{not json")
-    assert not cpu_gemm.onednn_faster()
-    assert json.loads((empty_cache / "cpu-gemm" / "choices.json").read_text())  # rewritten whole
+    for damaged in ("{not json", "[]"):
+        (empty_cache / "cpu-gemm" / "choices.json").write_text(damaged)
+        monkeypatch.setattr(cpu_gemm, "_choice", {})
+        assert not cpu_gemm.onednn_faster()
+        assert json.loads((empty_cache / "cpu-gemm" / "choices.json").read_text())  # rewritten whole
     blocked = empty_cache / "a_file"
     blocked.write_text("")
     monkeypatch.setenv(CACHE_ENV, str(blocked))  # the cache folder cannot be made under a file
