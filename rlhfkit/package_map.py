@@ -32,7 +32,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from rlhfkit.cache import cache_root
+from rlhfkit.cache import cache_root, write_atomically
 
 DISABLE_ENV = "RLHFKIT_NO_PACKAGE_MAP_CACHE"
 STANDARD = metadata.packages_distributions
@@ -72,14 +72,9 @@ def _read(path: Path, mtime_ns: int) -> Pairs | None:
 def _write(path: Path, folder: str, mtime_ns: int, pairs: Pairs) -> None:
     """Write atomically (a temporary file renamed over the old one): processes that start together never read
     half a file. A cache that cannot be written is skipped: the next process derives the pairs again."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
+    with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"folder": folder, "mtime_ns": mtime_ns, "pairs": pairs}), encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+        write_atomically(path, json.dumps({"folder": folder, "mtime_ns": mtime_ns, "pairs": pairs}))
 
 
 def cached_folder_pairs(entry: str) -> Pairs:

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlhfkit.cache import cache_root
+from rlhfkit.cache import cache_root, write_atomically
 
 ENV = "RLHFKIT_CPU_GEMM"
 CHOICES = ("auto", "onednn", "aten")
@@ -176,6 +176,15 @@ def machine_key(threads: int) -> str:
     return f"{_cpu_model()} | torch {torch.__version__} | {threads} thread{'s' * (threads != 1)}"
 
 
+def _read_choices(path: Path) -> dict[str, Any]:
+    """The recorded decisions; none where the file is absent or damaged (then measured again and rewritten)."""
+    try:
+        choices = json.loads(path.read_text()) if path.is_file() else {}
+    except ValueError:
+        return {}
+    return choices if isinstance(choices, dict) else {}
+
+
 def _machine_choice(threads: int) -> bool:
     """This machine's recorded decision at `threads`; the first process to need it probes and records it, under a
     file lock so that processes starting together (the ranks of a job) wait for it instead of probing apart. Where
@@ -186,17 +195,10 @@ def _machine_choice(threads: int) -> bool:
         with open(folder / "lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             path, key = folder / "choices.json", machine_key(threads)
-            try:
-                choices = json.loads(path.read_text()) if path.is_file() else {}
-            except ValueError:  # a damaged record: measured again and rewritten
-                choices = {}
-            if not isinstance(choices, dict):
-                choices = {}
+            choices = _read_choices(path)
             if not isinstance(choices.get(key), dict):
                 choices[key] = {"onednn": _probe(), "cpu_seconds": kernel_seconds()}
-                tmp = path.with_name(f"choices.{os.getpid()}.tmp")
-                tmp.write_text(json.dumps(choices, indent=1, sort_keys=True) + "\n")
-                os.replace(tmp, path)
+                write_atomically(path, json.dumps(choices, indent=1, sort_keys=True) + "\n")
             return bool(choices[key].get("onednn"))
     except OSError:
         return _probe()

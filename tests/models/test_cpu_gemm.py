@@ -95,7 +95,6 @@ def empty_cache(monkeypatch, tmp_path):
 
 def test_the_probe_decides_once_per_thread_count(monkeypatch, empty_cache):
     monkeypatch.delenv(cpu_gemm.ENV, raising=False)
-    monkeypatch.setattr(cpu_gemm, "_choice", {})
     calls = []
     monkeypatch.setattr(cpu_gemm, "_probe", lambda: calls.append(1) or True)
     assert cpu_gemm.onednn_faster() and cpu_gemm.onednn_faster()
