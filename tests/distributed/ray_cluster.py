@@ -19,6 +19,8 @@ def ensure_ray() -> None:
                        "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1"}.items():
         os.environ.setdefault(key, value)
     os.environ.pop("RAY_ADDRESS", None)
-    with lean_local_head():  # as a run starts its own cluster: no autoscaler monitor (rlhfkit/distributed/ray_head.py)
+    # as a run starts its own cluster (no autoscaler monitor), and no log monitor: nothing here reads the workers'
+    # output from the driver (log_to_driver=False; rlhfkit/distributed/ray_head.py)
+    with lean_local_head(log_monitor=False):
         ray.init(address="local", num_cpus=NUM_CPUS, num_gpus=0, include_dashboard=False, log_to_driver=False,
                  logging_level="ERROR", configure_logging=True)

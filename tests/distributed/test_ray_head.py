@@ -30,6 +30,16 @@ def test_within_the_block_a_head_has_no_monitor_and_counts_the_dashboard_deps_ab
     assert parameter.RayParams(num_cpus=1).no_monitor is False
 
 
+def test_log_monitor_is_left_out_only_when_asked() -> None:
+    with lean_local_head():
+        assert parameter.RayParams(num_cpus=1).include_log_monitor is None  # Ray's default: started
+    with lean_local_head(log_monitor=False) as lean:
+        assert lean is True
+        params = parameter.RayParams(num_cpus=1, include_log_monitor=True)  # what ray.init passes is overridden
+        assert params.include_log_monitor is False and params.no_monitor is True
+    assert parameter.RayParams(num_cpus=1).include_log_monitor is None
+
+
 def test_internals_are_restored_when_ray_init_fails() -> None:
     init = parameter.RayParams.__init__
     with pytest.raises(RuntimeError), lean_local_head():
