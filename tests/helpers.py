@@ -11,6 +11,10 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # A `ray start --block` node that gets SIGTERM first drains for up to 30 s (Ray 2.60, for Kubernetes pods): a test's
@@ -39,6 +43,32 @@ def run_module(args: list[str], *, launcher: list[str] | None = None, timeout: f
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     cmd = (launcher or [sys.executable, "-m"]) + args
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd or REPO)
+
+
+def run_here(args: list[str], capsys: pytest.CaptureFixture[str] | None) -> subprocess.CompletedProcess:
+    """`run_module(args)` in this process, for a test whose subject is the run rather than its process: the module's
+    own `main` through `run_cli`, `sys.argv` as `python -m` sets it; the exit code and the output come back as a
+    CompletedProcess. A run in a process of its own first spends 5-6 CPU seconds importing torch, Transformers and
+    DeepSpeed, which this process holds already. Each run is a world of one, and the environment, the thread count
+    and the determinism switches are restored afterwards. A test of what only a process shows (a signal, a
+    launcher, exit at interpreter level, variables read at import) keeps `run_module`. Without `capsys` (a fixture
+    wider than a test cannot take it) the output goes to pytest's own capture and comes back empty."""
+    import importlib
+
+    from rlhfkit.cli.common import run_cli
+
+    module = importlib.import_module(args[0])
+    if capsys is not None:
+        capsys.readouterr()
+    saved_argv = sys.argv
+    sys.argv = [str(module.__file__), *args[1:]]  # as `python -m` sets it (a run records its command line)
+    try:
+        with launcher_env_of_one(), torch_determinism_restored():
+            code = run_cli(module.main, args[1:], prog=getattr(module, "PROG", args[0]))
+    finally:
+        sys.argv = saved_argv
+    out, err = capsys.readouterr() if capsys is not None else ("", "")
+    return subprocess.CompletedProcess(args, code, out, err)
 
 
 @contextmanager

@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 from rlhfkit.agents import OpenAIAgentExecutor, Prompt
 from rlhfkit.agents.episodes import BatchingGenerator, run_episodes
 from rlhfkit.rollout.hf_engine import HFRolloutEngine
-from tests.helpers import run_module
+from tests.helpers import run_here
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agent_openai_http.py"
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
@@ -147,16 +147,16 @@ def test_completions_continue_the_text_token_exactly(policy):
     assert calls[0][0] == p1  # bos once
 
 
-def test_one_rl_step_trains_on_http_driven_episodes(demo_assets, tmp_path):
+def test_one_rl_step_trains_on_http_driven_episodes(demo_assets, tmp_path, capsys):
     save = tmp_path / "out"
-    proc = run_module([
+    proc = run_here([
         "rlhfkit.cli.train_ppo", "--pretrain", str(demo_assets.model_dir), "--prompt_data", str(demo_assets.rl_train),
         "--input_key", "prompt", "--label_key", "answer", "--agent_func_path", str(EXAMPLE), "--max_steps", "2",
         "--advantage_estimator", "reinforce", "--n_samples_per_prompt", "2", "--rollout_batch_size", "2",
         "--micro_rollout_batch_size", "4", "--train_batch_size", "4", "--micro_train_batch_size", "2",
         "--max_samples", "4", "--generate_max_len", "64", "--prompt_max_len", "32", "--max_rl_steps", "1",
         "--actor_learning_rate", "1e-3", "--init_kl_coef", "0.01", "--zero_stage", "0", "--save_path", str(save),
-        "--disable_progress_bar"], timeout=300)
+        "--disable_progress_bar"], capsys)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(x) for x in (save / "metrics.jsonl").read_text().splitlines()]
     [step] = [r for r in rows if "train/actor/policy_loss" in r]

@@ -6,22 +6,19 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, error_lines
-
-LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+from tests.helpers import error_lines, launcher_env_of_one, run_here
 
 
-def cli(module: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python -m rlhfkit.cli.<module> ...` in a clean single-process environment."""
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", WANDB_MODE="offline", WANDB_SILENT="true")
-    return subprocess.run([sys.executable, "-m", f"rlhfkit.cli.{module}", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=REPO)
+def cli(capsys, module: str, *args: str) -> subprocess.CompletedProcess:
+    """`python -m rlhfkit.cli.<module> ...`'s main in this process (`tests.helpers.run_here`: a world of one, the
+    environment restored afterwards), wandb offline and silent."""
+    with launcher_env_of_one():
+        os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true")
+        return run_here([f"rlhfkit.cli.{module}", *args], capsys)
 
 
 def ok(proc: subprocess.CompletedProcess) -> None:
@@ -49,12 +46,13 @@ def metrics(save: Path) -> list[dict]:
     return [json.loads(line) for line in (save / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_seed_reward_model_command(demo_assets, chat_pairs, tmp_path):
+def test_seed_reward_model_command(demo_assets, chat_pairs, tmp_path, capsys):
     """Seed: deepspeed --module openrlhf.cli.train_rm ... --zero_stage 3 --bf16 --packing_samples ... (--flash_attn
     is GPU-only and covered below)."""
     save = tmp_path / "rm"
-    ok(cli("train_rm", "--save_path", str(save), "--save_steps", "-1", "--logging_steps", "1", "--eval_steps", "-1",
-           "--train_batch_size", "8", "--micro_train_batch_size", "1", "--pretrain", str(demo_assets.model_dir),
+    ok(cli(capsys, "train_rm", "--save_path", str(save), "--save_steps", "-1", "--logging_steps", "1",
+           "--eval_steps", "-1", "--train_batch_size", "8", "--micro_train_batch_size", "1", "--pretrain",
+           str(demo_assets.model_dir),
            "--bf16", "--max_epochs", "1", "--max_len", "64", "--zero_stage", "3", "--learning_rate", "9e-6",
            "--dataset", str(chat_pairs), "--apply_chat_template", "--chosen_key", "chosen", "--rejected_key",
            "rejected", "--packing_samples", "--gradient_checkpointing", "--use_wandb", "dummy-token"))
@@ -68,11 +66,12 @@ def test_seed_reward_model_command(demo_assets, chat_pairs, tmp_path):
     assert load_value_model(str(save)).config.value_head_prefix == "score"
 
 
-def test_seed_dpo_command(demo_assets, chat_pairs, tmp_path):
+def test_seed_dpo_command(demo_assets, chat_pairs, tmp_path, capsys):
     """Seed: deepspeed --module openrlhf.cli.train_dpo ... --zero_stage 3 --beta 0.1 --bf16 ..."""
     save = tmp_path / "dpo"
-    ok(cli("train_dpo", "--save_path", str(save), "--save_steps", "-1", "--logging_steps", "1", "--eval_steps", "-1",
-           "--train_batch_size", "8", "--micro_train_batch_size", "2", "--pretrain", str(demo_assets.model_dir),
+    ok(cli(capsys, "train_dpo", "--save_path", str(save), "--save_steps", "-1", "--logging_steps", "1",
+           "--eval_steps", "-1", "--train_batch_size", "8", "--micro_train_batch_size", "2", "--pretrain",
+           str(demo_assets.model_dir),
            "--bf16", "--max_epochs", "1", "--max_len", "64", "--zero_stage", "3", "--learning_rate", "5e-7",
            "--beta", "0.1", "--dataset", str(chat_pairs), "--apply_chat_template", "--chosen_key", "chosen",
            "--rejected_key", "rejected", "--gradient_checkpointing"))
@@ -81,9 +80,9 @@ def test_seed_dpo_command(demo_assets, chat_pairs, tmp_path):
     assert (save / "model.safetensors").is_file() and (save / "tokenizer.json").is_file()
 
 
-def test_kto_command(demo_assets, tmp_path):
+def test_kto_command(demo_assets, tmp_path, capsys):
     save = tmp_path / "kto"
-    ok(cli("train_kto", "--pretrain", str(demo_assets.model_dir), "--dataset", str(demo_assets.kto_train),
+    ok(cli(capsys, "train_kto", "--pretrain", str(demo_assets.model_dir), "--dataset", str(demo_assets.kto_train),
            "--input_key", "prompt", "--output_key", "completion", "--label_key", "label", "--input_template",
            "User: {}\nAssistant: ", "--max_samples", "32", "--train_batch_size", "16", "--micro_train_batch_size",
            "8", "--max_len", "64", "--zero_stage", "2", "--beta", "0.1", "--desirable_loss_weight", "1.0",
@@ -114,10 +113,10 @@ def test_flash_attn_on_cpu_is_a_clear_one_line_error(demo_assets, chat_pairs, tm
     assert "flash-attn" in line and "sdpa" in line
 
 
-def test_missing_chosen_key_names_file_and_record(demo_assets, tmp_path):
+def test_missing_chosen_key_names_file_and_record(demo_assets, tmp_path, capsys):
     bad = tmp_path / "pairs.jsonl"
     bad.write_text('{"prompt": "a", "answer": "b", "rejected": "c"}\n')
-    line = one_line_error(cli("train_rm", "--pretrain", str(demo_assets.model_dir), "--dataset", str(bad),
+    line = one_line_error(cli(capsys, "train_rm", "--pretrain", str(demo_assets.model_dir), "--dataset", str(bad),
                               "--prompt_key", "prompt", "--train_batch_size", "1", "--micro_train_batch_size", "1",
                               "--save_path", str(tmp_path / "out")))
     assert f"{bad}: record 1 has no key 'chosen'" in line and "--chosen_key" in line

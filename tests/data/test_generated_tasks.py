@@ -101,18 +101,18 @@ def test_the_packaged_reward_scores_with_the_task_s_scorer():
     assert answer_of("the sum is 12, then 40.", "40") == "40" and answer_of("<answer> red </answer>", "red") == "red"
 
 
-def test_two_grpo_steps_on_a_generated_task_with_the_packaged_reward(demo_assets, tmp_path):
-    from tests.helpers import run_module
+def test_two_grpo_steps_on_a_generated_task_with_the_packaged_reward(demo_assets, tmp_path, capsys):
+    from tests.helpers import run_here
 
     save = tmp_path / "out"
-    proc = run_module([
+    proc = run_here([
         "rlhfkit.cli.train_ppo", "--pretrain", str(demo_assets.model_dir),
         "--prompt_data", "reasoning_gym:basic_arithmetic?size=8&max_terms=2&max_digits=1",
         "--input_key", "prompt", "--label_key", "label", "--remote_rm_url", "reasoning_gym",
         "--advantage_estimator", "group_norm", "--n_samples_per_prompt", "2", "--rollout_batch_size", "4",
         "--micro_rollout_batch_size", "4", "--train_batch_size", "8", "--micro_train_batch_size", "4",
         "--max_samples", "8", "--generate_max_len", "6", "--prompt_max_len", "48", "--save_path", str(save),
-        "--disable_progress_bar"])
+        "--disable_progress_bar"], capsys)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = [json.loads(x) for x in (save / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if any(k.startswith("train/") for k in r)]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rlhfkit.errors import UserError
-from tests.helpers import run_module
+from tests.helpers import run_here
 
 ROOT = Path(__file__).resolve().parents[2]
 FILE = ROOT / "examples" / "agent_tools.py"
@@ -40,7 +40,7 @@ def test_tool_format_needs_an_agent():
         cfg.validate()
 
 
-def test_two_rl_steps_train_the_tool_agent(demo_assets, tmp_path):
+def test_two_rl_steps_train_the_tool_agent(demo_assets, tmp_path, capsys):
     from transformers import AutoTokenizer
 
     model = tmp_path / "model"
@@ -49,14 +49,14 @@ def test_two_rl_steps_train_the_tool_agent(demo_assets, tmp_path):
     tok.chat_template = TEMPLATE.read_text()
     tok.save_pretrained(model)
     save = tmp_path / "out"
-    proc = run_module([
+    proc = run_here([
         "rlhfkit.cli.train_ppo", "--pretrain", str(model), "--prompt_data", str(demo_assets.rl_train),
         "--input_key", "prompt", "--label_key", "answer", "--agent_func_path", str(FILE), "--max_steps", "3",
         "--advantage_estimator", "reinforce", "--n_samples_per_prompt", "2", "--rollout_batch_size", "2",
         "--micro_rollout_batch_size", "4", "--train_batch_size", "4", "--micro_train_batch_size", "2",
         "--max_samples", "4", "--generate_max_len", "48", "--prompt_max_len", "512", "--max_rl_steps", "2",
         "--actor_learning_rate", "1e-3", "--init_kl_coef", "0.01", "--zero_stage", "0", "--save_path", str(save),
-        "--disable_progress_bar"], timeout=300)
+        "--disable_progress_bar"], capsys)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(x) for x in (save / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/actor/policy_loss" in r]

@@ -13,7 +13,7 @@ import pytest
 
 from rlhfkit.agents import Action
 from rlhfkit.agents.tool_parsers import ToolCall
-from tests.helpers import run_module
+from tests.helpers import run_here
 
 ROOT = Path(__file__).resolve().parents[2]
 MULTI_TOOL = ROOT / "examples" / "env_multi_tool.py"
@@ -96,7 +96,7 @@ def test_the_multi_tool_example_runs_episodes_with_both_tools_in_the_worker_pool
     assert "408" in feedback and "409" in feedback  # both tools' results, as tool messages
 
 
-def test_two_rl_steps_train_the_multi_tool_environment(demo_assets, tmp_path):
+def test_two_rl_steps_train_the_multi_tool_environment(demo_assets, tmp_path, capsys):
     from transformers import AutoTokenizer
 
     model = tmp_path / "model"
@@ -105,14 +105,14 @@ def test_two_rl_steps_train_the_multi_tool_environment(demo_assets, tmp_path):
     tok.chat_template = TEMPLATE.read_text()
     tok.save_pretrained(model)
     save = tmp_path / "out"
-    proc = run_module([
+    proc = run_here([
         "rlhfkit.cli.train_ppo", "--pretrain", str(model), "--prompt_data", str(demo_assets.rl_train),
         "--input_key", "prompt", "--label_key", "answer", "--agent_func_path", str(MULTI_TOOL), "--max_steps", "3",
         "--advantage_estimator", "reinforce", "--n_samples_per_prompt", "2", "--rollout_batch_size", "2",
         "--micro_rollout_batch_size", "4", "--train_batch_size", "4", "--micro_train_batch_size", "2",
         "--max_samples", "4", "--generate_max_len", "48", "--prompt_max_len", "512", "--max_rl_steps", "2",
         "--actor_learning_rate", "1e-3", "--init_kl_coef", "0.01", "--zero_stage", "0", "--save_path", str(save),
-        "--disable_progress_bar"], timeout=300)
+        "--disable_progress_bar"], capsys)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(x) for x in (save / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/actor/policy_loss" in r]

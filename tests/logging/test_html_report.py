@@ -14,7 +14,7 @@ import pytest
 
 from rlhfkit.logging import html_report
 from rlhfkit.logging.html_report import chart_series, read_records, render_report, write_report
-from tests.helpers import run_module
+from tests.helpers import run_here
 
 TEMPLATE = "User: {}\nAssistant: "
 
@@ -62,12 +62,12 @@ def test_samples_and_config_are_escaped(tmp_path):
     assert page.count("<script") == 4
 
 
-def test_report_cli(tmp_path):
+def test_report_cli(tmp_path, capsys):
     write_lines(tmp_path / "metrics.jsonl", [{"step": 1, "train/loss": 1.0}])
-    proc = run_module(["rlhfkit.cli.main", "report", str(tmp_path)])
+    proc = run_here(["rlhfkit.cli.main", "report", str(tmp_path)], capsys)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "report.html").is_file() and "report.html" in proc.stdout
-    missing = run_module(["rlhfkit.cli.main", "report", str(tmp_path / "nope")])
+    missing = run_here(["rlhfkit.cli.main", "report", str(tmp_path / "nope")], capsys)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert "not a directory" in missing.stderr
 
@@ -133,15 +133,15 @@ def assert_drawn(parsed: _Page, plots: list[str], run: Path) -> None:
         assert parsed.paths[plot] == parsed.points[plot]  # the SVG paths hold that many vertices
 
 
-def test_sft_run_report_renders_in_chromium(demo_assets, tmp_path):
+def test_sft_run_report_renders_in_chromium(demo_assets, tmp_path, capsys):
     out = tmp_path / "sft"
-    proc = run_module(["rlhfkit.cli.train_sft", "--pretrain", str(demo_assets.model_dir), "--dataset",
-                       str(demo_assets.sft_train), "--eval_dataset", str(demo_assets.sft_eval), "--max_samples", "64",
-                       "--max_epochs", "1",
-                       "--input_key", "question", "--output_key", "response", "--input_template", TEMPLATE,
-                       "--max_len", "48", "--train_batch_size", "8", "--micro_train_batch_size", "8",
-                       "--learning_rate", "1e-3", "--zero_stage", "0", "--eval_steps", "4", "--save_path", str(out),
-                       "--disable_progress_bar"])
+    proc = run_here(["rlhfkit.cli.train_sft", "--pretrain", str(demo_assets.model_dir), "--dataset",
+                     str(demo_assets.sft_train), "--eval_dataset", str(demo_assets.sft_eval), "--max_samples", "64",
+                     "--max_epochs", "1",
+                     "--input_key", "question", "--output_key", "response", "--input_template", TEMPLATE,
+                     "--max_len", "48", "--train_batch_size", "8", "--micro_train_batch_size", "8",
+                     "--learning_rate", "1e-3", "--zero_stage", "0", "--eval_steps", "4", "--save_path", str(out),
+                     "--disable_progress_bar"], capsys)
     assert proc.returncode == 0, proc.stderr[-3000:]
     page = out / "report.html"
     assert page.is_file()
@@ -152,19 +152,19 @@ def test_sft_run_report_renders_in_chromium(demo_assets, tmp_path):
     assert env["packages"]["torch"] and "train_sft" in " ".join(env["argv"])
 
 
-def test_rl_run_report_renders_in_chromium_with_rollouts(demo_assets, tmp_path):
+def test_rl_run_report_renders_in_chromium_with_rollouts(demo_assets, tmp_path, capsys):
     out = tmp_path / "rl"
     reward = tmp_path / "reward.py"
     reward.write_text("import torch\n\ndef reward_func(queries, prompts, labels):\n"
                       "    return torch.tensor([len(set(q[len(p):])) / 10 for q, p in zip(queries, prompts)])\n")
-    proc = run_module(["rlhfkit.cli.train_ppo", "--pretrain", str(demo_assets.model_dir), "--prompt_data",
-                       str(demo_assets.rl_train), "--eval_dataset", str(demo_assets.rl_eval), "--input_key", "prompt",
-                       "--label_key", "answer", "--input_template", TEMPLATE, "--remote_rm_url", str(reward),
-                       "--advantage_estimator", "group_norm", "--n_samples_per_prompt", "2",
-                       "--rollout_batch_size", "4", "--micro_rollout_batch_size", "4", "--train_batch_size", "8",
-                       "--micro_train_batch_size", "4", "--max_samples", "12", "--generate_max_len", "8",
-                       "--prompt_max_len", "32", "--actor_learning_rate", "1e-3", "--zero_stage", "0",
-                       "--eval_n_samples_per_prompt", "1", "--save_path", str(out), "--disable_progress_bar"])
+    proc = run_here(["rlhfkit.cli.train_ppo", "--pretrain", str(demo_assets.model_dir), "--prompt_data",
+                     str(demo_assets.rl_train), "--eval_dataset", str(demo_assets.rl_eval), "--input_key", "prompt",
+                     "--label_key", "answer", "--input_template", TEMPLATE, "--remote_rm_url", str(reward),
+                     "--advantage_estimator", "group_norm", "--n_samples_per_prompt", "2",
+                     "--rollout_batch_size", "4", "--micro_rollout_batch_size", "4", "--train_batch_size", "8",
+                     "--micro_train_batch_size", "4", "--max_samples", "12", "--generate_max_len", "8",
+                     "--prompt_max_len", "32", "--actor_learning_rate", "1e-3", "--zero_stage", "0",
+                     "--eval_n_samples_per_prompt", "1", "--save_path", str(out), "--disable_progress_bar"], capsys)
     assert proc.returncode == 0, proc.stderr[-3000:]
     page = write_report(out)  # the on-demand path gives the same page the trainer wrote at its end
     parsed = render_in_chromium(page, tmp_path)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rlhfkit.config.common import LoggingArgs
 from rlhfkit.logging.metrics import MetricsLogger
-from tests.helpers import run_module
+from tests.helpers import run_here
 
 
 def tensorboard_scalars(log_dir: Path) -> dict[str, dict[int, float]]:
@@ -55,13 +55,13 @@ def test_logger_writes_every_metric_to_tensorboard(tmp_path):
     assert_same(tb, js)
 
 
-def test_sft_run_with_use_tensorboard(demo_assets, tmp_path):
+def test_sft_run_with_use_tensorboard(demo_assets, tmp_path, capsys):
     save = tmp_path / "sft"
-    proc = run_module(["rlhfkit.cli.train_sft", "--pretrain", str(demo_assets.model_dir), "--dataset",
-                       str(demo_assets.sft_train), "--input_key", "question", "--output_key", "response",
-                       "--train_batch_size", "4", "--micro_train_batch_size", "2", "--max_len", "48",
-                       "--max_samples", "12", "--max_epochs", "1", "--save_path", str(save),
-                       "--use_tensorboard", str(tmp_path / "tb"), "--disable_progress_bar"])
+    proc = run_here(["rlhfkit.cli.train_sft", "--pretrain", str(demo_assets.model_dir), "--dataset",
+                     str(demo_assets.sft_train), "--input_key", "question", "--output_key", "response",
+                     "--train_batch_size", "4", "--micro_train_batch_size", "2", "--max_len", "48",
+                     "--max_samples", "12", "--max_epochs", "1", "--save_path", str(save),
+                     "--use_tensorboard", str(tmp_path / "tb"), "--disable_progress_bar"], capsys)
     assert proc.returncode == 0, proc.stderr[-2000:]
     tb, js = tensorboard_scalars(tmp_path / "tb"), jsonl_scalars(save / "metrics.jsonl")
     assert "train/loss" in js and len(js["train/loss"]) == 3

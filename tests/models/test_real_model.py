@@ -106,12 +106,16 @@ def test_train_ppo_two_steps_on_the_real_model(real_model, data, tmp_path):
     assert len(steps) == 2 and max(r["train/rollout_logprob_diff"] for r in steps) < 1e-4
 
 
-def test_train_ppo_ray_two_steps_on_the_real_model(real_model, data, tmp_path):
-    from tests.helpers import run_module
+def test_train_ppo_ray_two_steps_on_the_real_model(real_model, data, tmp_path, capsys):
+    """train_ppo_ray's main in this process, on the session's Ray cluster (this module is in tests/selection.py's
+    RAY group), as the seed commands' runs are."""
+    from tests.distributed.ray_cluster import ensure_ray
+    from tests.helpers import run_here
 
+    ensure_ray()
     save = tmp_path / "ppo_ray"
-    proc = run_module(["rlhfkit.cli.train_ppo_ray", *_ppo_argv(real_model, data, save), "--vllm_num_engines", "0",
-                       "--colocate_all_models", "--actor_num_gpus_per_node", "1"], timeout=600)
+    proc = run_here(["rlhfkit.cli.train_ppo_ray", *_ppo_argv(real_model, data, save), "--vllm_num_engines", "0",
+                     "--colocate_all_models", "--actor_num_gpus_per_node", "1"], capsys)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert len([r for r in _steps(save) if "train/rollout_logprob_diff" in r]) == 2
 

@@ -7,15 +7,16 @@ import json
 import math
 from pathlib import Path
 
-from tests.helpers import REPO, run_module
+from tests.helpers import REPO, run_here
 from tests.rl.test_distill import teacher_dir  # noqa: F401 (a fixture)
 
 AGENT = REPO / "examples" / "agent_func_math.py"
 
 
-def test_train_ppo_distills_agent_episodes_from_a_local_teacher(demo_assets, teacher_dir, tmp_path):  # noqa: F811
+def test_train_ppo_distills_agent_episodes_from_a_local_teacher(demo_assets, teacher_dir, tmp_path,  # noqa: F811
+                                                                capsys):
     save = tmp_path / "out"
-    proc = run_module([
+    proc = run_here([
         "rlhfkit.cli.train_ppo", "--pretrain", str(demo_assets.model_dir), "--prompt_data", str(demo_assets.rl_train),
         "--input_key", "prompt", "--label_key", "answer", "--input_template", "User: {}\nAssistant: ",
         "--agent_func_path", str(AGENT), "--max_steps", "2", "--advantage_estimator", "group_norm",
@@ -23,7 +24,7 @@ def test_train_ppo_distills_agent_episodes_from_a_local_teacher(demo_assets, tea
         "--train_batch_size", "4", "--micro_train_batch_size", "2", "--max_samples", "4", "--generate_max_len", "16",
         "--prompt_max_len", "32", "--actor_learning_rate", "1e-3", "--lr_warmup_ratio", "0", "--zero_stage", "0",
         "--teacher_pretrain", str(teacher_dir), "--distill_coef", "0.5", "--save_path", str(save),
-        "--disable_progress_bar"])
+        "--disable_progress_bar"], capsys)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "teacher" in proc.stdout
     rows = [json.loads(x) for x in (Path(save) / "metrics.jsonl").read_text().splitlines()]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.helpers import run_module
+from tests.helpers import run_here
 from tests.rl.test_rl_estimators import ppo_args
 
 # First-round calls (2 samples each, --micro_rollout_batch_size 2) are numbered across all worker processes (a
@@ -70,7 +70,7 @@ def train_rows(save: Path) -> list[dict]:
     return [r for r in rows if "train/reward" in r]
 
 
-def test_bad_crash_and_timeout_rewards_cost_samples_then_the_ratio_stops_the_run(demo_assets, tmp_path):
+def test_bad_crash_and_timeout_rewards_cost_samples_then_the_ratio_stops_the_run(demo_assets, tmp_path, capsys):
     markers = tmp_path / "calls"
     markers.mkdir()
     bad = tmp_path / "bad_reward.py"
@@ -79,9 +79,9 @@ def test_bad_crash_and_timeout_rewards_cost_samples_then_the_ratio_stops_the_run
     common = ["--max_samples", "12", "--micro_rollout_batch_size", "2", "--save_steps", "1", "--ckpt_path",
               str(ckpt), "--max_ckpt_num", "5"]
     out = tmp_path / "run"
-    proc = run_module(ppo_args(demo_assets, out, "reinforce", "--remote_rm_url", str(bad), *common,
-                               "--reward_workers", "2", "--reward_timeout", "2", "--reward_fallback", "-1",
-                               "--max_reward_failure_ratio", "0.8"))
+    proc = run_here(ppo_args(demo_assets, out, "reinforce", "--remote_rm_url", str(bad), *common,
+                             "--reward_workers", "2", "--reward_timeout", "2", "--reward_fallback", "-1",
+                             "--max_reward_failure_ratio", "0.8"), capsys)
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
@@ -102,8 +102,8 @@ def test_bad_crash_and_timeout_rewards_cost_samples_then_the_ratio_stops_the_run
     resumed = tmp_path / "resumed"
     good = tmp_path / "good_reward.py"
     good.write_text(GOOD_REWARD)
-    proc = run_module(ppo_args(demo_assets, resumed, "reinforce", "--remote_rm_url", str(good), *common,
-                               "--load_checkpoint"))
+    proc = run_here(ppo_args(demo_assets, resumed, "reinforce", "--remote_rm_url", str(good), *common,
+                             "--load_checkpoint"), capsys)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = train_rows(resumed)
     assert [r["step"] for r in rows] == [3] and rows[0]["train/reward"] == 1.0

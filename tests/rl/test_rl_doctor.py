@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.helpers import run_module
+from tests.helpers import run_here
 from tests.rl.test_rl_estimators import VARIED_REWARD, check, ppo_args
 
 
@@ -17,18 +17,19 @@ def doctor_records(save: Path) -> list[dict]:
     return [r for r in rows if any(k.startswith("doctor/") for k in r)]
 
 
-def test_broken_run_raises_kl_or_entropy_alarm_and_healthy_run_none(demo_assets, tmp_path):
+def test_broken_run_raises_kl_or_entropy_alarm_and_healthy_run_none(demo_assets, tmp_path, capsys):
     reward = tmp_path / "varied_reward.py"
     reward.write_text(VARIED_REWARD)
     common = ["--remote_rm_url", str(reward), "--zero_stage", "0"]
-    healthy = run_module(ppo_args(demo_assets, tmp_path / "healthy", "group_norm", *common, "--max_rl_steps", "2"))
+    healthy = run_here(ppo_args(demo_assets, tmp_path / "healthy", "group_norm", *common, "--max_rl_steps", "2"),
+                       capsys)
     check(healthy)
     assert doctor_records(tmp_path / "healthy") == [] and "doctor:" not in healthy.stdout + healthy.stderr
     assert json.loads((tmp_path / "healthy" / "metrics.jsonl").read_text().splitlines()[0])[
         "train/reward_groups_all_equal"] < 0.8
 
-    broken = run_module(ppo_args(demo_assets, tmp_path / "broken", "group_norm", *common, "--max_rl_steps", "6",
-                                 "--max_samples", "24", "--actor_learning_rate", "1e-1"))  # 100x ppo_args' 1e-3
+    broken = run_here(ppo_args(demo_assets, tmp_path / "broken", "group_norm", *common, "--max_rl_steps", "6",
+                               "--max_samples", "24", "--actor_learning_rate", "1e-1"), capsys)  # 100x ppo_args' 1e-3
     check(broken)
     records = doctor_records(tmp_path / "broken")
     names = {k.removeprefix("doctor/") for r in records for k in r if k.startswith("doctor/")}

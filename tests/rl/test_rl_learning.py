@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, run_module
+from tests.helpers import REPO, run_here
 from tests.sft_fixtures import TEMPLATE, addition_only, write_jsonl
 
 MIN_GAIN = 0.08
@@ -50,11 +50,11 @@ def sft_exact_match(sft_model_dir, addition_data) -> float:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("estimator", ["group_norm", "reinforce_baseline"])
-def test_rl_raises_held_out_exact_match(sft_model_dir, sft_exact_match, addition_data, tmp_path, estimator):
+def test_rl_raises_held_out_exact_match(sft_model_dir, sft_exact_match, addition_data, tmp_path, estimator, capsys):
     train, held_out = addition_data
     save = tmp_path / "policy"
     started = time.perf_counter()
-    proc = run_module([
+    proc = run_here([
         "rlhfkit.cli.train_ppo", "--pretrain", str(sft_model_dir), "--prompt_data", str(train),
         "--input_key", "prompt", "--label_key", "answer", "--input_template", TEMPLATE,
         "--remote_rm_url", str(REPO / "examples" / "reward_func.py"), "--advantage_estimator", estimator,
@@ -62,7 +62,7 @@ def test_rl_raises_held_out_exact_match(sft_model_dir, sft_exact_match, addition
         "--micro_train_batch_size", "64", "--micro_rollout_batch_size", "128", "--num_episodes", "2",
         "--max_rl_steps", str(STEPS), "--generate_max_len", "8", "--prompt_max_len", "64", "--temperature", "1.0",
         "--actor_learning_rate", "1e-4", "--lr_warmup_ratio", "0.03", "--init_kl_coef", "0", "--zero_stage", "0",
-        "--seed", "0", "--save_path", str(save), "--disable_progress_bar"], timeout=900)
+        "--seed", "0", "--save_path", str(save), "--disable_progress_bar"], capsys)
     seconds = time.perf_counter() - started
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     after = exact_match(save, held_out)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from tests.helpers import run_module
+from tests.helpers import run_here
 from tests.rl.test_rl_estimators import assert_finite, check, ppo_args, train_metrics, weights
 
 # Scored by the label: group "solved" (every sample 1), "failed" (every sample 0) or "mixed" (samples 0, 1, 0, 1...
@@ -50,7 +50,7 @@ def scripted_reward(tmp_path: Path) -> tuple[str, Path]:
     return str(path), log
 
 
-def test_recipe_flags_through_the_loop(demo_assets, tmp_path):
+def test_recipe_flags_through_the_loop(demo_assets, tmp_path, capsys):
     """Dynamic filtering drops exactly the all-equal groups and refills the batch; shaping, GSPO, icepop act; the
     EMA is what --save_path exports; --best_metric_key keeps the best evaluated policy in <save_path>/best."""
     reward, log = scripted_reward(tmp_path)
@@ -58,15 +58,15 @@ def test_recipe_flags_through_the_loop(demo_assets, tmp_path):
     held_out = tmp_path / "eval.jsonl"
     held_out.write_text("".join(json.dumps({**r, "answer": f"EVAL{r['answer']}"}) + "\n"
                                 for r in demo_assets.read("rl_eval")[:6]))
-    check(run_module(ppo_args(demo_assets, save, "group_norm", "--remote_rm_url", reward, "--rollout_batch_size",
-                              "2", "--train_batch_size", "4", "--micro_train_batch_size", "2", "--max_samples",
-                              "48", "--max_rl_steps", "2", "--dynamic_filtering", "--dynamic_filtering_reward_range",
-                              "0", "1", "--policy_loss_type", "gspo", "--enable_vllm_is_correction",
-                              "--vllm_is_correction_type", "icepop", "--vllm_is_truncated_threshold", "0.5", "5",
-                              "--overlong_buffer_len", "4", "--overlong_penalty_factor", "0.5",
-                              "--stop_properly_penalty_coef", "0.5", "--init_kl_coef", "0", "--enable_ema",
-                              "--ema_beta", "0.999", "--eval_dataset", str(held_out), "--eval_steps", "1",
-                              "--eval_temperature", "0", "--best_metric_key", "eval/reward")))
+    check(run_here(ppo_args(demo_assets, save, "group_norm", "--remote_rm_url", reward, "--rollout_batch_size",
+                            "2", "--train_batch_size", "4", "--micro_train_batch_size", "2", "--max_samples",
+                            "48", "--max_rl_steps", "2", "--dynamic_filtering", "--dynamic_filtering_reward_range",
+                            "0", "1", "--policy_loss_type", "gspo", "--enable_vllm_is_correction",
+                            "--vllm_is_correction_type", "icepop", "--vllm_is_truncated_threshold", "0.5", "5",
+                            "--overlong_buffer_len", "4", "--overlong_penalty_factor", "0.5",
+                            "--stop_properly_penalty_coef", "0.5", "--init_kl_coef", "0", "--enable_ema",
+                            "--ema_beta", "0.999", "--eval_dataset", str(held_out), "--eval_steps", "1",
+                            "--eval_temperature", "0", "--best_metric_key", "eval/reward"), capsys))
     rows = train_metrics(save)
     assert [r["step"] for r in rows] == [1, 2]
     assert_finite(rows)

@@ -7,21 +7,21 @@ from __future__ import annotations
 import torch
 
 
-def test_nonfinite_sft_run_skips_counts_and_stops_with_its_checkpoints_intact(demo_assets, tmp_path):
+def test_nonfinite_sft_run_skips_counts_and_stops_with_its_checkpoints_intact(demo_assets, tmp_path, capsys):
     """A learning rate of 1e30 makes the weights overflow after the first update, so every later loss is NaN:
     train_sft skips those updates (counted as nonfinite_skipped), stops after --max_nonfinite_steps in a row with
     one line and exit code 2, and the checkpoints it wrote stay loadable with finite weights."""
     import json
 
-    from tests.helpers import run_module
+    from tests.helpers import run_here
 
     save, ckpt = tmp_path / "save", tmp_path / "ckpt"
-    proc = run_module(["rlhfkit.cli.train_sft", "--pretrain", str(demo_assets.model_dir), "--dataset",
-                       str(demo_assets.sft_train), "--input_key", "question", "--output_key", "response",
-                       "--input_template", "User: {}\nAssistant: ", "--max_len", "48", "--max_samples", "64",
-                       "--train_batch_size", "4", "--micro_train_batch_size", "2", "--learning_rate", "1e30",
-                       "--lr_scheduler", "constant", "--max_nonfinite_steps", "2", "--save_steps", "1",
-                       "--save_path", str(save), "--ckpt_path", str(ckpt), "--disable_progress_bar"])
+    proc = run_here(["rlhfkit.cli.train_sft", "--pretrain", str(demo_assets.model_dir), "--dataset",
+                     str(demo_assets.sft_train), "--input_key", "question", "--output_key", "response",
+                     "--input_template", "User: {}\nAssistant: ", "--max_len", "48", "--max_samples", "64",
+                     "--train_batch_size", "4", "--micro_train_batch_size", "2", "--learning_rate", "1e30",
+                     "--lr_scheduler", "constant", "--max_nonfinite_steps", "2", "--save_steps", "1",
+                     "--save_path", str(save), "--ckpt_path", str(ckpt), "--disable_progress_bar"], capsys)
     err = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and len([line for line in err if "error" in line]) == 1, proc.stderr

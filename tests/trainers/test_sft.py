@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import run_module
+from tests.helpers import run_here, run_module
 
 TEMPLATE = "User: {}\nAssistant: "
 
@@ -36,7 +36,7 @@ def check(proc) -> None:
 @pytest.fixture(scope="module")
 def one_rank_curve(demo_assets, tmp_path_factory):
     save = tmp_path_factory.mktemp("sft1")
-    check(run_module(sft_args(demo_assets, save, "--zero_stage", "2")))
+    check(run_here(sft_args(demo_assets, save, "--zero_stage", "2"), None))
     return save, losses(save)
 
 
@@ -88,7 +88,7 @@ def eval_losses(save: Path) -> list[float]:
     return [json.loads(x)["eval/loss"] for x in lines if "eval/loss" in x]
 
 
-def test_torchrun_two_ranks_zero3_odd_eval_set_matches_one_rank(demo_assets, tmp_path):
+def test_torchrun_two_ranks_zero3_odd_eval_set_matches_one_rank(demo_assets, tmp_path, capsys):
     """An eval set of 5 samples over 2 ZeRO-3 ranks with micro batches of 2: rank 0 holds 3 samples (2 batches), rank
     1 holds 2 (1 batch), so rank 1 runs one padding forward (a ZeRO-3 forward is collective) that the metric leaves
     out; the eval loss is the one-rank run's."""
@@ -97,7 +97,7 @@ def test_torchrun_two_ranks_zero3_odd_eval_set_matches_one_rank(demo_assets, tmp
     evalset.write_text("".join(json.dumps(r) + "\n" for r in records))
     extra = ("--zero_stage", "3", "--eval_dataset", str(evalset), "--eval_steps", "1", "--max_steps", "2")
     one, two = tmp_path / "one", tmp_path / "two"
-    check(run_module(sft_args(demo_assets, one, *extra)))
+    check(run_here(sft_args(demo_assets, one, *extra), capsys))
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
                 "127.0.0.1", "--master_port", str(_port()), "-m"]
     check(run_module(sft_args(demo_assets, two, *extra), launcher=launcher, timeout=600))
@@ -115,16 +115,16 @@ def test_deepspeed_launcher_two_ranks_zero3_matches_one_rank(one_rank_curve, dem
     assert losses(tmp_path) == pytest.approx(reference, rel=1e-5, abs=1e-6)
 
 
-def test_resume_continues_exactly(one_rank_curve, demo_assets, tmp_path):
+def test_resume_continues_exactly(one_rank_curve, demo_assets, tmp_path, capsys):
     _, reference = one_rank_curve
     ckpt = tmp_path / "ckpt"
     first = tmp_path / "first"
-    check(run_module(sft_args(demo_assets, first, "--zero_stage", "2", "--ckpt_path", str(ckpt),
-                              "--save_steps", "3", "--max_steps", "3")))
+    check(run_here(sft_args(demo_assets, first, "--zero_stage", "2", "--ckpt_path", str(ckpt),
+                            "--save_steps", "3", "--max_steps", "3"), capsys))
     assert (ckpt / "latest").read_text() == "global_step3"
     second = tmp_path / "second"
-    check(run_module(sft_args(demo_assets, second, "--zero_stage", "2", "--ckpt_path", str(ckpt),
-                              "--save_steps", "3", "--load_checkpoint")))
+    check(run_here(sft_args(demo_assets, second, "--zero_stage", "2", "--ckpt_path", str(ckpt),
+                            "--save_steps", "3", "--load_checkpoint"), capsys))
     assert losses(first) == pytest.approx(reference[:3], abs=1e-6)
     assert losses(second) == pytest.approx(reference[3:], abs=1e-6)
 
