@@ -21,9 +21,10 @@ def steps(save: Path) -> int:
     return sum(1 for line in (save / "metrics.jsonl").read_text().splitlines() if json.loads(line).get("step"))
 
 
-def test_sft_dpo_and_kto_train_two_steps_on_image_prompts(vlm_assets, tmp_path):
+def test_sft_dpo_and_kto_train_two_steps_on_image_prompts(vlm_assets, tmp_path, capsys):
     sft = tmp_path / "sft"
-    ok(cli("train_sft", "--pretrain", str(vlm_assets.model_dir), "--dataset", str(vlm_assets.split("sft_train")),
+    ok(cli(capsys, "train_sft", "--pretrain", str(vlm_assets.model_dir), "--dataset",
+           str(vlm_assets.split("sft_train")),
            "--input_key", "prompt", "--output_key", "answer", "--actor.freeze_visual_encoder", "--packing_samples",
            "--save_path",
            str(sft), *COMMON))
@@ -34,8 +35,8 @@ def test_sft_dpo_and_kto_train_two_steps_on_image_prompts(vlm_assets, tmp_path):
     assert (sft / "preprocessor_config.json").is_file()
 
     dpo = tmp_path / "dpo"
-    ok(cli("train_dpo", "--pretrain", str(sft), "--dataset", str(vlm_assets.split("pref_train")), "--prompt_key",
-           "prompt", "--save_path", str(dpo), *COMMON))
+    ok(cli(capsys, "train_dpo", "--pretrain", str(sft), "--dataset", str(vlm_assets.split("pref_train")),
+           "--prompt_key", "prompt", "--save_path", str(dpo), *COMMON))
     kto_data = tmp_path / "kto.jsonl"
     kto_data.write_text("".join(json.dumps({"prompt": r["prompt"], "images": r["images"], "completion": r[side],
                                             "label": side == "chosen"}) + "\n"
@@ -45,14 +46,15 @@ def test_sft_dpo_and_kto_train_two_steps_on_image_prompts(vlm_assets, tmp_path):
         (tmp_path / r["images"][0]).parent.mkdir(exist_ok=True)
         (tmp_path / r["images"][0]).write_bytes((vlm_assets.data_dir / r["images"][0]).read_bytes())
     kto = tmp_path / "kto"
-    ok(cli("train_kto", "--pretrain", str(sft), "--dataset", str(kto_data), "--input_key", "prompt",
+    ok(cli(capsys, "train_kto", "--pretrain", str(sft), "--dataset", str(kto_data), "--input_key", "prompt",
            "--output_key", "completion", "--save_path", str(kto), *COMMON))
     assert steps(sft) >= 2 and steps(dpo) >= 2 and steps(kto) >= 2
 
 
-def test_rm_on_image_pairs_then_ppo_with_a_critic_and_that_rm_on_image_prompts(vlm_assets, tmp_path):
+def test_rm_on_image_pairs_then_ppo_with_a_critic_and_that_rm_on_image_prompts(vlm_assets, tmp_path, capsys):
     rm = tmp_path / "rm"
-    ok(cli("train_rm", "--pretrain", str(vlm_assets.model_dir), "--dataset", str(vlm_assets.split("pref_train")),
+    ok(cli(capsys, "train_rm", "--pretrain", str(vlm_assets.model_dir), "--dataset",
+           str(vlm_assets.split("pref_train")),
            "--prompt_key", "prompt", "--actor.freeze_visual_encoder", "--packing_samples", "--save_path", str(rm),
            *COMMON))
     before, after = load_file(vlm_assets.model_dir / "model.safetensors"), load_file(rm / "model.safetensors")
@@ -62,7 +64,7 @@ def test_rm_on_image_pairs_then_ppo_with_a_critic_and_that_rm_on_image_prompts(v
     assert (rm / "preprocessor_config.json").is_file() and steps(rm) >= 2
     # the RM scores PPO's image samples; the critic (a value head on --pretrain) sees the images too
     ppo = tmp_path / "ppo"
-    ok(cli("train_ppo", "--pretrain", str(vlm_assets.model_dir), "--reward_pretrain", str(rm), "--prompt_data",
+    ok(cli(capsys, "train_ppo", "--pretrain", str(vlm_assets.model_dir), "--reward_pretrain", str(rm), "--prompt_data",
            str(vlm_assets.split("rl_train")), "--input_key", "prompt", "--apply_chat_template", "--data.image_key",
            "images", "--advantage_estimator", "gae", "--rollout_batch_size", "4", "--train_batch_size", "4",
            "--micro_train_batch_size", "2", "--micro_rollout_batch_size", "4", "--generate_max_len", "8",

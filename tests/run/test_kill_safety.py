@@ -24,26 +24,15 @@ import psutil
 import pytest
 
 from rlhfkit.logging.html_report import read_records
-from tests.helpers import REPO, error_lines
+from tests.helpers import REPO, error_lines, run_here
 from tests.run.signalled_runs import TEMPLATE, max_weight_diff, rl_args, start
 
 
-def finish(args: list[str]) -> str:
-    out, _ = start(args, merge_stderr=True).communicate(timeout=600)
-    return out
-
-
 def finish_here(args: list[str]) -> None:
-    """The uninterrupted reference run of `args` in this process (a world of one): the same trainer and flags as
-    the killed chain's subprocesses, without a subprocess's start-up (the runs are deterministic on the CPU)."""
-    import importlib
-
-    from rlhfkit.cli.common import run_cli
-    from tests.helpers import launcher_env_of_one
-
-    with launcher_env_of_one():
-        code = run_cli(importlib.import_module(args[0]).main, args[1:], prog=args[0])
-    assert code == 0, args
+    """The uninterrupted reference run of `args` in this process (`run_here`, a world of one): the same trainer and
+    flags as the killed chain's subprocesses, without a subprocess's start-up (the runs are deterministic on the
+    CPU)."""
+    assert run_here(args, None).returncode == 0, args
 
 
 def killed_at(args: list[str], point: str, flag: Path, timeout: float = 300) -> str:
@@ -72,7 +61,7 @@ def losses(save: Path, key: str) -> dict[int, float]:
     return {r["step"]: r[key] for r in read_records(save / "metrics.jsonl") if key in r}
 
 
-def kill_chain(args_for, reference: Path, tmp_path: Path, loss_key: str) -> None:
+def kill_chain(args_for, reference: Path, tmp_path: Path, loss_key: str, capsys) -> None:
     save, ckpt, flag = tmp_path / "run", tmp_path / "ckpt", tmp_path / "paused"
     args = args_for(save, "--ckpt_path", str(ckpt), "--save_steps", "1")
     killed_at(args, "ckpt@2", flag)  # (c)
@@ -84,8 +73,10 @@ def kill_chain(args_for, reference: Path, tmp_path: Path, loss_key: str) -> None
     assert not (ckpt / ".incomplete").exists()  # cleared at the start, no empty directory left by the save
     out = killed_at(resume, "between@3", flag)  # (a)
     assert f"resumed from {ckpt / 'global_step2'} at step 2" in out, out[-3000:]
-    out = finish(resume)
-    assert f"resumed from {ckpt / 'global_step3'} at step 3" in out and "Traceback" not in out, out[-3000:]
+    done = run_here(resume, capsys)  # the last rerun is not killed: in this process, without a start-up
+    out = done.stdout + done.stderr
+    assert done.returncode == 0 and f"resumed from {ckpt / 'global_step3'} at step 3" in out, out[-3000:]
+    assert "Traceback" not in out
     assert max_weight_diff(reference, save) <= 1e-6
     expected = losses(reference, loss_key)
     assert len(expected) >= 4
@@ -111,11 +102,12 @@ def sft_args(assets, save: Path, *extra: str) -> list[str]:
             *extra]
 
 
-def test_sft_sigkill_anywhere_resumes_to_the_same_weights(demo_assets, sft_reference, tmp_path):
-    kill_chain(lambda save, *extra: sft_args(demo_assets, save, *extra), sft_reference, tmp_path, "train/loss")
+def test_sft_sigkill_anywhere_resumes_to_the_same_weights(demo_assets, sft_reference, tmp_path, capsys):
+    kill_chain(lambda save, *extra: sft_args(demo_assets, save, *extra), sft_reference, tmp_path, "train/loss",
+               capsys)
 
 
-def test_dpo_sigkill_anywhere_resumes_to_the_same_weights(demo_assets, tmp_path):
+def test_dpo_sigkill_anywhere_resumes_to_the_same_weights(demo_assets, tmp_path, capsys):
     def args_for(save: Path, *extra: str) -> list[str]:
         return ["rlhfkit.cli.train_dpo", "--pretrain", str(demo_assets.model_dir), "--dataset",
                 str(demo_assets.pref_train), "--max_samples", "16", "--prompt_key", "prompt", "--input_template",
@@ -126,10 +118,10 @@ def test_dpo_sigkill_anywhere_resumes_to_the_same_weights(demo_assets, tmp_path)
     reference = tmp_path / "reference"
     finish_here(args_for(reference))
     assert (reference / "model.safetensors").is_file()
-    kill_chain(args_for, reference, tmp_path, "train/loss")
+    kill_chain(args_for, reference, tmp_path, "train/loss", capsys)
 
 
-def test_ppo_sigkill_anywhere_resumes_to_the_same_weights(demo_assets, tmp_path):
+def test_ppo_sigkill_anywhere_resumes_to_the_same_weights(demo_assets, tmp_path, capsys):
     def args_for(save: Path, *extra: str) -> list[str]:
         return rl_args(demo_assets, tmp_path, save, *extra, rollout_batch_size=2, train_batch_size=4,
                        micro_train_batch_size=2, max_samples=8, generate_max_len=6)
@@ -137,7 +129,7 @@ def test_ppo_sigkill_anywhere_resumes_to_the_same_weights(demo_assets, tmp_path)
     reference = tmp_path / "reference"
     finish_here(args_for(reference))
     assert (reference / "model.safetensors").is_file()
-    kill_chain(args_for, reference, tmp_path, "train/reward")
+    kill_chain(args_for, reference, tmp_path, "train/reward", capsys)
 
 
 def cli(capsys, module: str, argv: list[str]) -> tuple[int, str, str]:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from rlhfkit.run.preemption import PreemptionWatch
+from tests.helpers import run_here
 from tests.run.signalled_runs import TEMPLATE, max_weight_diff, rl_args, start
 
 
@@ -44,10 +45,12 @@ def sigterm_after_first_step(proc: subprocess.Popen, metrics: Path, timeout: flo
     proc.send_signal(signal.SIGTERM)
 
 
-def check_preempted_then_resumed(args_for, tmp_path: Path, steps: int) -> None:
+def check_preempted_then_resumed(args_for, tmp_path: Path, steps: int, capsys) -> None:
+    """The uninterrupted run and the resumed one run in this process (`run_here`: the same CLI main, without a
+    process's start-up); the run that gets the signal is a process of its own."""
     full = tmp_path / "full"
-    code, err = finish(start(args_for(full)))
-    assert code == 0, err[-3000:]
+    done = run_here(args_for(full), capsys)
+    assert done.returncode == 0, done.stderr[-3000:]
     part, ckpt = tmp_path / "part", tmp_path / "ckpt"
     proc = start(args_for(part, "--ckpt_path", str(ckpt)))
     sigterm_after_first_step(proc, part / "metrics.jsonl")
@@ -58,12 +61,12 @@ def check_preempted_then_resumed(args_for, tmp_path: Path, steps: int) -> None:
     assert 1 <= stopped_at < steps, "the run finished before the signal landed: make it longer"
     assert (ckpt / "latest").read_text() == f"global_step{stopped_at}"
     assert not (part / "model.safetensors").exists()  # an interrupted run does not pose as a finished model
-    code, err = finish(start(args_for(part, "--ckpt_path", str(ckpt), "--load_checkpoint")))
-    assert code == 0, err[-3000:]
+    done = run_here(args_for(part, "--ckpt_path", str(ckpt), "--load_checkpoint"), capsys)
+    assert done.returncode == 0, done.stderr[-3000:]
     assert max_weight_diff(full, part) <= 1e-6
 
 
-def test_sft_sigterm_saves_exits_0_and_resumes_exactly(demo_assets, tmp_path):
+def test_sft_sigterm_saves_exits_0_and_resumes_exactly(demo_assets, tmp_path, capsys):
     def args_for(save: Path, *extra: str) -> list[str]:
         return ["rlhfkit.cli.train_sft", "--pretrain", str(demo_assets.model_dir), "--dataset",
                 str(demo_assets.sft_train), "--max_samples", "480", "--max_epochs", "1", "--input_key", "question",
@@ -72,15 +75,15 @@ def test_sft_sigterm_saves_exits_0_and_resumes_exactly(demo_assets, tmp_path):
                 "--micro_train_batch_size", "8", "--learning_rate", "1e-3", "--zero_stage", "0",
                 "--save_path", str(save), "--disable_progress_bar", *extra]
 
-    check_preempted_then_resumed(args_for, tmp_path, steps=60)
+    check_preempted_then_resumed(args_for, tmp_path, steps=60, capsys=capsys)
 
 
-def test_rl_sigterm_saves_exits_0_and_resumes_exactly(demo_assets, tmp_path):
+def test_rl_sigterm_saves_exits_0_and_resumes_exactly(demo_assets, tmp_path, capsys):
     def args_for(save: Path, *extra: str) -> list[str]:
         return rl_args(demo_assets, tmp_path, save, *extra, rollout_batch_size=4, train_batch_size=8,
                        micro_train_batch_size=4, max_samples=40, generate_max_len=8)
 
-    check_preempted_then_resumed(args_for, tmp_path, steps=10)
+    check_preempted_then_resumed(args_for, tmp_path, steps=10, capsys=capsys)
 
 
 @pytest.fixture(autouse=True)
