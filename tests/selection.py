@@ -13,12 +13,9 @@ on free ports. One group spans modules, "ray": every test that starts a Ray clus
 (`tests/distributed/ray_cluster.py`, started once per worker) or in a child (`train_ppo_ray`, `ray start`). One
 worker holds them all: the in-process cluster starts once (6-8 s, 0.5 GB) instead of once per worker, two Ray
 process trees (3-5 GB each with vLLM engines) never share the two cores and the memory, and the failure tests'
-stop-within-seconds bounds keep their margin. Three exceptions balance the two workers (the Ray group is the longer:
-1,836 s against 1,673 s in the fresh-clone run of 2026-11-29, 20b1bd8): tests that start a cluster of their own in a
-child, assert nothing on its timing and have no stop bound stay in their module's group and run beside the Ray
-group: `run/test_kill_safety.py`'s Ray test (`train_ppo_ray` in a child, given 45 s and more to die),
-`tests/bench/test_grpo_ray_bench.py` (30 s: the bench's `train_ppo_ray` child) and
-`tests/examples/test_dapo_recipe.py` (27 s: the recipe's script). (pytest-xdist's own `--dist
+stop-within-seconds bounds keep their margin. One exception balances the two workers (the Ray group is the longer by
+minutes): `run/test_kill_safety.py`'s Ray test runs `train_ppo_ray` in a child with a cluster of its own and gives it
+45 s and more to die, so it stays in its module's group and runs beside the Ray group. (pytest-xdist's own `--dist
 loadgroup` reads `xdist_group` marks but cannot rename pytest 9.2's node ids, so it falls back to one test at a time:
 hence our scheduler.)
 
@@ -120,6 +117,7 @@ SLOW_FIXTURES = {"ray_cluster", "sft_model_dir"}
 # second time (models/test_real_model.py stays whole: its fixture installs the real model into a shared cache).
 # Every user of the `ray_cluster` fixture must be here.
 RAY = {
+    "bench/test_grpo_ray_bench.py",
     "cli/test_batch_inference.py::test_vllm_engines_on_ray_match_the_transformers_engine",
     "cli/test_demo.py",
     "cli/test_seed_commands.py::test_seed_ray_block_runs",
@@ -134,6 +132,7 @@ RAY = {
     "distributed/test_ray_determinism.py",
     "distributed/test_ray_distill.py",
     "distributed/test_ray_fsdp2.py",
+    "examples/test_dapo_recipe.py",
     "models/test_real_model.py",
     "rollout/test_vllm_engine.py",
 }

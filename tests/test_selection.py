@@ -33,7 +33,3 @@ def test_node_ids_map_to_their_module_or_the_ray_group():
         == "cli/test_batch_inference.py"
     kill = "tests/run/test_kill_safety.py::test_ppo_ray_driver_sigkill_leaks_no_actors_and_resumes_to_the_same_weights"
     assert group_of(kill) == "run/test_kill_safety.py"  # its own cluster in a child: beside the Ray group
-    bench = "tests/bench/test_grpo_ray_bench.py::test_ray_child_times_steps_and_measures_the_process_tree"
-    assert group_of(bench) == "bench/test_grpo_ray_bench.py"  # the same
-    assert group_of("tests/examples/test_dapo_recipe.py::test_dapo_recipe_runs_two_steps") == \
-        "examples/test_dapo_recipe.py"
