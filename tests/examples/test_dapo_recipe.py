@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -16,7 +17,9 @@ from tests.helpers import REPO
 def test_dapo_recipe_runs_two_steps(demo_assets, tmp_path):
     # The untrained model answers nothing right: every group scores 0, so the range (-1, 1) keeps them (the default
     # (0, 1) would, rightly, find no group with a learning signal).
-    env = {**os.environ, "PYTHON": sys.executable, "ASSETS": str(demo_assets.root), "WORK": str(tmp_path),
+    assets = tmp_path / "assets"  # a copy: the script writes the addition splits into the ASSETS it is given, and
+    shutil.copytree(demo_assets.root, assets)  # the session's demo_assets are compared with a fresh build elsewhere
+    env = {**os.environ, "PYTHON": sys.executable, "ASSETS": str(assets), "WORK": str(tmp_path),
            "SFT_MODEL": str(demo_assets.model_dir), "STEPS": "2", "PROMPTS_PER_STEP": "2", "SAMPLES_PER_PROMPT": "2",
            "FILTER_RANGE": "-1 1", "HELDOUT": "8", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     proc = subprocess.run(["bash", str(REPO / "examples" / "dapo_recipe.sh")], env=env, cwd=REPO,
