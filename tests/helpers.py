@@ -65,6 +65,8 @@ def run_here(args: list[str], capsys: pytest.CaptureFixture[str] | None) -> subp
     try:
         with launcher_env_of_one(), torch_determinism_restored():
             code = run_cli(module.main, args[1:], prog=getattr(module, "PROG", args[0]))
+    except SystemExit as e:  # argparse's errors and --help: the exit code a process would have
+        code = e.code if isinstance(e.code, int) else 1
     finally:
         sys.argv = saved_argv
     out, err = capsys.readouterr() if capsys is not None else ("", "")

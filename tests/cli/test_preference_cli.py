@@ -91,19 +91,11 @@ def test_kto_command(demo_assets, tmp_path, capsys):
 
 
 def in_process_error(capsys, module: str, *argv: str) -> str:
-    """Run a CLI's main in this process (these errors are raised before any process group or model load)."""
-    import importlib
-
-    from rlhfkit.cli.common import run_cli
-
-    main = importlib.import_module(f"rlhfkit.cli.{module}").main
-    capsys.readouterr()
-    try:
-        code = run_cli(main, list(argv), prog=module)
-    except SystemExit as e:  # argparse errors
-        code = e.code
-    err = error_lines(capsys.readouterr().err)
-    assert code == 2 and len(err) == 1, err
+    """A CLI's main in this process (these errors are raised before any process group or model load): exit code 2
+    and one line of error."""
+    done = run_here([f"rlhfkit.cli.{module}", *argv], capsys)
+    err = error_lines(done.stderr)
+    assert done.returncode == 2 and len(err) == 1, err
     return err[0]
 
 

@@ -133,14 +133,8 @@ def test_ppo_sigkill_anywhere_resumes_to_the_same_weights(demo_assets, tmp_path,
 
 
 def cli(capsys, module: str, argv: list[str]) -> tuple[int, str, str]:
-    import importlib
-
-    from rlhfkit.cli.common import run_cli
-
-    capsys.readouterr()
-    code = run_cli(importlib.import_module(f"rlhfkit.cli.{module}").main, argv, prog=module)
-    out, err = capsys.readouterr()
-    return code, out, err
+    done = run_here([f"rlhfkit.cli.{module}", *argv], capsys)
+    return done.returncode, done.stdout, done.stderr
 
 
 def test_issue_checkpoint_defects_end_to_end(demo_assets, tmp_path, world_of_one, capsys):
